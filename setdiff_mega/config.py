@@ -1,0 +1,316 @@
+"""Typed configuration: one dataclass per component, loaded from YAML with dotted CLI overrides.
+
+    cfg = load_config("configs/tiny_cpu.yaml", ["objective.name=ar", "train.lr=3e-4"])
+
+Every field has a type; YAML values and overrides are coerced to it (``"3e-4"`` -> float,
+``"null"`` -> None) and an unknown or mistyped field stops with a :class:`ConfigError` that names the
+field and suggests the fix. :func:`validate` checks the cross-field constraints of the method
+(D <= S_max <= L, block size divides L, heads divide hidden size, ...). Configs are plain values:
+nothing here is global or mutable after loading.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+OBJECTIVE_NAMES = ("ar", "mdlm", "bd3lm", "setdlm")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the field and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None       # GQA; None = num_attention_heads
+    ffn_hidden_size: Optional[int] = None        # None = 4 * hidden_size
+    vocab_size: Optional[int] = None             # None = from the tokenizer
+    make_vocab_size_divisible_by: int = 128      # embedding/head padding (sliced off in the logits)
+    max_position_embeddings: int = 4096          # initial RoPE table; grows on demand at inference
+    rotary_base: int = 10000
+    rotary_percent: float = 1.0
+    normalization: str = "LayerNorm"             # LayerNorm | RMSNorm
+    activation: str = "gelu"                     # gelu | swiglu
+    add_bias_linear: bool = False
+    head_bias: bool = True                       # DiT head: untied, with bias, zero-initialised
+    zero_init_head: bool = True
+    tie_embeddings: bool = False
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_method_std: float = 0.02
+    attention_backend: str = "sdpa"              # sdpa | local
+    transformer_impl: str = "auto"               # auto | local | transformer_engine
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = "setdlm"                         # ar | mdlm | bd3lm | setdlm
+    D: int = 4                                   # SetDLM: desired set size
+    S_max: Optional[int] = None                  # SetDLM: window; None = 2 * D
+    k: Optional[float] = None                    # SetDLM: optional schedule overrides
+    b: Optional[float] = None
+    block_size: int = 4                          # BD3LM block size S
+    keep_clean_bos: bool = False                 # SetDLM: pin position 0 (BOS) first
+    eos_last: bool = False                       # SetDLM: target EOS last in the order
+    loss_weighting: str = "unweighted"           # MDLM/BD3LM: unweighted | elbo
+    t_eps: float = 1e-3
+
+
+@dataclass
+class DataConfig:
+    path: str = "data/embedded/corpus"           # prefix of <path>.bin / <path>.idx
+    tokenizer: Optional[str] = None              # None = tokenizer.json next to the data
+    seq_length: int = 128                        # L
+    split: str = "96,2,2"                        # train, valid, test weights over documents
+    seed: int = 1234
+    cache_dir: Optional[str] = None              # None = <data dir>/cache
+    num_workers: int = 0
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 16
+    grad_accum_steps: int = 1
+    train_steps: int = 400
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    lr_schedule: str = "constant"                # constant | cosine | linear | wsd
+    warmup_steps: int = 20
+    decay_fraction: float = 0.2                  # wsd: final fraction of steps spent decaying
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    seed: int = 1234
+    precision: str = "fp32"                      # fp32 | bf16
+    eval_interval: int = 100
+    eval_iters: int = 8
+    log_interval: int = 10
+    save_dir: str = "runs/default"
+    save_interval: int = 0                       # 0 = save only at the end
+    num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "offline"                       # offline | online | disabled
+    project: str = "setdiff-mega"
+    run_name: Optional[str] = None
+    progress: bool = True                        # tqdm progress bar
+    jsonl: bool = True                           # metrics.jsonl in save_dir
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# ----------------------------------------------------------------------------------- loading
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "~")):
+            return None
+        return _coerce(value, args[0], name)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a mapping of fields, got {value!r}")
+        return _from_dict(tp, value, name)
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            raise ValueError
+        if tp is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(float(value)) if isinstance(value, str) else int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if tp is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected {getattr(tp, '__name__', tp)}, got {value!r}") from None
+    return value
+
+
+def _from_dict(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else \
+                f"; known fields: {', '.join(names)}"
+            raise ConfigError(f"unknown config field '{full}'{hint}")
+        kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{dotted}': '{p}' is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str] | None) -> dict:
+    """['a.b=1', 'c.d=x'] -> nested dict with YAML-typed values."""
+    tree: dict = {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like section.field=value (e.g. train.lr=3e-4)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                check: bool = True) -> RunConfig:
+    """YAML file (optional) + dotted overrides -> validated :class:`RunConfig`."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{p}' does not exist; presets live in configs/ (e.g. configs/tiny_cpu.yaml)")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file '{p}' is not valid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file '{p}' must hold a mapping of sections")
+    tree = _merge(tree, parse_overrides(overrides))
+    cfg = _from_dict(RunConfig, tree)
+    if check:
+        validate(cfg)
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> RunConfig:
+    return _from_dict(RunConfig, data)
+
+
+def dump_yaml(cfg, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# -------------------------------------------------------------------------------- validation
+
+def _choice(value, allowed, name):
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Cross-field checks; raises ConfigError naming the field and the fix."""
+    m, o, d, t = cfg.model, cfg.objective, cfg.data, cfg.train
+    _choice(o.name, OBJECTIVE_NAMES, "objective.name")
+    _choice(o.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
+    _choice(m.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
+    _choice(m.activation, ("gelu", "swiglu"), "model.activation")
+    _choice(m.attention_backend, ("sdpa", "local"), "model.attention_backend")
+    _choice(m.transformer_impl, ("auto", "local", "transformer_engine"), "model.transformer_impl")
+    _choice(t.precision, ("fp32", "bf16"), "train.precision")
+    _choice(t.lr_schedule, ("constant", "cosine", "linear", "wsd"), "train.lr_schedule")
+    _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")
+    L = d.seq_length
+    if L < 2:
+        raise ConfigError(f"data.seq_length={L} must be >= 2")
+    for name, val in (("model.num_layers", m.num_layers), ("model.hidden_size", m.hidden_size),
+                      ("model.num_attention_heads", m.num_attention_heads),
+                      ("train.micro_batch_size", t.micro_batch_size), ("train.train_steps", t.train_steps),
+                      ("train.grad_accum_steps", t.grad_accum_steps)):
+        if val < 1:
+            raise ConfigError(f"{name}={val} must be >= 1")
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+                          f"{m.num_attention_heads}; pick a head count that divides the hidden size")
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.num_attention_heads % groups:
+        raise ConfigError(f"model.num_query_groups={groups} must divide model.num_attention_heads="
+                          f"{m.num_attention_heads}")
+    if o.name == "setdlm":
+        s_max = 2 * o.D if o.S_max is None else o.S_max
+        if o.D < 1:
+            raise ConfigError(f"objective.D={o.D} must be >= 1")
+        if o.D > s_max:
+            raise ConfigError(f"objective.D={o.D} exceeds objective.S_max={s_max}; set S_max >= D "
+                              f"(the default is 2*D: remove the S_max override)")
+        if s_max > L:
+            raise ConfigError(f"objective.S_max={s_max} exceeds data.seq_length L={L}; set S_max <= L "
+                              f"(or lower objective.D, since S_max defaults to 2*D)")
+        if o.k is not None and o.b is not None:
+            raise ConfigError("objective.k and objective.b are alternatives: set at most one")
+        if o.k is not None and o.k <= 0:
+            raise ConfigError(f"objective.k={o.k} must be > 0")
+    if o.name == "bd3lm":
+        if o.block_size < 1 or L % o.block_size:
+            raise ConfigError(f"objective.block_size={o.block_size} must be >= 1 and divide data.seq_length={L}")
+    if not (0.0 < o.t_eps < 1.0):
+        raise ConfigError(f"objective.t_eps={o.t_eps} must be in (0, 1)")
+    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
+        raise ConfigError(f"train.lr={t.lr} must be > 0 and train.min_lr={t.min_lr} in [0, lr]")
+    if t.warmup_steps < 0:
+        raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
+    if m.vocab_size is not None and m.vocab_size < 4:
+        raise ConfigError(f"model.vocab_size={m.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
+    parts = d.split.replace("/", ",").split(",")
+    try:
+        weights = [float(x) for x in parts]
+    except ValueError:
+        raise ConfigError(f"data.split={d.split!r} must be comma-separated weights like '96,2,2'") from None
+    if len(weights) != 3 or any(w < 0 for w in weights) or weights[0] <= 0:
+        raise ConfigError(f"data.split={d.split!r} needs three non-negative weights with a positive train weight")
+    return cfg
+
+
+__all__ = ["ConfigError", "ModelConfig", "ObjectiveConfig", "DataConfig", "TrainConfig", "LoggingConfig",
+           "RunConfig", "load_config", "validate", "parse_overrides", "to_dict", "from_dict", "dump_yaml",
+           "OBJECTIVE_NAMES"]

@@ -1,0 +1,30 @@
+"""The set-diffusion core: schedules, orders, masks and objectives (pure torch, no parallelism).
+
+Public API (stable names, listed in the README):
+
+* schedules: :class:`StaggeredSchedule` (``create``, ``alpha``, ``alpha_prime``,
+  ``first_hitting_times``), :class:`LinearSchedule`
+* orders: :func:`sample_order`, :func:`order_from_exponentials`, :func:`hitting_times`,
+  :func:`move_eos_last`, :func:`invert`, :func:`permute`
+* masks (True = allowed): :func:`setcausal_mask`, :func:`setcausal_mask_from_ranks`,
+  :func:`block_diffusion_mask`, :func:`causal_mask`, :func:`bidirectional_mask`, :func:`with_key_padding`
+* objectives: :func:`build_objective`, :class:`ARObjective`, :class:`MDLMObjective`,
+  :class:`BD3LMObjective`, :class:`SetDLMObjective`, :class:`ModelInputs`, :func:`masked_token_nll`
+"""
+from .masks import (bidirectional_mask, block_diffusion_mask, causal_mask, setcausal_mask,
+                    setcausal_mask_from_ranks, with_key_padding)
+from .objectives import (OBJECTIVES, ARObjective, BD3LMObjective, MDLMObjective, ModelInputs, Objective,
+                         SetDLMObjective, build_objective, masked_token_nll)
+from .orders import (hitting_times, invert, move_eos_last, order_from_exponentials, order_from_times,
+                     permute, sample_exponentials, sample_order)
+from .schedules import LinearSchedule, StaggeredSchedule, mean_lag_slots
+
+__all__ = [
+    "StaggeredSchedule", "LinearSchedule", "mean_lag_slots",
+    "sample_order", "order_from_exponentials", "order_from_times", "hitting_times", "sample_exponentials",
+    "move_eos_last", "invert", "permute",
+    "setcausal_mask", "setcausal_mask_from_ranks", "block_diffusion_mask", "causal_mask",
+    "bidirectional_mask", "with_key_padding",
+    "OBJECTIVES", "Objective", "ModelInputs", "ARObjective", "MDLMObjective", "BD3LMObjective",
+    "SetDLMObjective", "build_objective", "masked_token_nll",
+]

@@ -1,0 +1,290 @@
+"""AR, MDLM, BD3LM and SetDLM as one family: each builds model inputs from clean tokens and a loss.
+
+Input batch: clean tokens x [B, L] (long), optional ``context`` [B, L] (bool, prompt tokens: never in
+the loss) and ``padding`` [B, L] (bool, right padding). ``target = ~context & ~padding``.
+
+Every objective returns :class:`ModelInputs` for a diffusion-agnostic model
+``logits = model(tokens [B, T], position_ids [B, T], attention_mask [1|B, T, T] (True = allowed),
+logits_start)`` whose logits cover ``tokens[:, logits_start:]`` ([B, N, V], N = T - logits_start),
+and :meth:`Objective.loss` turns those logits into a scalar loss plus statistics.
+
+    objective | T   | tokens               | positions       | mask                 | logits on
+    AR        | L-1 | x[:, :-1]            | 0..L-2          | causal               | all; predict x[:, 1:]
+    MDLM      | L   | x_t (MASK w.p. t)    | 0..L-1          | bidirectional        | all; masked targets
+    BD3LM     | 2L  | [x0 ; x_t] (t/block) | [0..L-1]*2      | block mask, size S   | noisy half
+    SetDLM    | 2L  | [x0[perm] ; MASK..]  | [perm ; perm]   | static set-causal    | noisy half; no shift
+
+Losses (method.md sections 3 and 6): the MASK class is excluded (logit -inf) and log-softmax runs in
+fp32. AR and SetDLM average the per-token NLL over each sequence's targets, then over the batch (a
+sequence without targets contributes 0). MDLM / BD3LM average the NLL over all masked target tokens
+in the batch; ``loss_weighting="elbo"`` weights each by 1/t and divides by the number of target
+tokens instead (the NELBO). Every loss also reports ``nll_sum`` and ``num_tokens`` so evaluation can
+compute token-weighted perplexities.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import masks as M
+from .orders import invert, move_eos_last, permute, sample_order
+from .schedules import LinearSchedule, StaggeredSchedule
+
+OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
+
+
+@dataclass
+class ModelInputs:
+    """What the model consumes and what the loss needs. See the module docstring for layouts."""
+
+    tokens: torch.Tensor            # [B, T] long
+    position_ids: torch.Tensor      # [B, T] long (RoPE positions; SetDLM: original positions)
+    attention_mask: torch.Tensor    # [1|B, T, T] bool, True = allowed
+    logits_start: int               # logits are needed for tokens[:, logits_start:]
+    targets: torch.Tensor           # [B, N] long, token each logit row must predict
+    loss_mask: torch.Tensor         # [B, N] bool, rows that count in the loss
+    weights: Optional[torch.Tensor] = None   # [B, N] float, per-token weights (ELBO mode)
+    extras: dict = field(default_factory=dict)  # perm, t, ... (for inspection and tests)
+
+    @property
+    def num_processed_tokens(self) -> int:
+        return self.tokens.numel()
+
+
+def masked_token_nll(logits: torch.Tensor, targets: torch.Tensor, mask_id: int | None) -> torch.Tensor:
+    """Per-token NLL [B, N] in fp32 with the MASK class excluded from the softmax."""
+    logits = logits.float()
+    if mask_id is not None and 0 <= mask_id < logits.shape[-1]:
+        idx = torch.tensor([mask_id], device=logits.device)
+        logits = logits.index_fill(-1, idx, float("-inf"))
+    logp = F.log_softmax(logits, dim=-1)
+    return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _batch_masks(tokens, context, padding):
+    B, L = tokens.shape
+    dev = tokens.device
+    context = torch.zeros(B, L, dtype=torch.bool, device=dev) if context is None else context.bool()
+    padding = torch.zeros(B, L, dtype=torch.bool, device=dev) if padding is None else padding.bool()
+    return context, padding, ~context & ~padding
+
+
+class Objective:
+    """Interface: ``build_inputs`` (batch -> ModelInputs) and ``loss`` (logits -> loss, stats)."""
+
+    name: str = ""
+    two_stream: bool = False
+    normalization: str = "sequence"  # "sequence": per-sequence mean then batch mean; "token": global
+
+    def __init__(self, mask_id: int, loss_weighting: str = "unweighted"):
+        self.mask_id = int(mask_id)
+        if loss_weighting not in ("unweighted", "elbo"):
+            raise ValueError(f"loss_weighting must be 'unweighted' or 'elbo', got {loss_weighting!r}")
+        self.loss_weighting = loss_weighting
+        self._static: dict = {}
+
+    def _cached(self, key, fn):
+        if key not in self._static:
+            self._static[key] = fn()
+        return self._static[key]
+
+    def processed_length(self, L: int) -> int:
+        """Tokens the model processes per L-token sample (for throughput and FLOP counts)."""
+        return 2 * L if self.two_stream else L
+
+    def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True) -> ModelInputs:
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, inputs: ModelInputs):
+        """Scalar loss and stats {nll_sum, num_tokens} (token-weighted sums for perplexity)."""
+        nll = masked_token_nll(logits, inputs.targets, self.mask_id)
+        m = inputs.loss_mask.to(nll.dtype)
+        w = m if inputs.weights is None else m * inputs.weights.to(nll.dtype)
+        per_tok = nll * w
+        if self.normalization == "sequence":
+            count = m.sum(-1)
+            per_seq = per_tok.sum(-1) / count.clamp(min=1.0)
+            loss = per_seq.mean()
+        elif inputs.weights is not None:  # NELBO: weighted masked NLL over all target tokens
+            loss = per_tok.sum() / inputs.extras["num_targets"].clamp(min=1)
+        else:
+            loss = per_tok.sum() / m.sum().clamp(min=1.0)
+        stats = {"nll_sum": per_tok.detach().sum(), "num_tokens": m.detach().sum()}
+        return loss, stats
+
+
+class ARObjective(Objective):
+    """Causal next-token prediction: x[:, :-1] predicts x[:, 1:]."""
+
+    name = "ar"
+
+    def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True):
+        context, padding, target = _batch_masks(tokens, context, padding)
+        B, L = tokens.shape
+        dev = tokens.device
+        mask = self._cached(("causal", L - 1, dev), lambda: M.causal_mask(L - 1, dev).unsqueeze(0))
+        if padding.any():
+            mask = M.with_key_padding(mask[0], ~padding[:, :-1])
+        pos = torch.arange(L - 1, device=dev).expand(B, L - 1)
+        return ModelInputs(tokens=tokens[:, :-1], position_ids=pos, attention_mask=mask,
+                           logits_start=0, targets=tokens[:, 1:], loss_mask=target[:, 1:])
+
+
+class MDLMObjective(Objective):
+    """Masked diffusion: each target token is MASK with probability t ~ U[eps, 1] (one t per row)."""
+
+    name = "mdlm"
+    normalization = "token"
+
+    def __init__(self, mask_id: int, loss_weighting: str = "unweighted", t_eps: float = 1e-3):
+        super().__init__(mask_id, loss_weighting)
+        self.schedule = LinearSchedule(eps=t_eps)
+
+    def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True):
+        context, padding, target = _batch_masks(tokens, context, padding)
+        B, L = tokens.shape
+        dev = tokens.device
+        t = self.schedule.sample_t((B,), generator, dev)
+        masked = (torch.rand(B, L, generator=generator, device=dev) < t[:, None]) & target
+        xt = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
+        mask = self._cached(("full", L, dev), lambda: M.bidirectional_mask(L, dev).unsqueeze(0))
+        if padding.any():
+            mask = M.with_key_padding(mask[0], ~padding)
+        weights = None
+        if self.loss_weighting == "elbo":
+            weights = self.schedule.elbo_weight(t)[:, None].float().expand(B, L)
+        return ModelInputs(tokens=xt, position_ids=torch.arange(L, device=dev).expand(B, L),
+                           attention_mask=mask, logits_start=0, targets=tokens, loss_mask=masked,
+                           weights=weights, extras={"t": t, "num_targets": target.sum()})
+
+
+class BD3LMObjective(Objective):
+    """Block diffusion over [x0 ; x_t]: one t per block, every block with targets gets >= 1 MASK."""
+
+    name = "bd3lm"
+    two_stream = True
+    normalization = "token"
+
+    def __init__(self, mask_id: int, block_size: int, loss_weighting: str = "unweighted",
+                 t_eps: float = 1e-3):
+        super().__init__(mask_id, loss_weighting)
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = int(block_size)
+        self.schedule = LinearSchedule(eps=t_eps)
+
+    def _noise(self, target, generator):
+        B, L = target.shape
+        S, dev = self.block_size, target.device
+        nb = L // S
+        t = self.schedule.sample_t((B, nb), generator, dev)
+        u = torch.rand(B, L, generator=generator, device=dev)
+        masked = (u < t.repeat_interleave(S, dim=1)) & target
+        # Blocks with targets but no MASK: re-mask a random subset of size n ~ U{1..#targets}.
+        tb, mb = target.view(B, nb, S), masked.view(B, nb, S)
+        ntgt = tb.sum(-1)
+        empty = (ntgt > 0) & ~mb.any(-1)
+        n = (torch.rand(B, nb, generator=generator, device=dev) * ntgt).floor().long() + 1
+        scores = torch.rand(B, nb, S, generator=generator, device=dev).masked_fill(~tb, 2.0)
+        order_rank = scores.argsort(-1).argsort(-1)      # rank of each slot among the block's targets
+        pick = tb & (order_rank < n[..., None]) & empty[..., None]
+        return (mb | pick).view(B, L), t
+
+    def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True):
+        context, padding, target = _batch_masks(tokens, context, padding)
+        B, L = tokens.shape
+        if L % self.block_size:
+            raise ValueError(f"sequence length {L} is not a multiple of block_size {self.block_size}")
+        dev = tokens.device
+        masked, t = self._noise(target, generator)
+        xt = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
+        mask = self._cached(("bd3", L, dev), lambda: M.block_diffusion_mask(L, self.block_size, dev)[None])
+        if padding.any():
+            mask = M.with_key_padding(mask[0], (~padding).repeat(1, 2))
+        pos = torch.arange(L, device=dev).repeat(2).expand(B, 2 * L)
+        weights = None
+        if self.loss_weighting == "elbo":
+            tb = t.repeat_interleave(self.block_size, dim=1)
+            weights = self.schedule.elbo_weight(tb).float()
+        return ModelInputs(tokens=torch.cat([tokens, xt], 1), position_ids=pos, attention_mask=mask,
+                           logits_start=L, targets=tokens, loss_mask=masked, weights=weights,
+                           extras={"t": t, "num_targets": target.sum()})
+
+
+class SetDLMObjective(Objective):
+    """Set diffusion: AO-AR training on a staggered order, the 2L set-causal layout, no logit shift.
+
+    ``keep_clean_bos`` pins position 0 first (it is in the training loss and dropped from the eval
+    loss); ``eos_last`` moves target EOS tokens to the end of the target order.
+    """
+
+    name = "setdlm"
+    two_stream = True
+
+    def __init__(self, mask_id: int, D: int, S_max: int | None = None, k: float | None = None,
+                 b: float | None = None, keep_clean_bos: bool = False, eos_last: bool = False,
+                 eos_id: int | None = None):
+        super().__init__(mask_id, "unweighted")
+        self.D, self.S_max = int(D), (2 * int(D) if S_max is None else int(S_max))
+        self.k, self.b = k, b
+        self.keep_clean_bos, self.eos_last, self.eos_id = keep_clean_bos, eos_last, eos_id
+        if eos_last and eos_id is None:
+            raise ValueError("eos_last needs eos_id")
+
+    def schedule(self, L: int) -> StaggeredSchedule:
+        return self._cached(("sched", L), lambda: StaggeredSchedule.create(L, self.D, self.S_max, self.k, self.b))
+
+    def order(self, tokens, context=None, padding=None, generator=None, training=True) -> torch.Tensor:
+        """Sample perm [B, L] for a batch (pinned prefix/suffix, optional BOS pin and EOS-last)."""
+        context, padding, target = _batch_masks(tokens, context, padding)
+        permutable = ~(context | padding)
+        if self.keep_clean_bos:
+            permutable = permutable.clone()
+            permutable[:, 0] = False
+        perm = sample_order(self.schedule(tokens.shape[1]), permutable, generator)
+        if self.eos_last and training:
+            perm = move_eos_last(perm, tokens, target, padding, self.eos_id)
+        return perm
+
+    def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True, perm=None):
+        context, padding, target = _batch_masks(tokens, context, padding)
+        B, L = tokens.shape
+        dev = tokens.device
+        if perm is None:
+            perm = self.order(tokens, context, padding, generator, training)
+        x0p = permute(tokens, perm)
+        tgt_p = permute(target, perm)
+        xtp = torch.where(tgt_p, torch.full_like(x0p, self.mask_id), x0p)
+        mask = self._cached(("setcausal", L, dev), lambda: M.setcausal_mask(L, dev)[None])
+        if padding.any():
+            mask = M.with_key_padding(mask[0], (~permute(padding, perm)).repeat(1, 2))
+        loss_mask = tgt_p
+        if self.keep_clean_bos and not training:   # eval: BOS is not scored (method.md P7)
+            loss_mask = loss_mask.clone()
+            loss_mask[:, 0] = False
+        return ModelInputs(tokens=torch.cat([x0p, xtp], 1), position_ids=perm.repeat(1, 2),
+                           attention_mask=mask, logits_start=L, targets=x0p, loss_mask=loss_mask,
+                           extras={"perm": perm, "rank": invert(perm)})
+
+
+def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
+                    S_max: int | None = None, k: float | None = None, b: float | None = None,
+                    keep_clean_bos: bool = False, eos_last: bool = False, eos_id: int | None = None,
+                    loss_weighting: str = "unweighted", t_eps: float = 1e-3) -> Objective:
+    """Factory by name: 'ar' | 'mdlm' | 'bd3lm' | 'setdlm'."""
+    if name == "ar":
+        return ARObjective(mask_id)
+    if name == "mdlm":
+        return MDLMObjective(mask_id, loss_weighting, t_eps)
+    if name == "bd3lm":
+        return BD3LMObjective(mask_id, block_size, loss_weighting, t_eps)
+    if name == "setdlm":
+        return SetDLMObjective(mask_id, D, S_max, k, b, keep_clean_bos, eos_last, eos_id)
+    raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
+
+
+__all__ = ["OBJECTIVES", "ModelInputs", "Objective", "ARObjective", "MDLMObjective", "BD3LMObjective",
+           "SetDLMObjective", "build_objective", "masked_token_nll"]

@@ -1,0 +1,119 @@
+"""CPU compatibility shim for megatron-core 0.16.1 (applied once, only when CUDA is unavailable).
+
+megatron-core assumes CUDA in a handful of places. On a CPU-only torch build it fails with
+"Torch not compiled with CUDA enabled". This module patches exactly those places:
+
+1. ``torch.cuda.current_device()`` returns ``"cpu"`` (used as ``device=`` by buffers, TP mappings, p2p).
+2. The CUDA RNG states tracker is replaced by one over the CPU generator, so
+   ``model_parallel_cuda_manual_seed`` and dropout under ``get_cuda_rng_tracker().fork()`` work.
+3. ``torch.cuda.manual_seed`` and ``torch.cuda.synchronize`` become no-ops.
+4. A torch-function mode rewrites ``device="cuda"`` factory arguments to CPU, makes ``Tensor.cuda()``
+   the identity and lets ``Tensor.type()`` report ``torch.cuda.*`` names (mcore optimizers assert it).
+
+Never applied on a GPU machine. :func:`check_targets` fails loudly if an mcore upgrade moves the
+patched symbols, so the shim cannot silently stop working.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+SUPPORTED_MCORE = "0.16.1"
+_LOCK = threading.Lock()
+_STATE = {"applied": False, "mode": None}
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Redirects CUDA device requests to the CPU inside megatron-core code paths."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and "cuda" in str(dev):
+            kwargs = dict(kwargs, device="cpu")
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            if name.startswith("torch.") and not name.startswith("torch.cuda."):
+                return "torch.cuda." + name[len("torch."):]
+            return name
+        return func(*args, **kwargs)
+
+
+def check_targets() -> None:
+    """Raise if the megatron-core symbols this shim patches are missing (e.g. after an upgrade)."""
+    import megatron.core
+    from megatron.core.tensor_parallel import random as mrandom
+
+    missing = [n for n in ("CudaRNGStatesTracker", "_MODEL_PARALLEL_RNG_TRACKER_NAME", "get_cuda_rng_tracker")
+               if not hasattr(mrandom, n)]
+    if missing:
+        raise RuntimeError(
+            f"setdiff_mega's CPU shim targets megatron-core {SUPPORTED_MCORE}, but "
+            f"megatron.core.tensor_parallel.random lacks {missing} (installed: {megatron.core.__version__}). "
+            f"Install megatron-core=={SUPPORTED_MCORE} or update setdiff_mega/model/mcore_cpu.py.")
+
+
+def is_applied() -> bool:
+    return bool(_STATE["applied"])
+
+
+def apply() -> bool:
+    """Apply the shim if CUDA is absent; idempotent. Returns True if the shim is active."""
+    if torch.cuda.is_available():
+        return False
+    with _LOCK:
+        if _STATE["applied"]:
+            return True
+        check_targets()
+        from megatron.core.tensor_parallel import random as mrandom
+
+        base = mrandom.CudaRNGStatesTracker
+
+        class CpuRNGStatesTracker(base):
+            """RNG tracker over the CPU default generator (same API as the CUDA one)."""
+
+            def add(self, name, seed):
+                self._is_initialized = True
+                if seed in self.seeds_:
+                    raise Exception(f"seed {seed} already exists")
+                self.seeds_.add(seed)
+                if name in self.states_:
+                    raise Exception(f"cuda rng state {name} already exists")
+                orig = torch.get_rng_state()
+                torch.manual_seed(seed)
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(orig)
+
+            @contextlib.contextmanager
+            def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+                if name not in self.states_:
+                    raise Exception(f"cuda rng state {name} is not added")
+                orig = torch.get_rng_state()
+                torch.set_rng_state(self.states_[name])
+                try:
+                    yield
+                finally:
+                    self.states_[name] = torch.get_rng_state()
+                    torch.set_rng_state(orig)
+
+        mrandom.CudaRNGStatesTracker = CpuRNGStatesTracker
+        # Reset any tracker instance that was created before the patch.
+        if hasattr(mrandom, "_CUDA_RNG_STATE_TRACKER"):
+            mrandom._CUDA_RNG_STATE_TRACKER = None
+            mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+        torch.cuda.current_device = lambda: "cpu"
+        torch.cuda.manual_seed = lambda seed: None
+        torch.cuda.manual_seed_all = lambda seed: None
+        torch.cuda.synchronize = lambda *a, **k: None
+        mode = _CudaToCpuMode()
+        mode.__enter__()
+        _STATE.update(applied=True, mode=mode)
+        return True
+
+
+__all__ = ["apply", "is_applied", "check_targets", "SUPPORTED_MCORE"]

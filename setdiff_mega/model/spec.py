@@ -1,0 +1,64 @@
+"""megatron-core layer specs for the set-diffusion transformer.
+
+The layer is mcore's ``TransformerLayer``; only submodules are swapped through the spec:
+
+* ``local`` (CPU, and GPU without Transformer Engine): ``get_gpt_layer_local_spec`` with
+  ``attn_mask_type = arbitrary`` and the core attention chosen by ``attention_backend``
+  (``sdpa`` = :class:`~setdiff_mega.model.attention.SDPACoreAttention`, ``local`` = mcore's
+  ``DotProductAttention``).
+* ``transformer_engine`` (GPU with TE installed): ``get_gpt_layer_with_transformer_engine_spec`` with
+  the arbitrary mask (TE runs it in its unfused kernel; faster set-causal kernels are a separate
+  backend). TE is imported only here, lazily, and only when requested or auto-detected.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from megatron.core.transformer.enums import AttnMaskType
+
+from .attention import SDPACoreAttention
+
+
+def transformer_engine_available() -> bool:
+    """True only on a CUDA machine with an importable Transformer Engine."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_impl(transformer_impl: str) -> str:
+    """'auto' -> 'transformer_engine' when usable, else 'local'; explicit TE without TE is an error."""
+    if transformer_impl == "auto":
+        return "transformer_engine" if transformer_engine_available() else "local"
+    if transformer_impl == "transformer_engine" and not transformer_engine_available():
+        raise RuntimeError("model.transformer_impl=transformer_engine needs a CUDA GPU and the [gpu] extra "
+                           "(pip install -e '.[gpu]'); use model.transformer_impl=local or auto")
+    return transformer_impl
+
+
+def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
+               normalization: str = "LayerNorm"):
+    """Return (ModuleSpec, resolved_impl) for one transformer layer."""
+    impl = resolve_impl(transformer_impl)
+    if impl == "transformer_engine":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(normalization=normalization)
+    else:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        spec = get_gpt_layer_local_spec(normalization=normalization)
+        if attention_backend == "sdpa":
+            spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        elif attention_backend != "local":
+            raise ValueError(f"unknown attention_backend {attention_backend!r}; use 'sdpa' or 'local'")
+    spec.submodules.self_attention.params["attn_mask_type"] = AttnMaskType.arbitrary
+    return spec, impl
+
+
+__all__ = ["layer_spec", "resolve_impl", "transformer_engine_available"]

@@ -1,0 +1,150 @@
+"""The set-diffusion transformer on megatron-core. It knows nothing about diffusion.
+
+    logits = model(tokens [B, T], position_ids [B, T], attention_mask [1|B, T, T] (bool, True = allowed),
+                   logits_start=s)  ->  [B, T - s, V]
+
+* Embedding: mcore ``LanguageModelEmbedding`` (vocab-parallel, no learned positions).
+* Positions: RoPE at the given per-sample ``position_ids`` (:mod:`.rope`); SetDLM passes the original
+  positions of its permuted tokens, inference passes absolute positions.
+* Body: mcore ``TransformerBlock`` built from the layer spec (:mod:`.spec`), pre-norm, final norm.
+* Head: a ``ColumnParallelLinear`` evaluated only on ``hidden[logits_start:]`` (the noisy half of a
+  2L input needs logits, the clean half does not), untied, with bias and zero init by default (DiT
+  head), or tied to the embedding. The embedding and head are padded to a multiple of
+  ``make_vocab_size_divisible_by`` (x TP); logits are sliced back to the real vocabulary.
+
+Internally megatron-core works sequence-first ([T, B, H]) with masks in its own convention
+(True = masked out); the conversion happens here and nowhere else. ``pre_process`` /
+``post_process`` select the first / last pipeline stage.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from .rope import PerSampleRotary
+from .spec import layer_spec
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
+    multiple = max(1, divisible_by) * max(1, tp)
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1) -> TransformerConfig:
+    """megatron-core TransformerConfig from a :class:`setdiff_mega.config.ModelConfig`."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    swiglu = mc.activation == "swiglu"
+    return TransformerConfig(
+        num_layers=mc.num_layers, hidden_size=mc.hidden_size, num_attention_heads=mc.num_attention_heads,
+        num_query_groups=mc.num_query_groups, ffn_hidden_size=mc.ffn_hidden_size or 4 * mc.hidden_size,
+        hidden_dropout=mc.hidden_dropout, attention_dropout=mc.attention_dropout,
+        init_method_std=mc.init_method_std, add_bias_linear=mc.add_bias_linear,
+        gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
+        normalization=mc.normalization, layernorm_epsilon=1e-5,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        params_dtype=dtype, bf16=precision == "bf16", pipeline_dtype=dtype,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+    )
+
+
+class SetDiffusionTransformer(MegatronModule):
+    """Transformer LM with per-sample RoPE positions, arbitrary masks and a sliced LM head."""
+
+    def __init__(self, config: TransformerConfig, vocab_size: int, *, spec=None,
+                 make_vocab_size_divisible_by: int = 128, max_position_embeddings: int = 4096,
+                 rotary_base: int = 10000, rotary_percent: float = 1.0, head_bias: bool = True,
+                 zero_init_head: bool = True, tie_embeddings: bool = False,
+                 pre_process: bool = True, post_process: bool = True):
+        super().__init__(config=config)
+        if spec is None:
+            spec, _ = layer_spec("auto", "sdpa", config.normalization)
+        self.vocab_size = int(vocab_size)
+        self.padded_vocab_size = padded_vocab_size(vocab_size, make_vocab_size_divisible_by,
+                                                   config.tensor_model_parallel_size)
+        self.pre_process, self.post_process = pre_process, post_process
+        self.tie_embeddings = tie_embeddings
+        self.share_embeddings_and_output_weights = tie_embeddings
+        if pre_process:
+            self.embedding = LanguageModelEmbedding(config, vocab_size=self.padded_vocab_size,
+                                                    max_sequence_length=max_position_embeddings,
+                                                    position_embedding_type="rope",
+                                                    scatter_to_sequence_parallel=True)
+        self.rope = PerSampleRotary(config.kv_channels, rotary_percent, rotary_base,
+                                    initial_positions=max_position_embeddings)
+        self.decoder = TransformerBlock(config=config, spec=spec, pre_process=pre_process,
+                                        post_process=post_process)
+        if post_process:
+            if tie_embeddings and not pre_process:
+                raise ValueError("tie_embeddings needs the embedding and the head on the same pipeline stage")
+            init = (lambda w: torch.nn.init.zeros_(w)) if zero_init_head and not tie_embeddings \
+                else config.init_method
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                config.hidden_size, self.padded_vocab_size, config=config, init_method=init,
+                bias=head_bias, skip_bias_add=False, gather_output=True,
+                skip_weight_param_allocation=tie_embeddings)
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """Pipeline stages > 0 receive their input here (mcore schedule protocol)."""
+        if isinstance(input_tensor, (list, tuple)):
+            input_tensor = input_tensor[0]
+        self.decoder.set_input_tensor(input_tensor)
+
+    @staticmethod
+    def to_mcore_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """True = allowed [1|B, T, T] -> mcore's True = masked out [1|B, 1, T, T]."""
+        if attention_mask is None:
+            return None
+        if attention_mask.dim() == 3:
+            attention_mask = attention_mask.unsqueeze(1)
+        return ~attention_mask.bool()
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, logits_start: int = 0) -> torch.Tensor:
+        hidden = self.embedding(input_ids=tokens, position_ids=position_ids) if self.pre_process else None
+        freqs = self.rope(position_ids)
+        hidden = self.decoder(hidden_states=hidden, attention_mask=self.to_mcore_mask(attention_mask),
+                              rotary_pos_emb=freqs)
+        if not self.post_process:
+            return hidden
+        return self.logits(hidden[logits_start:])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [N, B, H] -> logits [B, N, V] over the real vocabulary."""
+        weight = self.embedding.word_embeddings.weight if self.tie_embeddings else None
+        out, _ = self.output_layer(hidden, weight=weight)
+        return out.transpose(0, 1)[..., : self.vocab_size]
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings and self.pre_process:
+            n -= self.embedding.word_embeddings.weight.numel()
+        return n
+
+
+def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bool = True,
+                post_process: bool = True) -> SetDiffusionTransformer:
+    """Build the model from a ModelConfig; megatron-core's parallel state must be initialised."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp)
+    spec, _ = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization)
+    model = SetDiffusionTransformer(
+        cfg, vocab_size, spec=spec, make_vocab_size_divisible_by=mc.make_vocab_size_divisible_by,
+        max_position_embeddings=mc.max_position_embeddings, rotary_base=mc.rotary_base,
+        rotary_percent=mc.rotary_percent, head_bias=mc.head_bias, zero_init_head=mc.zero_init_head,
+        tie_embeddings=mc.tie_embeddings, pre_process=pre_process, post_process=post_process)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return model
+
+
+__all__ = ["SetDiffusionTransformer", "build_model", "transformer_config", "padded_vocab_size"]
