@@ -9,5 +9,6 @@ import warnings as _warnings
 # Expected on CPU machines: megatron-core announces its pure-torch fallbacks at import time.
 _warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*(not installed|Falling back).*")
 _warnings.filterwarnings("ignore", message=r"Apex is not installed.*")
+_warnings.filterwarnings("ignore", message=r"full scope is deprecated.*")
 
 __version__ = "0.1.0"

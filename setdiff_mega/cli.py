@@ -1,0 +1,43 @@
+"""Shared CLI plumbing for the thin entry points in pretrain/ and tools/.
+
+``run_cli(fn)`` sets the offline environment (no hub downloads, wandb offline unless asked) and turns
+the project's user-facing errors (bad config, bad data, bad checkpoint, failed training) into one
+``error: ...`` line and exit status 2 instead of a stack trace.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def offline_env() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def user_errors() -> tuple:
+    from setdiff_mega.checkpoint.io import CheckpointError
+    from setdiff_mega.config import ConfigError
+    from setdiff_mega.data.indexed import DataError
+    from setdiff_mega.training.trainer import TrainingError
+
+    return (ConfigError, DataError, CheckpointError, TrainingError, FileNotFoundError, KeyError)
+
+
+def run_cli(fn, argv=None) -> int:
+    offline_env()
+    errors = user_errors()
+    try:
+        return int(fn(argv) or 0)
+    except errors as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["run_cli", "offline_env"]

@@ -1,0 +1,154 @@
+"""Embedded, deterministic corpora whose tasks can be scored exactly, plus readers for local text.
+
+* **Math word problems** (GSM8K-like): 2-4 step arithmetic stories with a worked solution, one
+  equation per step, and a final ``#### <answer>`` line. Fields: question, solution, answer.
+* **Stories** (ROCStories-like): five templated sentences with a coherent goal / attempt / outcome,
+  usable for infilling (mask sentence 3, or 2-4). Fields: sentences (list of 5).
+
+Every document is a dict with ``text`` (what is tokenized) and ``task`` plus the task fields. The same
+seed always yields the same corpus. Readers: ``.jsonl`` (one JSON object per line, ``json_key``
+field) and plain text (documents separated by a blank line).
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+NAMES = ["Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Kara", "Leo",
+         "Maya", "Noah", "Olive", "Paul", "Quinn", "Rosa", "Sam", "Tara", "Uma", "Victor", "Wendy", "Yara"]
+ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cookies", "shells", "cards",
+         "stamps", "beads", "flowers"]
+PRONOUN = {n: ("she" if n in {"Ava", "Chloe", "Emma", "Grace", "Iris", "Kara", "Maya", "Olive", "Rosa",
+                              "Tara", "Uma", "Wendy", "Yara"} else "he") for n in NAMES}
+
+
+def _math_problem(rng: random.Random) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    value = rng.randint(3, 40)
+    q = [f"{name} has {value} {item}."]
+    sol = [f"{name} starts with {value} {item}."]
+    for _ in range(rng.randint(2, 4)):
+        kind = rng.choice(["add", "add", "sub", "sub", "mul", "div"])
+        if kind == "add":
+            n = rng.randint(2, 30)
+            verb = rng.choice(["buys", "finds", "receives", "wins"])
+            q.append(f"Then {PRONOUN[name]} {verb} {n} more.")
+            sol.append(f"After that {PRONOUN[name]} has {value} + {n} = {value + n}.")
+            value += n
+        elif kind == "sub" and value > 2:
+            n = rng.randint(1, value - 1)
+            verb = rng.choice(["gives away", "loses", "uses", "sells"])
+            q.append(f"Then {PRONOUN[name]} {verb} {n} of them.")
+            sol.append(f"After that {PRONOUN[name]} has {value} - {n} = {value - n}.")
+            value -= n
+        elif kind == "mul" and value <= 60:
+            n = rng.randint(2, 4)
+            word = {2: "doubles", 3: "triples", 4: "quadruples"}[n]
+            q.append(f"Then {PRONOUN[name]} {word} the number of {item}.")
+            sol.append(f"After that {PRONOUN[name]} has {value} * {n} = {value * n}.")
+            value *= n
+        else:
+            divisors = [d for d in (2, 3, 4, 5) if value % d == 0 and value // d >= 1]
+            if not divisors:
+                n = rng.randint(2, 20)
+                q.append(f"Then {PRONOUN[name]} gets {n} more.")
+                sol.append(f"After that {PRONOUN[name]} has {value} + {n} = {value + n}.")
+                value += n
+                continue
+            d = rng.choice(divisors)
+            q.append(f"Then {PRONOUN[name]} splits them into {d} equal groups and keeps one group.")
+            sol.append(f"After that {PRONOUN[name]} has {value} / {d} = {value // d}.")
+            value //= d
+    q.append(f"How many {item} does {name} have now?")
+    question, solution = " ".join(q), " ".join(sol)
+    text = f"Question: {question}\nAnswer: {solution}\n#### {value}"
+    return {"task": "math", "text": text, "question": question, "solution": solution, "answer": str(value)}
+
+
+PLACES = ["a small village", "a busy city", "a quiet farm", "a seaside town", "a mountain cabin", "a big house"]
+ROLES = ["student", "baker", "painter", "farmer", "teacher", "musician", "gardener", "runner"]
+GOALS = [
+    ("bake a cake for a friend", "bought flour, eggs and sugar at the market",
+     "the oven broke halfway through", "fixed the oven", "baked a delicious cake", "proud"),
+    ("win the town race", "trained every morning for a month",
+     "a sprained ankle slowed the training", "found a good coach", "crossed the finish line first", "thrilled"),
+    ("grow tomatoes in the garden", "planted seeds in neat rows",
+     "a week without rain dried the soil", "carried water from the well", "picked a basket of red tomatoes", "happy"),
+    ("learn to play the piano", "practised scales every evening",
+     "the hardest song seemed impossible", "found a patient teacher", "played the song at a concert", "delighted"),
+    ("paint a picture of the sea", "set up an easel on the beach",
+     "the wind kept knocking the easel over", "tied the easel to a rock", "finished a bright painting", "calm"),
+    ("build a treehouse", "collected wooden boards and nails",
+     "the first floor was crooked", "asked a neighbour for help", "climbed into a sturdy treehouse", "excited"),
+    ("find a lost dog", "put up posters around town",
+     "nobody called for two days", "searched the park at dawn", "hugged the muddy dog", "relieved"),
+    ("write a short book", "wrote a page every night",
+     "the story got stuck in the middle", "talked the plot over with a friend", "held the printed book", "proud"),
+]
+FRIENDS = ["an old friend", "a kind neighbour", "a younger cousin", "a classmate", "a grandparent"]
+
+
+def _story(rng: random.Random) -> dict:
+    name, place, role = rng.choice(NAMES), rng.choice(PLACES), rng.choice(ROLES)
+    goal, attempt, problem, fix, outcome, feeling = rng.choice(GOALS)
+    pron = PRONOUN[name]
+    friend = rng.choice(FRIENDS)
+    when = rng.choice(["One spring", "One summer", "One autumn", "One winter", "One day"])
+    sents = [
+        f"{name} was a {role} who lived in {place}.",
+        f"{when}, {pron} decided to {goal}.",
+        f"First {pron} {attempt}, but {problem}.",
+        f"With help from {friend}, {name} {fix}.",
+        f"In the end {pron} {outcome} and felt {feeling}.",
+    ]
+    return {"task": "story", "text": " ".join(sents), "sentences": sents}
+
+
+def embedded_corpus(num_math: int = 12000, num_stories: int = 12000, seed: int = 0) -> list[dict]:
+    """The deterministic default corpus, math and stories interleaved."""
+    rng = random.Random(seed)
+    docs = [_math_problem(rng) for _ in range(num_math)] + [_story(rng) for _ in range(num_stories)]
+    random.Random(seed + 1).shuffle(docs)
+    return docs
+
+
+def read_documents(path: str | Path, json_key: str = "text") -> Iterator[str]:
+    """Yield documents from a .jsonl (field ``json_key``) or plain-text file (blank-line separated)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"input file '{p}' does not exist")
+    if p.suffix in (".jsonl", ".json"):
+        with p.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
+                if json_key not in obj:
+                    raise KeyError(f"{p}:{lineno}: JSON key '{json_key}' does not exist "
+                                   f"(keys: {', '.join(obj)}); pass the right --json-key")
+                yield str(obj[json_key])
+    else:
+        block: list[str] = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                block.append(line)
+            elif block:
+                yield "\n".join(block)
+                block = []
+        if block:
+            yield "\n".join(block)
+
+
+def write_jsonl(docs: list[dict], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+
+
+__all__ = ["embedded_corpus", "read_documents", "write_jsonl"]

@@ -1,0 +1,98 @@
+"""Metric sinks: console (tqdm), metrics.jsonl, wandb (offline by default) and the loss-curve PNG."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+class MetricLogger:
+    """Fan metrics out to the progress bar, a JSONL file and wandb; owns the tqdm bar."""
+
+    def __init__(self, save_dir: Path, total_steps: int, initial_step: int, lc, config_dict: dict,
+                 enabled: bool = True):
+        self.enabled = enabled
+        self.history: list[dict] = []
+        self.jsonl = None
+        self.bar = None
+        self.wandb_run = None
+        if not enabled:
+            return
+        save_dir.mkdir(parents=True, exist_ok=True)
+        if lc.jsonl:
+            self.jsonl = open(save_dir / "metrics.jsonl", "a", encoding="utf-8")
+        if lc.progress:
+            self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", unit="step",
+                            dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+        if lc.wandb != "disabled":
+            try:
+                import wandb
+
+                os.environ.setdefault("WANDB_SILENT", "true")
+                self.wandb_run = wandb.init(project=lc.project, name=lc.run_name, mode=lc.wandb,
+                                            dir=str(save_dir), config=config_dict, reinit="finish_previous")
+            except Exception as e:  # never let experiment tracking kill a training run
+                self.write(f"wandb disabled ({type(e).__name__}: {e})")
+
+    def write(self, line: str) -> None:
+        if not self.enabled:
+            return
+        (self.bar.write if self.bar is not None else print)(line)
+
+    def log(self, metrics: dict, step: int) -> None:
+        rec = {"step": step, **{k: (float(v) if hasattr(v, "__float__") else v) for k, v in metrics.items()}}
+        self.history.append(rec)
+        if not self.enabled:
+            return
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps(rec) + "\n")
+            self.jsonl.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def advance(self, n: int = 1, postfix: dict | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def plot_loss_curve(history: list[dict], path: Path, title: str = "") -> Path | None:
+    """Train and validation loss against step -> PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [(r["step"], r["train/loss"]) for r in history if "train/loss" in r]
+    val = [(r["step"], r["val/loss"]) for r in history if "val/loss" in r]
+    if not train and not val:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    if train:
+        ax.plot(*zip(*train), label="train loss", lw=1.2)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation loss", lw=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["MetricLogger", "plot_loss_curve"]

@@ -1,0 +1,220 @@
+"""The single-process training loop: config -> data -> model + objective -> optimizer -> checkpoint.
+
+One optimizer step = ``grad_accum_steps`` micro-batches of ``micro_batch_size`` L-token samples:
+
+    for each micro-batch:  inputs = objective.build_inputs(tokens, generator)      # [B, T] etc.
+                           logits = model(inputs.tokens, inputs.position_ids, inputs.attention_mask,
+                                          inputs.logits_start)                      # [B, N, V]
+                           loss   = objective.loss(logits, inputs) / grad_accum_steps; backward
+    clip grad norm -> NaN/Inf check (stops with a message, no update applied) -> AdamW step
+
+Throughput is reported both as sample tokens/s (L per sample) and processed tokens/s (the model
+processes 2L tokens per sample for SetDLM and BD3LM). Validation uses a fixed noise generator and a
+fixed set of batches, so validation losses at different steps are comparable. ``precision=bf16``
+runs the forward under CPU/GPU autocast with fp32 master weights.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from setdiff_mega.config import ConfigError, RunConfig, to_dict
+from setdiff_mega.data.indexed import DataError, check_dataset
+from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.diffusion import build_objective
+
+
+class TrainingError(RuntimeError):
+    """Training cannot continue (e.g. a non-finite loss); the message says what to change."""
+
+
+def objective_from_config(cfg: RunConfig, tokenizer: Tokenizer):
+    o = cfg.objective
+    return build_objective(o.name, tokenizer.mask, block_size=o.block_size, D=o.D, S_max=o.S_max, k=o.k,
+                           b=o.b, keep_clean_bos=o.keep_clean_bos, eos_last=o.eos_last,
+                           eos_id=tokenizer.eos, loss_weighting=o.loss_weighting, t_eps=o.t_eps)
+
+
+def resolve_tokenizer(cfg: RunConfig) -> Tokenizer:
+    path = cfg.data.tokenizer or str(Path(cfg.data.path).parent / "tokenizer.json")
+    try:
+        return Tokenizer.from_file(path)
+    except FileNotFoundError as e:
+        raise DataError(f"{e} (data.tokenizer)") from None
+
+
+def resolve_vocab(cfg: RunConfig, tok: Tokenizer) -> int:
+    vocab = cfg.model.vocab_size or tok.vocab_size
+    top = max(tok.special_ids.values())
+    if vocab <= top:
+        raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's special ids (up to {top}, "
+                          f"vocabulary {tok.vocab_size}); remove the override or set it >= {tok.vocab_size}")
+    return vocab
+
+
+def autocast_context(precision: str):
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+
+
+@dataclass
+class TrainResult:
+    final_step: int
+    initial_val_loss: float
+    final_val_loss: float
+    checkpoint: str
+    history: list
+    sample_tokens_per_s: float
+    processed_tokens_per_s: float
+    num_parameters: int
+
+
+@torch.no_grad()
+def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 0) -> dict:
+    """Mean loss and token-weighted NLL over ``iters`` fixed validation batches with fixed noise."""
+    from setdiff_mega.data.loader import batches
+
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    losses, nll, ntok = [], 0.0, 0.0
+    it = batches(dataset, cfg.train.micro_batch_size, 0)
+    for _ in range(iters):
+        tokens = next(it)["tokens"]
+        inp = objective.build_inputs(tokens, generator=gen, training=False)
+        with autocast_context(cfg.train.precision):
+            logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+        loss, st = objective.loss(logits, inp)
+        losses.append(loss.item())
+        nll += st["nll_sum"].item()
+        ntok += st["num_tokens"].item()
+    model.train(was_training)
+    mean_nll = nll / max(ntok, 1.0)
+    return {"loss": sum(losses) / len(losses), "nll_per_token": mean_nll, "ppl": math.exp(min(mean_nll, 50))}
+
+
+def train(cfg: RunConfig, log=print) -> TrainResult:
+    """Run a full training job as configured; returns losses, throughput and the checkpoint path."""
+    from setdiff_mega.checkpoint import save_checkpoint
+    from setdiff_mega.data.loader import batches, build_splits
+    from setdiff_mega.model import build_model
+    from setdiff_mega.parallel import initialize, is_main_process
+
+    from .loggers import MetricLogger, plot_loss_curve
+    from .optim import build_optimizer, lr_at, set_lr
+
+    tc, dc = cfg.train, cfg.data
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    tok = resolve_tokenizer(cfg)
+    vocab = resolve_vocab(cfg, tok)
+    check_dataset(dc.path, vocab)          # clear errors before any expensive set-up
+    env = initialize(seed=tc.seed)
+    if env.world_size > 1:
+        raise ConfigError(f"this entry point trains on one process, but WORLD_SIZE={env.world_size}; "
+                          f"launch without torchrun")
+    torch.manual_seed(tc.seed)
+    samples_per_step = tc.micro_batch_size * tc.grad_accum_steps
+    n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size
+    train_ds, valid_ds, _ = build_splits(dc.path, tok, dc.seq_length, dc.split, dc.seed,
+                                         (tc.train_steps * samples_per_step, n_valid, n_valid), dc.cache_dir)
+    if valid_ds is None or len(valid_ds) == 0:
+        log("warning: no validation split (data.split gives it weight 0): validating on training samples")
+        valid_ds = train_ds
+    objective = objective_from_config(cfg, tok)
+    model = build_model(cfg.model, vocab)
+    model.train()
+    optimizer = build_optimizer(model, tc)
+    n_params = model.num_parameters()
+    L = dc.seq_length
+    proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
+    save_dir = Path(tc.save_dir)
+    main = is_main_process()
+    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
+        f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples")
+    logger = MetricLogger(save_dir, tc.train_steps, 0, cfg.logging, to_dict(cfg), enabled=main)
+    eval_iters = max(tc.eval_iters, 1)
+    init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
+    logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
+    logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
+    gen = torch.Generator().manual_seed(tc.seed + 1)
+    stream = batches(train_ds, tc.micro_batch_size, 0)
+    consumed = 0
+    last_eval = init_eval
+    t_window, tok_window, proc_window = time.perf_counter(), 0, 0
+    t_start = time.perf_counter()
+    sample_tps = proc_tps = 0.0
+    ckpt = None
+    try:
+        for step in range(tc.train_steps):
+            lr = lr_at(step, tc)
+            set_lr(optimizer, lr)
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for _ in range(tc.grad_accum_steps):
+                batch = next(stream)
+                inp = objective.build_inputs(batch["tokens"], generator=gen, training=True)
+                with autocast_context(tc.precision):
+                    logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+                loss, _ = objective.loss(logits, inp)
+                (loss / tc.grad_accum_steps).backward()
+                total += loss.item() / tc.grad_accum_steps
+                consumed += batch["tokens"].shape[0]
+                tok_window += batch["tokens"].numel()
+                proc_window += batch["tokens"].shape[0] * proc_per_sample
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                   tc.clip_grad if tc.clip_grad > 0 else float("inf"))
+            if not (math.isfinite(total) and torch.isfinite(gnorm)):
+                raise TrainingError(f"non-finite loss ({total}) or gradient norm ({float(gnorm)}) at step {step + 1}; "
+                                    f"no update was applied. Lower train.lr (now {tc.lr}), keep train.clip_grad "
+                                    f"> 0, or use train.precision=fp32")
+            optimizer.step()
+            done = step + 1
+            if done % tc.log_interval == 0 or done == tc.train_steps:
+                dt = time.perf_counter() - t_window
+                sample_tps, proc_tps = tok_window / dt, proc_window / dt
+                logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm),
+                            "perf/sample_tokens_per_s": sample_tps, "perf/processed_tokens_per_s": proc_tps,
+                            "data/consumed_samples": consumed}, done)
+                t_window, tok_window, proc_window = time.perf_counter(), 0, 0
+            logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{sample_tps:,.0f}"})
+            if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:
+                last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
+                logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, done)
+                logger.write(f"step {done}: train loss {total:.4f}  val loss {last_eval['loss']:.4f}  "
+                             f"lr {lr:.2e}  {sample_tps:,.0f} sample tok/s ({proc_tps:,.0f} processed)")
+            if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
+                ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, done, consumed, last_eval)
+        last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
+        logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
+        ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, tc.train_steps, consumed, last_eval)
+    finally:
+        logger.close()
+    wall = time.perf_counter() - t_start
+    if main:
+        plot_loss_curve(logger.history, save_dir / "loss_curve.png",
+                        f"{objective.name}, L={L}, {n_params / 1e6:.2f}M params")
+    log(f"done: {tc.train_steps} steps in {wall:.0f}s; val loss {init_eval['loss']:.4f} -> {last_eval['loss']:.4f} "
+        f"(ppl {last_eval['ppl']:.2f}); checkpoint {ckpt}")
+    return TrainResult(final_step=tc.train_steps, initial_val_loss=init_eval["loss"],
+                       final_val_loss=last_eval["loss"], checkpoint=str(ckpt), history=logger.history,
+                       sample_tokens_per_s=sample_tps, processed_tokens_per_s=proc_tps, num_parameters=n_params)
+
+
+def _save(save_fn, cfg, tok, model, optimizer, gen, step, consumed, last_eval):
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    rng = {"torch": torch.get_rng_state(), "noise_generator": gen.get_state(),
+           "mcore_tracker": get_cuda_rng_tracker().get_states()}
+    return save_fn(cfg.train.save_dir, step, model=model, optimizer=optimizer, config=cfg,
+                   tokenizer_file=tok.source, rng=rng,
+                   state={"consumed_samples": consumed, "val_loss": last_eval["loss"]})
+
+
+__all__ = ["train", "evaluate", "TrainResult", "TrainingError", "objective_from_config", "resolve_tokenizer"]

@@ -1,0 +1,49 @@
+#!/usr/bin/env python
+"""Build a tokenizer and a Megatron-format indexed dataset (.bin/.idx + manifest).
+
+    python tools/prepare_data.py --embedded --out data/embedded          # the built-in corpus
+    python tools/prepare_data.py --input a.jsonl b.txt --json-key text --out data/mine [--tokenizer tok.json]
+
+Idempotent: with --skip-existing an output whose manifest exists is left alone.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from setdiff_mega.cli import run_cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--embedded", action="store_true", help="generate the embedded math + stories corpus")
+    src.add_argument("--input", nargs="+", help=".jsonl or plain-text files (blank-line separated documents)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--json-key", default="text")
+    p.add_argument("--tokenizer", default=None, help="existing tokenizer.json (default: train a new BPE)")
+    p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--num-math", type=int, default=12000)
+    p.add_argument("--num-stories", type=int, default=12000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-existing", action="store_true", help="do nothing if OUT/corpus is complete")
+    args = p.parse_args(argv)
+    from setdiff_mega.data.indexed import check_dataset, read_manifest
+    from setdiff_mega.data.prepare import prepare, prepare_from_files
+
+    out = Path(args.out)
+    if args.skip_existing and read_manifest(out / "corpus") is not None and (out / "tokenizer.json").is_file():
+        info = check_dataset(out / "corpus")
+        print(f"{out / 'corpus'} exists ({info['num_documents']} documents, {info['num_tokens']} tokens); skipping")
+        return 0
+    kw = dict(tokenizer_path=args.tokenizer, vocab_size=args.vocab_size)
+    if args.embedded:
+        prepare(out, None, num_math=args.num_math, num_stories=args.num_stories, seed=args.seed, **kw)
+    else:
+        prepare_from_files(out, args.input, args.json_key, **kw)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
