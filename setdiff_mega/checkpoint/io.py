@@ -135,7 +135,7 @@ def load_model(path: str | Path):
         raise CheckpointError(f"'{ck['dir'] / 'model.pt'}' does not match the model in its config.yaml "
                               f"(differing keys: {sorted(missing)[:5]})")
     for k, v in model.state_dict().items():
-        if v.shape != ck["model"][k].shape:
+        if isinstance(v, torch.Tensor) and v.shape != ck["model"][k].shape:
             raise CheckpointError(f"'{ck['dir'] / 'model.pt'}': tensor {k} has shape "
                                   f"{tuple(ck['model'][k].shape)}, the model expects {tuple(v.shape)}")
     model.load_state_dict(ck["model"])

@@ -112,9 +112,11 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     tc, dc = cfg.train, cfg.data
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
+    info = check_dataset(dc.path)          # clear errors before any expensive set-up
     tok = resolve_tokenizer(cfg)
     vocab = resolve_vocab(cfg, tok)
-    check_dataset(dc.path, vocab)          # clear errors before any expensive set-up
+    if info["max_token_id"] >= vocab:
+        check_dataset(dc.path, vocab)      # raises the vocabulary-mismatch error
     env = initialize(seed=tc.seed)
     if env.world_size > 1:
         raise ConfigError(f"this entry point trains on one process, but WORLD_SIZE={env.world_size}; "

@@ -1,0 +1,42 @@
+"""Test configuration: offline environment, a single-rank megatron-core state, shared helpers."""
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import setdiff_mega  # noqa: E402,F401  (installs the warning filters)
+
+
+@pytest.fixture(scope="session")
+def mcore():
+    """Initialise torch.distributed (1 rank, gloo) and megatron-core's parallel state once."""
+    from setdiff_mega.parallel import initialize
+
+    initialize(seed=1234)
+    yield
+    # left initialised for the session; the process exits afterwards
+
+
+@pytest.fixture
+def tiny_model(mcore):
+    """A 2-layer random-weight model (non-zero head) in eval mode, vocab 61 (+ MASK = 60)."""
+    from setdiff_mega.config import ModelConfig
+    from setdiff_mega.model import build_model
+
+    torch.manual_seed(0)
+    mc = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, zero_init_head=False,
+                     make_vocab_size_divisible_by=8)
+    return build_model(mc, 61).eval()
+
+
+MASK_ID = 60

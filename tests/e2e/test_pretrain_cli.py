@@ -1,0 +1,100 @@
+"""End to end: tools/prepare_data.py -> pretrain/pretrain.py -> checkpoint -> reload, on tiny data."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4", "data.seq_length=32",
+        "train.micro_batch_size=4", "train.eval_iters=2", "train.eval_interval=5", "train.log_interval=2",
+        "logging.wandb=disabled", "logging.progress=false", "train.warmup_steps=2"]
+
+
+def _run(args, **kw):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "emb"
+    r = _run(["tools/prepare_data.py", "--embedded", "--out", str(out), "--num-math", "300",
+              "--num-stories", "300", "--vocab-size", "512"])
+    assert r.returncode == 0, r.stderr
+    assert (out / "corpus.bin").is_file() and (out / "corpus.manifest.json").is_file()
+    assert (out / "tokenizer.json").is_file() and (out / "tasks" / "math.jsonl").is_file()
+    r2 = _run(["tools/prepare_data.py", "--embedded", "--out", str(out), "--skip-existing"])
+    assert r2.returncode == 0 and "skipping" in r2.stdout
+    return out
+
+
+def test_pretrain_cli_end_to_end_and_reload(data_dir, tmp_path, mcore):
+    save = tmp_path / "run"
+    r = _run(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=12",
+              f"data.path={data_dir / 'corpus'}", f"train.save_dir={save}", "train.save_interval=5"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["final_step"] == 12 and summary["final_val_loss"] < summary["initial_val_loss"]
+    ck = save / "checkpoints"
+    assert (ck / "latest").read_text().strip() == "step_0000012"
+    assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["step_0000010", "step_0000012"]
+    assert not list(ck.glob("*.tmp-*"))
+    for f in ("model.pt", "optimizer.pt", "rng.pt", "config.yaml", "tokenizer.json", "state.json"):
+        assert (ck / "step_0000012" / f).is_file()
+    assert (save / "loss_curve.png").stat().st_size > 1000
+    rows = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
+    assert any("perf/processed_tokens_per_s" in x for x in rows)
+    tps = [x for x in rows if "perf/sample_tokens_per_s" in x][-1]
+    assert tps["perf/processed_tokens_per_s"] == pytest.approx(2 * tps["perf/sample_tokens_per_s"], rel=1e-6)
+
+    # the checkpoint alone rebuilds the model, objective and tokenizer and reproduces the validation loss
+    from setdiff_mega.checkpoint import load_model
+    from setdiff_mega.data.loader import build_splits
+    from setdiff_mega.training import evaluate
+
+    model, objective, tok, cfg = load_model(save)
+    assert objective.name == "setdlm" and tok.mask == objective.mask_id
+    n = cfg.train.eval_iters * cfg.train.micro_batch_size
+    _, valid, _ = build_splits(cfg.data.path, tok, cfg.data.seq_length, cfg.data.split, cfg.data.seed,
+                               (12 * 4, n, n), cfg.data.cache_dir)
+    val = evaluate(model, objective, valid, cfg, cfg.train.eval_iters)
+    assert val["loss"] == pytest.approx(summary["final_val_loss"], abs=1e-4)
+
+
+@pytest.mark.parametrize("objective", ["ar", "mdlm", "bd3lm"])
+def test_baselines_train_in_process(data_dir, tmp_path, mcore, objective):
+    from setdiff_mega.config import load_config
+    from setdiff_mega.training import train
+
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", [*TINY, "train.train_steps=8", f"objective.name={objective}",
+                                                        f"data.path={data_dir / 'corpus'}",
+                                                        f"train.save_dir={tmp_path}", "train.lr=3e-3"])
+    res = train(cfg, log=lambda *a: None)
+    assert res.final_val_loss < res.initial_val_loss
+    ratio = res.processed_tokens_per_s / res.sample_tokens_per_s
+    assert ratio == pytest.approx({"ar": 31 / 32, "mdlm": 1.0, "bd3lm": 2.0}[objective], rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["objective.name=gpt"], "error: objective.name='gpt' is not one of ar, mdlm, bd3lm, setdlm"),
+    (["objective.D=16", "objective.S_max=8"], "error: objective.D=16 exceeds objective.S_max=8"),
+    (["objective.S_max=999"], "error: objective.S_max=999 exceeds data.seq_length L=128"),
+    (["data.path=/nonexistent/corpus"], "error: data file '/nonexistent/corpus.bin' does not exist; set data.path"),
+])
+def test_cli_config_errors_are_one_clear_line(overrides, message):
+    r = _run(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *overrides])
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith(message), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_vocab_smaller_than_data(data_dir):
+    r = _run(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", f"data.path={data_dir / 'corpus'}",
+              "model.vocab_size=100"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "but the model vocabulary has only 100 entries" in r.stderr
+    assert "raise model.vocab_size to at least" in r.stderr

@@ -1,0 +1,57 @@
+"""Config loading, overrides and the one-message validation errors."""
+from pathlib import Path
+
+import pytest
+
+from setdiff_mega.config import ConfigError, RunConfig, load_config, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_presets_load_and_validate():
+    tiny = load_config(ROOT / "configs/tiny_cpu.yaml")
+    assert tiny.objective.name == "setdlm" and tiny.data.seq_length == 128
+    owt = load_config(ROOT / "configs/owt_setdlm.yaml")
+    assert (owt.model.num_layers, owt.model.hidden_size, owt.model.num_attention_heads) == (12, 768, 12)
+    assert owt.data.seq_length == 1024 and owt.objective.D == 8
+    assert owt.train.lr == 3e-4 and owt.train.warmup_steps == 2500 and owt.train.lr_schedule == "constant"
+    assert owt.train.micro_batch_size * owt.train.grad_accum_steps == 512
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", ["train.lr=3e-4", "objective.name=ar",
+                                                         "objective.S_max=null", "logging.progress=false"])
+    assert cfg.train.lr == 3e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.objective.name == "ar" and cfg.objective.S_max is None and cfg.logging.progress is False
+    assert parse_overrides(["a.b.c=1"]) == {"a": {"b": {"c": 1}}}
+
+
+@pytest.mark.parametrize("overrides,pattern", [
+    (["objective.name=gpt"], r"objective.name='gpt' is not one of ar, mdlm, bd3lm, setdlm"),
+    (["objective.D=8", "objective.S_max=4"], r"objective.D=8 exceeds objective.S_max=4; set S_max >= D"),
+    (["objective.D=4", "objective.S_max=256"], r"objective.S_max=256 exceeds data.seq_length L=128; set S_max <= L"),
+    (["model.hiden_size=64"], r"unknown config field 'model.hiden_size'; did you mean 'model.hidden_size'\?"),
+    (["train.lr=fast"], r"train.lr: expected float, got 'fast'"),
+    (["model.num_attention_heads=5"], r"model.hidden_size=128 is not divisible by model.num_attention_heads=5"),
+    (["objective.name=bd3lm", "objective.block_size=5"], r"objective.block_size=5 must be >= 1 and divide"),
+    (["train.lr_schedule=exp"], r"train.lr_schedule='exp' is not one of"),
+    (["trainlr"], r"override 'trainlr' must look like section.field=value"),
+])
+def test_config_errors_name_the_field(overrides, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(ROOT / "configs/tiny_cpu.yaml", overrides)
+
+
+def test_s_max_above_l_with_d_default():
+    # D = 80 gives S_max = 160 > L = 128 (D itself is fine)
+    with pytest.raises(ConfigError, match=r"objective.S_max=160 exceeds data.seq_length L=128"):
+        load_config(None, ["objective.D=80"])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("configs/nope.yaml")
+
+
+def test_defaults_are_valid():
+    assert isinstance(load_config(None), RunConfig)
