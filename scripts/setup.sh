@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project-local virtual environment .venv with everything the CPU path needs.
+# Idempotent: reinstalls only when pyproject.toml changed since the last successful install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_python() {
+  for cand in "${PYTHON:-}" python3.11 python3; do
+    [ -n "$cand" ] || continue
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
+      echo "$cand"; return 0
+    fi
+  done
+  echo "error: setdiff-mega needs Python 3.11 (megatron-core 0.16.1 and the CPU torch wheel); set PYTHON=/path/to/python3.11" >&2
+  return 1
+}
+
+PY=$(find_python)
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.setdiff-mega-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "[setup] installing setdiff-mega and its pinned dependencies into .venv (one time, ~2 min)"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,mpi]"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's test command: bootstrap .venv, then run the default (CPU, non-slow) test suite.
+# Extra arguments go to pytest (e.g. -m slow, -k masks).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+set +e
+.venv/bin/python -m pytest -q -ra "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi
+exit "$rc"
