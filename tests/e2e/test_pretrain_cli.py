@@ -98,3 +98,30 @@ def test_cli_vocab_smaller_than_data(data_dir):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "but the model vocabulary has only 100 entries" in r.stderr
     assert "raise model.vocab_size to at least" in r.stderr
+
+
+def test_non_finite_loss_stops_with_a_clear_error(data_dir, tmp_path, mcore, monkeypatch):
+    import torch
+
+    from setdiff_mega.config import load_config
+    from setdiff_mega.training import TrainingError, train
+    from setdiff_mega.training import trainer as trainer_mod
+
+    real = trainer_mod.objective_from_config
+
+    def poisoned(cfg, tok):
+        obj = real(cfg, tok)
+        base = obj.loss
+
+        def loss(logits, inputs):
+            value, stats = base(logits, inputs)
+            return value * torch.tensor(float("nan")), stats
+        obj.loss = loss
+        return obj
+
+    monkeypatch.setattr(trainer_mod, "objective_from_config", poisoned)
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", [*TINY, "train.train_steps=3", f"data.path={data_dir / 'corpus'}",
+                                                        f"train.save_dir={tmp_path}"])
+    with pytest.raises(TrainingError, match=r"non-finite loss \(nan\).* at step 1; no update was applied"):
+        train(cfg, log=lambda *a: None)
+    assert not (tmp_path / "checkpoints").exists()

@@ -131,3 +131,15 @@ def test_cpu_shim_is_active_and_idempotent(mcore):
     assert mcore_cpu.is_applied() == (not torch.cuda.is_available())
     mcore_cpu.apply()
     mcore_cpu.check_targets()
+
+
+def test_cpu_path_never_imports_transformer_engine(tiny_model):
+    import sys
+
+    from setdiff_mega.model.spec import resolve_impl
+
+    assert "transformer_engine" not in sys.modules
+    if not torch.cuda.is_available():
+        assert resolve_impl("auto") == "local"
+        with pytest.raises(RuntimeError, match=r"needs a CUDA GPU and the \[gpu\] extra"):
+            resolve_impl("transformer_engine")

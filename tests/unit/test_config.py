@@ -32,7 +32,7 @@ def test_dotted_overrides_are_typed():
     (["objective.D=4", "objective.S_max=256"], r"objective.S_max=256 exceeds data.seq_length L=128; set S_max <= L"),
     (["model.hiden_size=64"], r"unknown config field 'model.hiden_size'; did you mean 'model.hidden_size'\?"),
     (["train.lr=fast"], r"train.lr: expected float, got 'fast'"),
-    (["model.num_attention_heads=5"], r"model.hidden_size=128 is not divisible by model.num_attention_heads=5"),
+    (["model.num_attention_heads=7"], r"model.hidden_size=160 is not divisible by model.num_attention_heads=7"),
     (["objective.name=bd3lm", "objective.block_size=5"], r"objective.block_size=5 must be >= 1 and divide"),
     (["train.lr_schedule=exp"], r"train.lr_schedule='exp' is not one of"),
     (["trainlr"], r"override 'trainlr' must look like section.field=value"),
