@@ -74,7 +74,6 @@ class DataConfig:
     split: str = "96,2,2"                        # train, valid, test weights over documents
     seed: int = 1234
     cache_dir: Optional[str] = None              # None = <data dir>/cache
-    num_workers: int = 0
 
 
 @dataclass

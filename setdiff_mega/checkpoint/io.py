@@ -123,9 +123,11 @@ def load_model(path: str | Path):
     """Rebuild the model, objective and tokenizer of a checkpoint: (model, objective, tokenizer, config)."""
     from setdiff_mega.data.tokenizer import Tokenizer
     from setdiff_mega.model import build_model
+    from setdiff_mega.parallel import initialize
     from setdiff_mega.training.trainer import objective_from_config
 
     ck = load_checkpoint(path)
+    initialize(seed=ck["config"].train.seed)     # no-op when the caller already set up parallel state
     cfg = ck["config"]
     tok = Tokenizer.from_file(ck["dir"] / "tokenizer.json")
     vocab = cfg.model.vocab_size or tok.vocab_size

@@ -67,8 +67,8 @@ def setcausal_mask_from_ranks(rank: torch.Tensor) -> torch.Tensor:
 def with_key_padding(mask: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     """AND a key-validity mask ``valid`` [B, T] into ``mask`` [T, T] or [B, T, T] -> [B, T, T].
 
-    Invalid (padding) keys are hidden from every query; each padding query keeps itself so no row is
-    empty (a fully masked softmax row would be NaN). Returns ``mask`` unchanged if ``valid`` is None.
+    Invalid (padding) keys are hidden from every query; a padding query additionally keeps itself so
+    no row is empty (a fully masked softmax row would be NaN). Padding rows never enter a loss. Returns ``mask`` unchanged if ``valid`` is None.
     """
     if valid is None:
         return mask

@@ -112,7 +112,10 @@ class Objective:
             loss = per_tok.sum() / inputs.extras["num_targets"].clamp(min=1)
         else:
             loss = per_tok.sum() / m.sum().clamp(min=1.0)
-        stats = {"nll_sum": per_tok.detach().sum(), "num_tokens": m.detach().sum()}
+        count = m.detach().sum()
+        if inputs.weights is not None and self.normalization == "token":
+            count = inputs.extras["num_targets"].to(count.dtype)   # NELBO is per target token
+        stats = {"nll_sum": per_tok.detach().sum(), "num_tokens": count}
         return loss, stats
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 

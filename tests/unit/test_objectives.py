@@ -142,3 +142,16 @@ def test_uniform_logits_give_log_v_minus_one():
     inp = obj.build_inputs(x, generator=_g())
     loss, _ = obj.loss(torch.zeros(4, 16, V), inp)
     assert loss.item() == pytest.approx(math.log(V - 1), rel=1e-6)   # MASK excluded from the softmax
+
+
+def test_elbo_loss_is_weighted_sum_over_target_count():
+    x = _tokens(B=2, L=8)
+    obj = MDLMObjective(MASK, loss_weighting="elbo")
+    inp = obj.build_inputs(x, generator=_g(5))
+    logits = torch.randn(2, 8, V, generator=_g(6))
+    loss, st = obj.loss(logits, inp)
+    nll = masked_token_nll(logits, x, MASK)
+    t = inp.extras["t"]
+    want = (nll * inp.loss_mask / t[:, None]).sum() / 16
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    assert st["num_tokens"].item() == 16 and st["nll_sum"].item() == pytest.approx(want.item() * 16, rel=1e-5)
