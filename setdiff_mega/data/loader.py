@@ -5,9 +5,9 @@
 samples, shuffled with ``data.seed``, index files cached in ``cache_dir``). Each sample is exactly L
 clean tokens (``add_extra_token_to_sequence=False``): objectives do their own shifting or noising.
 
-``batches(dataset, batch_size, start_sample)`` yields ``{"tokens": [B, L] long, "sample_index": int}``
-in a deterministic order that resumes exactly from a number of consumed samples (it wraps around the
-epoch if more samples are asked for than the dataset holds).
+``batches(dataset, batch_size, start_sample, stride)`` yields ``{"tokens": [B, L] long,
+"sample_index": int}`` in a deterministic order that resumes exactly from a number of consumed samples
+(it wraps around the epoch if more samples are asked for than the dataset holds).
 """
 from __future__ import annotations
 
@@ -44,15 +44,21 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
     return train, valid, test
 
 
-def batches(dataset, batch_size: int, start_sample: int = 0) -> Iterator[dict]:
-    """Deterministic, resumable stream of [B, L] token batches."""
+def batches(dataset, batch_size: int, start_sample: int = 0, stride: int | None = None) -> Iterator[dict]:
+    """Deterministic, resumable stream of [B, L] token batches.
+
+    Batch k holds samples ``start_sample + k * stride + [0, batch_size)`` (``stride`` defaults to
+    ``batch_size``). Data-parallel rank r of D uses ``start_sample = r * batch_size`` and
+    ``stride = D * batch_size``, so the ranks together read the same samples as one process would.
+    """
     n = len(dataset)
+    stride = batch_size if stride is None else stride
     i = start_sample
     while True:
         idx = [(i + j) % n for j in range(batch_size)]
         tokens = torch.stack([torch.as_tensor(dataset[k]["tokens"]) for k in idx]).long()
         yield {"tokens": tokens, "sample_index": i}
-        i += batch_size
+        i += stride
 
 
 __all__ = ["build_splits", "batches"]

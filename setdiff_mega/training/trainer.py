@@ -1,6 +1,10 @@
-"""The single-process training loop: config -> data -> model + objective -> optimizer -> checkpoint.
+"""The training loop: config -> data -> model + objective -> optimizer -> checkpoint.
 
-One optimizer step = ``grad_accum_steps`` micro-batches of ``micro_batch_size`` L-token samples:
+Runs on one process or data-parallel under torchrun (``launch.sh``): each of the D ranks reads its own
+slice of every global batch (``micro_batch_size * grad_accum_steps * D`` samples per optimizer step),
+draws its own noise, and torch DDP averages gradients over the group. Rank 0 logs and writes
+checkpoints; a non-finite loss on any rank stops every rank. One optimizer step =
+``grad_accum_steps`` micro-batches of ``micro_batch_size`` L-token samples per rank:
 
     for each micro-batch:  inputs = objective.build_inputs(tokens, generator)      # [B, T] etc.
                            logits = model(inputs.tokens, inputs.position_ids, inputs.attention_mask,
@@ -118,11 +122,11 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     if info["max_token_id"] >= vocab:
         check_dataset(dc.path, vocab)      # raises the vocabulary-mismatch error
     env = initialize(seed=tc.seed)
-    if env.world_size > 1:
-        raise ConfigError(f"this entry point trains on one process, but WORLD_SIZE={env.world_size}; "
-                          f"launch without torchrun")
+    dp, rank = env.world_size, env.rank
+    if rank != 0:
+        log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
     torch.manual_seed(tc.seed)
-    samples_per_step = tc.micro_batch_size * tc.grad_accum_steps
+    samples_per_step = tc.micro_batch_size * tc.grad_accum_steps * dp
     n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size
     train_ds, valid_ds, _ = build_splits(dc.path, tok, dc.seq_length, dc.split, dc.seed,
                                          (tc.train_steps * samples_per_step, n_valid, n_valid), dc.cache_dir)
@@ -133,20 +137,26 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     model = build_model(cfg.model, vocab)
     model.train()
     optimizer = build_optimizer(model, tc)
+    ddp = model
+    if dp > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, broadcast_buffers=False)
     n_params = model.num_parameters()
     L = dc.seq_length
     proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
     save_dir = Path(tc.save_dir)
     main = is_main_process()
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
-        f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples")
+        f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples; "
+        f"{dp} data-parallel rank(s), {samples_per_step} samples per step")
     logger = MetricLogger(save_dir, tc.train_steps, 0, cfg.logging, to_dict(cfg), enabled=main)
     eval_iters = max(tc.eval_iters, 1)
     init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
     logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
     logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
-    gen = torch.Generator().manual_seed(tc.seed + 1)
-    stream = batches(train_ds, tc.micro_batch_size, 0)
+    gen = torch.Generator().manual_seed(tc.seed + 1 + 1000003 * rank)
+    stream = batches(train_ds, tc.micro_batch_size, rank * tc.micro_batch_size, dp * tc.micro_batch_size)
     consumed = 0
     last_eval = init_eval
     t_window, tok_window, proc_window = time.perf_counter(), 0, 0
@@ -159,19 +169,21 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
             set_lr(optimizer, lr)
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for _ in range(tc.grad_accum_steps):
+            for micro in range(tc.grad_accum_steps):
                 batch = next(stream)
                 inp = objective.build_inputs(batch["tokens"], generator=gen, training=True)
-                with autocast_context(tc.precision):
-                    logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
-                loss, _ = objective.loss(logits, inp)
-                (loss / tc.grad_accum_steps).backward()
+                sync = dp == 1 or micro == tc.grad_accum_steps - 1
+                with autocast_context(tc.precision), (contextlib.nullcontext() if sync else ddp.no_sync()):
+                    logits = ddp(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+                    loss, _ = objective.loss(logits, inp)
+                    (loss / tc.grad_accum_steps).backward()
                 total += loss.item() / tc.grad_accum_steps
-                consumed += batch["tokens"].shape[0]
-                tok_window += batch["tokens"].numel()
-                proc_window += batch["tokens"].shape[0] * proc_per_sample
+                consumed += batch["tokens"].shape[0] * dp
+                tok_window += batch["tokens"].numel() * dp
+                proc_window += batch["tokens"].shape[0] * proc_per_sample * dp
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                    tc.clip_grad if tc.clip_grad > 0 else float("inf"))
+            total = _mean_over_ranks(total, dp)       # NaN on any rank makes the mean NaN everywhere
             if not (math.isfinite(total) and torch.isfinite(gnorm)):
                 raise TrainingError(f"non-finite loss ({total}) or gradient norm ({float(gnorm)}) at step {step + 1}; "
                                     f"no update was applied. Lower train.lr (now {tc.lr}), keep train.clip_grad "
@@ -192,10 +204,10 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 logger.write(f"step {done}: train loss {total:.4f}  val loss {last_eval['loss']:.4f}  "
                              f"lr {lr:.2e}  {sample_tps:,.0f} sample tok/s ({proc_tps:,.0f} processed)")
             if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
-                ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, done, consumed, last_eval)
+                ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, done, consumed, last_eval, main)
         last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
         logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
-        ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, tc.train_steps, consumed, last_eval)
+        ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, tc.train_steps, consumed, last_eval, main)
     finally:
         logger.close()
     wall = time.perf_counter() - t_start
@@ -209,14 +221,32 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                        sample_tokens_per_s=sample_tps, processed_tokens_per_s=proc_tps, num_parameters=n_params)
 
 
-def _save(save_fn, cfg, tok, model, optimizer, gen, step, consumed, last_eval):
+def _mean_over_ranks(value: float, dp: int) -> float:
+    if dp == 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dp
+
+
+def _save(save_fn, cfg, tok, model, optimizer, gen, step, consumed, last_eval, main=True):
+    """Rank 0 writes the checkpoint (DP replicas are identical); every rank waits for it."""
+    import torch.distributed as dist
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    rng = {"torch": torch.get_rng_state(), "noise_generator": gen.get_state(),
-           "mcore_tracker": get_cuda_rng_tracker().get_states()}
-    return save_fn(cfg.train.save_dir, step, model=model, optimizer=optimizer, config=cfg,
-                   tokenizer_file=tok.source, rng=rng,
-                   state={"consumed_samples": consumed, "val_loss": last_eval["loss"]})
+    path = Path(cfg.train.save_dir) / "checkpoints" / f"step_{step:07d}"
+    if main:
+        rng = {"torch": torch.get_rng_state(), "noise_generator": gen.get_state(),
+               "mcore_tracker": get_cuda_rng_tracker().get_states()}
+        path = save_fn(cfg.train.save_dir, step, model=model, optimizer=optimizer, config=cfg,
+                       tokenizer_file=tok.source, rng=rng,
+                       state={"consumed_samples": consumed, "val_loss": last_eval["loss"],
+                              "data_parallel_size": dist.get_world_size() if dist.is_initialized() else 1})
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return path
 
 
 __all__ = ["train", "evaluate", "TrainResult", "TrainingError", "objective_from_config", "resolve_tokenizer"]

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Launch pretrain/pretrain.py on 1..N nodes with torchrun (data parallel over all processes).
+#
+#   ./launch.sh [options] [--] [pretrain.py arguments]
+#
+# Options (each also read from the environment variable in brackets):
+#   --nnodes N           number of nodes                     [NNODES, default 1]
+#   --node-rank R        this node's rank                    [NODE_RANK, default 0]
+#   --nproc-per-node P   processes per node (GPUs, or CPU    [NPROC_PER_NODE or GPUS_PER_NODE, default 1]
+#                        processes on a CPU machine)
+#   --master-addr A      rendezvous host (node 0)            [MASTER_ADDR, default 127.0.0.1]
+#   --master-port P      rendezvous port                     [MASTER_PORT, default 29500]
+#   --dry-run            print the command without running it
+#
+# Examples:
+#   ./launch.sh --nproc-per-node 2 -- --config configs/tiny_cpu.yaml train.train_steps=100
+#   # two nodes (run on each, NODE_RANK=0 on the master):
+#   NNODES=2 NODE_RANK=0 GPUS_PER_NODE=8 MASTER_ADDR=node0 ./launch.sh -- --config configs/owt_setdlm.yaml
+set -euo pipefail
+cd "$(dirname "$0")"
+
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+NPROC=${NPROC_PER_NODE:-${GPUS_PER_NODE:-1}}
+MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+MASTER_PORT=${MASTER_PORT:-29500}
+DRY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nnodes) NNODES=$2; shift 2 ;;
+    --node-rank) NODE_RANK=$2; shift 2 ;;
+    --nproc-per-node) NPROC=$2; shift 2 ;;
+    --master-addr) MASTER_ADDR=$2; shift 2 ;;
+    --master-port) MASTER_PORT=$2; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+for v in NNODES NODE_RANK NPROC MASTER_PORT; do
+  if ! [[ ${!v} =~ ^[0-9]+$ ]]; then echo "error: $v must be a non-negative integer, got '${!v}'" >&2; exit 2; fi
+done
+if [ "$NODE_RANK" -ge "$NNODES" ]; then
+  echo "error: NODE_RANK=$NODE_RANK must be smaller than NNODES=$NNODES" >&2; exit 2
+fi
+if [ "$NPROC" -lt 1 ] || [ "$NNODES" -lt 1 ]; then
+  echo "error: NNODES and NPROC_PER_NODE must be >= 1" >&2; exit 2
+fi
+
+TORCHRUN=torchrun
+[ -x .venv/bin/torchrun ] && TORCHRUN=.venv/bin/torchrun
+cmd=("$TORCHRUN" --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC"
+     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" pretrain/pretrain.py "$@")
+echo "+ ${cmd[*]}" >&2
+[ "$DRY" = 1 ] && exit 0
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} WANDB_MODE=${WANDB_MODE:-offline} TOKENIZERS_PARALLELISM=false
+exec "${cmd[@]}"

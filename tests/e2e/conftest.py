@@ -1,0 +1,33 @@
+"""Shared fixtures for the end-to-end tests: one tiny prepared corpus per session."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4", "data.seq_length=32",
+        "train.micro_batch_size=4", "train.eval_iters=2", "train.eval_interval=5", "train.log_interval=2",
+        "logging.wandb=disabled", "logging.progress=false", "train.warmup_steps=2"]
+
+
+def _run(args, **kw):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "emb"
+    r = _run(["tools/prepare_data.py", "--embedded", "--out", str(out), "--num-math", "300",
+              "--num-stories", "300", "--vocab-size", "512"])
+    assert r.returncode == 0, r.stderr
+    assert (out / "corpus.bin").is_file() and (out / "corpus.manifest.json").is_file()
+    assert (out / "tokenizer.json").is_file() and (out / "tasks" / "math.jsonl").is_file()
+    r2 = _run(["tools/prepare_data.py", "--embedded", "--out", str(out), "--skip-existing"])
+    assert r2.returncode == 0 and "skipping" in r2.stdout
+    return out
+
+
