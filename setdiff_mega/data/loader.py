@@ -2,7 +2,8 @@
 
 ``build_splits`` builds train / valid / test ``GPTDataset`` objects with
 ``BlendedMegatronDatasetBuilder`` (documents split by ``data.split`` weights, packed into length-L
-samples, shuffled with ``data.seed``, index files cached in ``cache_dir``). Each sample is exactly L
+samples, shuffled with ``data.seed``, index files cached in ``cache_dir``; under torch.distributed
+rank 0 writes the cache first and the other ranks read it). Each sample is exactly L
 clean tokens (``add_extra_token_to_sequence=False``): objectives do their own shifting or noising.
 
 ``batches(dataset, batch_size, start_sample, stride)`` yields ``{"tokens": [B, L] long,
@@ -32,9 +33,19 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
         create_attention_mask=False, add_extra_token_to_sequence=False, tokenizer=tokenizer,
         path_to_cache=cache, mid_level_dataset_surplus=0.005)
+    import torch.distributed as dist
+
+    def build():
+        return BlendedMegatronDatasetBuilder(GPTDataset, list(num_samples), lambda: True, cfg).build()
+
     try:
-        train, valid, test = BlendedMegatronDatasetBuilder(
-            GPTDataset, list(num_samples), lambda: True, cfg).build()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # rank 0 writes the cached index files; the other ranks then load them (no write races)
+            result = build() if dist.get_rank() == 0 else None
+            dist.barrier()
+            train, valid, test = result if result is not None else build()
+        else:
+            train, valid, test = build()
     except Exception as e:
         raise DataError(f"could not build length-{seq_length} samples from '{prefix}' "
                         f"({info['num_tokens']} tokens, split {split}): {type(e).__name__}: {e}") from e
