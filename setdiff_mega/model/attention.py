@@ -10,7 +10,9 @@ context [s, b, h*d]:
 * mcore's own ``DotProductAttention`` ("local"), the unfused reference.
 
 Every mask pattern (causal, bidirectional, block, set-causal, per-sample padding) is data: the backend
-never special-cases an objective.
+never special-cases an objective. During decoding :class:`SDPACoreAttention` attends over a
+:class:`~setdiff_mega.inference.cache.KVCache` of committed tokens followed by the current chunk; the
+mask then has shape [b, 1, s, C + s].
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ class SDPACoreAttention(MegatronModule):
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale
         self.layer_number = layer_number
+        self.kv_cache = None          # set by SetDiffusionTransformer.use_cache() during decoding
+        self.cache_layer = 0
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
@@ -44,11 +48,15 @@ class SDPACoreAttention(MegatronModule):
             raise NotImplementedError("SDPACoreAttention takes a boolean mask, not an attention bias")
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))   # [b, h, s, d]
         keep = None if attention_mask is None else ~attention_mask
+        s, b = query.shape[0], query.shape[1]
+        if self.kv_cache is not None:     # decode step: keys = [cache ; chunk], keep [b, 1, s, C + s]
+            out = self.kv_cache.attend(self.cache_layer, q, k, v, keep, scale=self.softmax_scale,
+                                       enable_gqa=self.heads != self.groups)
+            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=keep, dropout_p=self.dropout_p if self.training else 0.0,
             is_causal=attention_mask is None, scale=self.softmax_scale,
             enable_gqa=self.heads != self.groups)
-        s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 

@@ -18,6 +18,8 @@ Internally megatron-core works sequence-first ([T, B, H]) with masks in its own 
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
@@ -120,6 +122,29 @@ class SetDiffusionTransformer(MegatronModule):
         weight = self.embedding.word_embeddings.weight if self.tie_embeddings else None
         out, _ = self.output_layer(hidden, weight=weight)
         return out.transpose(0, 1)[..., : self.vocab_size]
+
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(local layers, KV groups per TP rank, head dim) for building a KV cache."""
+        tp = self.config.tensor_model_parallel_size
+        groups = (self.config.num_query_groups or self.config.num_attention_heads) // tp
+        return len(self.decoder.layers), groups, self.config.kv_channels
+
+    @contextlib.contextmanager
+    def use_cache(self, cache):
+        """Route every layer's core attention through ``cache`` (decoding); needs the sdpa backend."""
+        from .attention import SDPACoreAttention
+
+        cores = [layer.self_attention.core_attention for layer in self.decoder.layers]
+        if not all(isinstance(c, SDPACoreAttention) for c in cores):
+            raise RuntimeError("KV-cached decoding needs model.attention_backend=sdpa with the local spec; "
+                               "rebuild the model with that setting (the weights are the same)")
+        for i, c in enumerate(cores):
+            c.kv_cache, c.cache_layer = cache, i
+        try:
+            yield cache
+        finally:
+            for c in cores:
+                c.kv_cache = None
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

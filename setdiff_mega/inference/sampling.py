@@ -1,0 +1,54 @@
+"""Token choice, confidence and the commit rule shared by the samplers.
+
+For candidate rows with logits [..., V]:
+
+    logits[..., banned] = -inf            (MASK and PAD are never produced)
+    greedy  (temperature == 0): x = argmax p,   p = softmax(logits)
+    sampled (temperature > 0):  p = top_p_filter(softmax(logits / temperature)); x ~ p
+    confidence c = p[x]                   (after the temperature and nucleus filter)
+
+Commit rule over the active set of a row (method.md 5.1, P11):
+
+    commit = (the k most confident active positions) U {active p : c_p >= tau}
+
+so tau > 1 commits exactly k tokens per step, and lowering tau never commits fewer tokens on the same
+logits. Rows are processed together; inactive slots carry ``active = False``.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 0.0, top_p: float = 1.0,
+                  generator: torch.Generator | None = None):
+    """logits [..., V] -> (tokens [...], confidence [...]) in fp32."""
+    logits = logits.float()
+    if banned:
+        idx = torch.tensor(sorted(set(banned)), device=logits.device)
+        logits = logits.index_fill(-1, idx, float("-inf"))
+    if temperature <= 0:
+        probs = torch.softmax(logits, -1)
+        conf, tok = probs.max(-1)
+        return tok, conf
+    probs = torch.softmax(logits / temperature, -1)
+    if top_p < 1.0:
+        sp, si = probs.sort(-1, descending=True)
+        keep = (sp.cumsum(-1) - sp) < top_p                   # keeps the token that crosses top_p
+        sp = sp * keep
+        probs = torch.zeros_like(probs).scatter(-1, si, sp)
+        probs = probs / probs.sum(-1, keepdim=True)
+    flat = probs.reshape(-1, probs.shape[-1])
+    tok = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    conf = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+    return tok, conf
+
+
+def commit_mask(conf: torch.Tensor, active: torch.Tensor, tau: float, k: int = 1) -> torch.Tensor:
+    """conf, active [B, A] -> bool [B, A]: top-k by confidence among active, plus conf >= tau."""
+    c = torch.where(active, conf, torch.full_like(conf, float("-inf")))
+    order = torch.sort(c, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(c.shape[-1], device=c.device).expand_as(order))
+    return active & ((rank < k) | (conf >= tau))
+
+
+__all__ = ["choose_tokens", "commit_mask"]
