@@ -21,9 +21,11 @@ def user_errors() -> tuple:
     from setdiff_mega.checkpoint.io import CheckpointError
     from setdiff_mega.config import ConfigError
     from setdiff_mega.data.indexed import DataError
+    from setdiff_mega.inference.api import RequestError
     from setdiff_mega.training.trainer import TrainingError
 
-    return (ConfigError, DataError, CheckpointError, TrainingError, FileNotFoundError, KeyError)
+    return (ConfigError, DataError, CheckpointError, TrainingError, RequestError, FileNotFoundError, KeyError,
+            ValueError)
 
 
 def run_cli(fn, argv=None) -> int:

@@ -30,6 +30,7 @@ class GenerationConfig:
     stop_at_eos: bool = True      # plain prompts stop at the first generated EOS
     stop_strings: tuple = ()      # checked every W steps on the decoded generation
     seed: int = 0                 # sampling RNG
+    record: bool = False          # keep the canvas after every step in GenerationOutput.trace
 
     def validate(self) -> "GenerationConfig":
         if self.window < 1:
@@ -96,6 +97,7 @@ class GenerationOutput:
     steps: list[int]                    # decode steps in which each row committed tokens
     committed: list[int]                # tokens committed per row
     history: list = field(default_factory=list)   # per step: [B] tokens committed (for inspection)
+    trace: list = field(default_factory=list)     # per step: canvas [B, N] (only with record=True)
 
     @property
     def tokens_per_step(self) -> list[float]:
@@ -133,7 +135,7 @@ def finish_at_eos(tokens, masked, generate, infill, eos_id, done):
     return newly, end, pos
 
 
-def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history) -> GenerationOutput:
+def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history, trace=None) -> GenerationOutput:
     """Per-row generated tokens (generation region up to ``end``, remaining MASK dropped)."""
     out_tokens, seqs = [], []
     N = tokens.shape[1]
@@ -143,7 +145,7 @@ def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history)
         gen = canvas.generate[b, :e] & keep
         out_tokens.append(tokens[b, :e][gen].tolist())
         seqs.append(tokens[b, :e][keep].tolist())
-    return GenerationOutput(out_tokens, seqs, nfe, steps.tolist(), committed.tolist(), history)
+    return GenerationOutput(out_tokens, seqs, nfe, steps.tolist(), committed.tolist(), history, trace or [])
 
 
 __all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "pack", "first_true", "finish_at_eos", "collect"]

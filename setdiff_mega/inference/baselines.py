@@ -53,7 +53,7 @@ class ARSampler(_Base):
         end = torch.full((B,), -1, dtype=torch.long, device=dev)
         steps = torch.zeros(B, dtype=torch.long, device=dev)
         committed = torch.zeros_like(steps)
-        history = []
+        history, trace = [], []
         pend = known.clone()                                        # tokens whose K/V are not cached yet
         while True:
             live = masked & ~done[:, None]
@@ -77,12 +77,14 @@ class ARSampler(_Base):
             committed += n
             steps += n
             history.append(n.tolist())
+            if cfg.record:
+                trace.append(tokens.clone())
             if cfg.stop_at_eos:
                 newly, e, _ = finish_at_eos(tokens, masked, canvas.generate, canvas.infill, self.eos_id, done)
                 end, done = torch.where(newly, e, end), done | newly
             done |= ~(masked.any(1))
         # infill rows: the span is filled left to right from the left context only
-        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history)
+        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history, trace)
 
 
 class BD3LMSampler(_Base):
@@ -101,7 +103,7 @@ class BD3LMSampler(_Base):
         end = torch.full((B,), -1, dtype=torch.long, device=dev)
         steps = torch.zeros(B, dtype=torch.long, device=dev)
         committed = torch.zeros_like(steps)
-        history = []
+        history, trace = [], []
         cached_blocks = torch.zeros(B, dtype=torch.long, device=dev)     # blocks [0, cached) are in the cache
         while True:
             live = masked & ~done[:, None]
@@ -132,11 +134,13 @@ class BD3LMSampler(_Base):
             committed += n
             steps += (n > 0).long()
             history.append(n.tolist())
+            if cfg.record:
+                trace.append(tokens.clone())
             if cfg.stop_at_eos:
                 newly, e, _ = finish_at_eos(tokens, masked, canvas.generate, canvas.infill, self.eos_id, done)
                 end, done = torch.where(newly, e, end), done | newly
             done |= ~(masked.any(1))
-        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history)
+        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history, trace)
 
 
 class MDLMSampler(_Base):
@@ -157,7 +161,7 @@ class MDLMSampler(_Base):
         end = torch.full((B,), -1, dtype=torch.long, device=dev)
         steps = torch.zeros(B, dtype=torch.long, device=dev)
         committed = torch.zeros_like(steps)
-        history, nfe = [], 0
+        history, trace, nfe = [], [], 0
         while True:
             live = masked & ~done[:, None]
             if not live.any():
@@ -177,11 +181,13 @@ class MDLMSampler(_Base):
             committed += n
             steps += (n > 0).long()
             history.append(n.tolist())
+            if cfg.record:
+                trace.append(tokens.clone())
             if cfg.stop_at_eos:
                 newly, e, _ = finish_at_eos(tokens, masked, canvas.generate, canvas.infill, self.eos_id, done)
                 end, done = torch.where(newly, e, end), done | newly
             done |= ~(masked.any(1))
-        return collect(canvas, tokens, masked, end, nfe, steps, committed, history)
+        return collect(canvas, tokens, masked, end, nfe, steps, committed, history, trace)
 
 
 __all__ = ["ARSampler", "BD3LMSampler", "MDLMSampler"]

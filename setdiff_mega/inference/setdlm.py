@@ -104,7 +104,7 @@ class SetDLMSampler:
         end = torch.full((B,), -1, dtype=torch.long, device=dev)
         steps = torch.zeros(B, dtype=torch.long, device=dev)
         committed = torch.zeros(B, dtype=torch.long, device=dev)
-        history = []
+        history, trace = [], []
         # insertion order of committed tokens (drives the uncached path and the cache contents)
         inserted = torch.zeros(B, N, dtype=torch.long, device=dev)
         n_ins = torch.zeros(B, dtype=torch.long, device=dev)
@@ -141,6 +141,8 @@ class SetDLMSampler:
             committed += n
             steps += (n > 0).long()
             history.append(n.tolist())
+            if cfg.record:
+                trace.append(tokens.clone())
             pend_idx, pend_ok, pend_cnt = pack(sel)
             inserted, n_ins = _append(inserted, n_ins, pend_idx, pend_ok)
             step += 1
@@ -153,7 +155,7 @@ class SetDLMSampler:
                 end = torch.where(newly, (f + cfg.window).clamp(max=N), end)
                 done |= newly
             done |= ~(masked.any(1))
-        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history)
+        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history, trace)
 
 
 def _append(inserted, n_ins, idx, ok):

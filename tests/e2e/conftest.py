@@ -31,3 +31,13 @@ def data_dir(tmp_path_factory):
     return out
 
 
+
+
+@pytest.fixture(scope="session")
+def trained_run(data_dir, tmp_path_factory):
+    """A 12-step SetDLM run through the pretrain CLI: (save_dir, completed process)."""
+    save = tmp_path_factory.mktemp("run") / "run"
+    r = _run(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=12",
+              f"data.path={data_dir / 'corpus'}", f"train.save_dir={save}", "train.save_interval=5"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return save, r

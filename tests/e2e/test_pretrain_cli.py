@@ -6,11 +6,8 @@ import pytest
 from .conftest import ROOT, TINY, _run
 
 
-def test_pretrain_cli_end_to_end_and_reload(data_dir, tmp_path, mcore):
-    save = tmp_path / "run"
-    r = _run(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=12",
-              f"data.path={data_dir / 'corpus'}", f"train.save_dir={save}", "train.save_interval=5"])
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_pretrain_cli_end_to_end_and_reload(trained_run, mcore):
+    save, r = trained_run
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["final_step"] == 12 and summary["final_val_loss"] < summary["initial_val_loss"]
     ck = save / "checkpoints"

@@ -1,0 +1,71 @@
+"""tools/generate.py and the generation API on a checkpoint saved by the pretraining CLI."""
+import json
+
+import pytest
+
+from .conftest import _run
+
+
+def test_generate_cli_prompts_infill_and_jsonl(trained_run, tmp_path):
+    save, _ = trained_run
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Question:"}) + "\n" +
+                       json.dumps({"prefix": "Ava was a baker.", "suffix": " She felt proud.", "span": 5}) + "\n")
+    out = tmp_path / "out.jsonl"
+    r = _run(["tools/generate.py", "--checkpoint", str(save), "--file", str(prompts), "--out", str(out),
+              "--max-new-tokens", "12", "--tau", "0.5"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 2
+    assert all(k in rows[0] for k in ("text", "tokens_per_s", "nfe", "tokens_per_step", "num_tokens"))
+    assert 0 < rows[0]["num_tokens"] <= 12
+    assert rows[1]["infill"] and rows[1]["num_tokens"] == 5
+    assert rows[1]["sequence"].startswith("<|bos|>Ava was a baker.") and rows[1]["sequence"].endswith(
+        " She felt proud.<|eos|>")
+    r2 = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "6",
+               "--no-cache"])
+    assert r2.returncode == 0 and "--- [setdlm]" in r2.stdout and "tokens/step" in r2.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt", "x " * 200], "is longer than the model's context of 32 tokens"),
+    (["--infill-prefix", "a", "--infill-suffix", "b", "--span", "0"], "infill span must be >= 1"),
+    (["--file", "/nonexistent.txt"], "No such file"),
+    ([], "no prompts"),
+])
+def test_generate_cli_bad_requests(trained_run, args, message):
+    save, _ = trained_run
+    r = _run(["tools/generate.py", "--checkpoint", str(save), *args])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert message in r.stderr, r.stderr
+
+
+def test_generate_cli_unknown_checkpoint(tmp_path):
+    r = _run(["tools/generate.py", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x"])
+    assert r.returncode == 2 and "no complete checkpoint at" in r.stderr
+
+
+def test_vocabulary_mismatch_is_refused(trained_run, mcore):
+    from setdiff_mega.checkpoint import load_model
+    from setdiff_mega.data import Tokenizer
+    from setdiff_mega.inference import GenerationConfig, RequestError, generate
+
+    save, _ = trained_run
+    model, objective, tok, cfg = load_model(save)
+    other = Tokenizer.train(["a b c d e f g"] * 10, vocab_size=300)
+    with pytest.raises(RequestError, match=r"tokenizer vocabulary \(\d+\) does not match the model's"):
+        generate(model, other, "setdlm", ["x"], GenerationConfig(max_new_tokens=2))
+
+
+def test_generate_api_all_samplers(trained_run, mcore):
+    from setdiff_mega.checkpoint import load_model
+    from setdiff_mega.inference import GenerationConfig, generate
+
+    save, _ = trained_run
+    model, objective, tok, cfg = load_model(save)
+    reqs = ["Question:", {"prefix": "Sam", "suffix": "end.", "span": 3}, "Ben <|mask|><|mask|> now"]
+    for method in ("setdlm", "ar", "bd3lm", "mdlm"):
+        res = generate(model, tok, method, reqs, GenerationConfig(max_new_tokens=6, block_size=3), context=32)
+        assert [r["infill"] for r in res] == [False, True, True]
+        assert res[1]["num_tokens"] == 3 and res[2]["num_tokens"] == 2
+        assert all(r["nfe"] >= 1 and r["tokens_per_s"] > 0 for r in res)

@@ -1,0 +1,156 @@
+"""Samplers: the cache changes nothing, the commit rule, batching, infilling, bad requests.
+
+A tiny random-weight model with a large init std gives context-dependent (non-constant) greedy
+outputs, so equality of token sequences is a meaningful check.
+"""
+import pytest
+import torch
+
+from setdiff_mega.diffusion import SetDLMObjective
+from setdiff_mega.inference import (ARSampler, BD3LMSampler, Canvas, GenerationConfig, MDLMSampler, SetDLMSampler,
+                                    commit_mask)
+
+MASK, PAD, EOS = 60, 59, 58
+PROMPTS = {
+    "prompt": [[57, 1, 2, 3, 4, 5], [57, 9]],
+    "bos_only": [[57], [57]],
+    "infill": [[57, 1, 2, MASK, MASK, MASK, MASK, MASK, 7, 8, EOS], [57, 3, MASK, MASK, MASK, 4, EOS]],
+}
+
+
+@pytest.fixture(scope="module")
+def rand_model(mcore):
+    from setdiff_mega.config import ModelConfig
+    from setdiff_mega.model import build_model
+
+    torch.manual_seed(0)
+    mc = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, zero_init_head=False, init_method_std=0.5,
+                     make_vocab_size_divisible_by=8)
+    return build_model(mc, 61).eval()
+
+
+def _run(cls, model, prompts, **kw):
+    kw.setdefault("max_new_tokens", 10)
+    kw.setdefault("stop_at_eos", False)
+    cfg = GenerationConfig(**kw)
+    return cls(model, MASK, PAD, EOS, cfg).generate(Canvas.from_prompts(prompts, MASK, PAD, cfg.max_new_tokens))
+
+
+@pytest.mark.parametrize("kind", list(PROMPTS))
+@pytest.mark.parametrize("W", [1, 2, 4, 8])
+@pytest.mark.parametrize("tau", [0.5, 0.9, 1.5])
+def test_setdlm_cache_changes_nothing(rand_model, kind, W, tau):
+    a = _run(SetDLMSampler, rand_model, PROMPTS[kind], window=W, tau=tau, use_cache=True)
+    b = _run(SetDLMSampler, rand_model, PROMPTS[kind], window=W, tau=tau, use_cache=False)
+    assert a.tokens == b.tokens and a.history == b.history
+    assert all(len(t) > 0 for t in a.tokens)
+
+
+@pytest.mark.parametrize("kind", list(PROMPTS))
+@pytest.mark.parametrize("cls,kw", [(ARSampler, {}), (BD3LMSampler, {"block_size": 4, "tau": 0.5}),
+                                    (BD3LMSampler, {"block_size": 3, "tau": 1.5})])
+def test_baselines_cache_changes_nothing(rand_model, kind, cls, kw):
+    a = _run(cls, rand_model, PROMPTS[kind], use_cache=True, **kw)
+    b = _run(cls, rand_model, PROMPTS[kind], use_cache=False, **kw)
+    assert a.tokens == b.tokens
+
+
+def test_outputs_are_not_trivial(rand_model):
+    out = _run(SetDLMSampler, rand_model, PROMPTS["prompt"], window=4, tau=0.9)
+    assert len(set(out.tokens[0])) > 2
+
+
+@pytest.mark.parametrize("W", [1, 4, 8])
+def test_tau_above_one_commits_exactly_one_token_per_step(rand_model, W):
+    out = _run(SetDLMSampler, rand_model, PROMPTS["prompt"], window=W, tau=1.5, max_new_tokens=12)
+    assert all(n in (0, 1) for step in out.history for n in step)
+    assert out.steps == [12, 12] and out.tokens_per_step == [1.0, 1.0]
+
+
+def test_lower_tau_never_commits_fewer_on_the_same_logits():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        conf = torch.rand(6, 9, generator=g)
+        active = torch.rand(6, 9, generator=g) < 0.7
+        counts = [commit_mask(conf, active, tau).sum(1) for tau in (1.5, 0.9, 0.7, 0.5, 0.2, 0.0)]
+        for hi, lo in zip(counts, counts[1:]):
+            assert (lo >= hi).all()
+        one = commit_mask(conf, active, 1.5)
+        assert torch.equal(one.sum(1), active.any(1).long())          # top-1 when tau > 1
+        assert not (commit_mask(conf, active, 0.0) & ~active).any()   # only active positions
+
+
+def test_committed_tokens_never_change(rand_model):
+    out = _run(SetDLMSampler, rand_model, PROMPTS["prompt"] + PROMPTS["infill"][:1], window=4, tau=0.5,
+               record=True)
+    prev = None
+    for canvas in out.trace:
+        if prev is not None:
+            fixed = prev != MASK
+            assert torch.equal(canvas[fixed], prev[fixed])
+        prev = canvas
+    assert (out.trace[-1][:, :6] != MASK).all()
+
+
+@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}), (SetDLMSampler, {"window": 2, "tau": 1.5}),
+                                    (ARSampler, {}), (BD3LMSampler, {"block_size": 4, "tau": 0.5}),
+                                    (MDLMSampler, {"block_size": 4, "tau": 0.5})])
+def test_batched_equals_separate_batch_one_runs(rand_model, cls, kw):
+    prompts = PROMPTS["prompt"] + PROMPTS["infill"] + [[57, 11, 12]]
+    batched = _run(cls, rand_model, prompts, **kw)
+    for i, p in enumerate(prompts):
+        single = _run(cls, rand_model, [p], **kw)
+        assert batched.tokens[i] == single.tokens[0], (cls.__name__, i)
+
+
+@torch.no_grad()
+def test_window_one_decoding_matches_training_queries(rand_model):
+    """W = 1, tau > 1 decodes left to right; each token is the argmax of the training-time noisy query
+    (SetDLM objective, identity order) evaluated on the final sequence."""
+    out = _run(SetDLMSampler, rand_model, [[57, 1, 2, 3]], window=1, tau=2.0, max_new_tokens=8)
+    seq = torch.tensor([out.sequences[0]])
+    L = seq.shape[1]
+    obj = SetDLMObjective(MASK, D=1)
+    inp = obj.build_inputs(seq, perm=torch.arange(L)[None])
+    logits = rand_model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+    logits[..., [MASK, PAD]] = float("-inf")
+    assert logits.argmax(-1)[0, 4:].tolist() == out.tokens[0]
+
+
+def test_infill_sees_the_right_context(rand_model):
+    a = _run(SetDLMSampler, rand_model, [[57, 1, 2, MASK, MASK, MASK, 7, 8, EOS]], window=4, tau=1.5)
+    b = _run(SetDLMSampler, rand_model, [[57, 1, 2, MASK, MASK, MASK, 30, 31, EOS]], window=4, tau=1.5)
+    assert a.tokens != b.tokens            # different suffixes change the infill
+    assert len(a.tokens[0]) == 3 and a.sequences[0][-3:] == [7, 8, EOS]
+
+
+def test_eos_stops_plain_prompts(rand_model):
+    out = _run(SetDLMSampler, rand_model, [[57, 1]], window=1, tau=2.0, max_new_tokens=6)
+    first = out.tokens[0][0]
+    # make the first generated token the EOS id: decoding must stop right after it
+    eos_out = SetDLMSampler(rand_model, MASK, PAD, first, GenerationConfig(max_new_tokens=6, window=1, tau=2.0)) \
+        .generate(Canvas.from_prompts([[57, 1]], MASK, PAD, 6))
+    assert eos_out.tokens[0] == [first]
+
+
+def test_cache_eviction_keeps_decoding(rand_model):
+    full = _run(SetDLMSampler, rand_model, [[57, 1, 2]], window=2, tau=1.5, max_new_tokens=12)
+    small = _run(SetDLMSampler, rand_model, [[57, 1, 2]], window=2, tau=1.5, max_new_tokens=12, cache_capacity=6)
+    assert len(small.tokens[0]) == 12 and small.tokens[0][:3] == full.tokens[0][:3]
+
+
+def test_kv_cache_commit_and_evict():
+    from setdiff_mega.inference import KVCache
+
+    c = KVCache(num_layers=1, batch=2, groups=1, head_dim=2, capacity=4)
+    k = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
+    c._chunk = [(k, k)]
+    c.commit(torch.tensor([2, 3]), torch.tensor([[5, 6, 7], [1, 2, 3]]))
+    assert c.length.tolist() == [2, 3]
+    assert c.positions[0, :2].tolist() == [5, 6] and c.positions[1, :3].tolist() == [1, 2, 3]
+    c._chunk = [(k + 100, k + 100)]
+    c.commit(torch.tensor([1, 3]), torch.tensor([[8, 0, 0], [4, 5, 6]]))     # row 1 overflows by 2
+    assert c.length.tolist() == [3, 4] and c.evicted == 2
+    assert c.positions[1, :4].tolist() == [3, 4, 5, 6]                        # the oldest two are gone
+    assert torch.equal(c.k[0, 1, 0, 0], k[1, 0, 2])                            # old position 3 moved to slot 0
+    assert c.valid().tolist() == [[True, True, True, False], [True] * 4]
