@@ -143,3 +143,14 @@ def test_cpu_path_never_imports_transformer_engine(tiny_model):
         assert resolve_impl("auto") == "local"
         with pytest.raises(RuntimeError, match=r"needs a CUDA GPU and the \[gpu\] extra"):
             resolve_impl("transformer_engine")
+
+
+def test_cuda_redirect_is_scoped(mcore):
+    from setdiff_mega.model import mcore_cpu
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    with mcore_cpu.cuda_redirect():
+        z = torch.zeros(2, device="cuda")            # an mcore-style literal works inside the scope
+        assert z.device.type == "cpu" and z.type() == "torch.cuda.FloatTensor"
+    assert torch.zeros(1).type() == "torch.FloatTensor"   # and nothing leaks outside it

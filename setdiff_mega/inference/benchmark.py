@@ -1,0 +1,106 @@
+"""Decoding benchmarks: tokens/s, NFE and tokens/step per sampler setting, measured in one process.
+
+Protocol (method.md 7, P21): batch size 1, per-example tokens/s = generated tokens / wall time (prefill
+included), averaged over examples after ``warmup`` untimed examples. Every setting runs on the same
+model and the same prompts, so ratios between settings are meaningful on any machine.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from .api import build_sampler, encode_request
+from .base import Canvas, GenerationConfig
+
+
+@dataclass
+class BenchRow:
+    method: str
+    window: int
+    tau: float
+    block_size: int
+    use_cache: bool
+    max_new_tokens: int
+    tokens_per_s: float
+    tokens_per_s_std: float
+    nfe: float
+    tokens_per_step: float
+    tokens: float
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def measure(model, tokenizer, method: str, prompts: list, config: GenerationConfig, warmup: int = 1) -> BenchRow:
+    """Run ``prompts`` one at a time (batch 1) and summarise speed and parallelism."""
+    sampler = build_sampler(method, model, tokenizer, config)
+    ids = [encode_request(tokenizer, p) for p in prompts]
+    dev = next(model.parameters()).device
+    for p in ids[:warmup]:
+        sampler.generate(Canvas.from_prompts([p], tokenizer.mask, tokenizer.pad, config.max_new_tokens, device=dev))
+    tps, nfe, tps_step, ntok = [], [], [], []
+    for p in ids:
+        canvas = Canvas.from_prompts([p], tokenizer.mask, tokenizer.pad, config.max_new_tokens, device=dev)
+        t0 = time.perf_counter()
+        out = sampler.generate(canvas)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        n = len(out.tokens[0])
+        tps.append(n / dt)
+        nfe.append(out.nfe)
+        tps_step.append(out.tokens_per_step[0])
+        ntok.append(n)
+    return BenchRow(method=method, window=config.window if method == "setdlm" else 0, tau=config.tau,
+                    block_size=config.block_size if method in ("bd3lm", "mdlm") else 0,
+                    use_cache=config.use_cache if method != "mdlm" else False,
+                    max_new_tokens=config.max_new_tokens, tokens_per_s=statistics.mean(tps),
+                    tokens_per_s_std=statistics.pstdev(tps), nfe=statistics.mean(nfe),
+                    tokens_per_step=statistics.mean(tps_step), tokens=statistics.mean(ntok))
+
+
+def default_grid(base: GenerationConfig, windows=(1, 2, 4, 8), taus=(1e6, 0.9, 0.7, 0.5),
+                 bd3_blocks=(2, 4, 8), mdlm_block=32):
+    """(method, config) pairs: SetDLM W x tau, BD3LM block sizes (tau = 0.9), AR, MDLM."""
+    grid = [("setdlm", replace(base, window=w, tau=t)) for w in windows for t in taus]
+    grid += [("bd3lm", replace(base, block_size=s, tau=0.9)) for s in bd3_blocks]
+    grid += [("ar", replace(base, tau=1e6)), ("mdlm", replace(base, block_size=mdlm_block, tau=0.9))]
+    return grid
+
+
+def plot_speed_vs_tau(rows: list[BenchRow], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    set_rows = [r for r in rows if r.method == "setdlm" and r.use_cache]
+    for w in sorted({r.window for r in set_rows}):
+        rs = sorted((r for r in set_rows if r.window == w), key=lambda r: -min(r.tau, 1.0))
+        x = [min(r.tau, 1.0) for r in rs]
+        a1.plot(x, [r.tokens_per_s for r in rs], "o-", label=f"SetDLM W={w}")
+        a2.plot(x, [r.tokens_per_step for r in rs], "o-", label=f"SetDLM W={w}")
+    for r in rows:
+        if r.method in ("ar", "bd3lm", "mdlm"):
+            lab = r.method.upper() + (f" S={r.block_size}" if r.block_size else "")
+            a1.axhline(r.tokens_per_s, ls="--", lw=0.8, color="gray")
+            a1.annotate(lab, (0.02, r.tokens_per_s), fontsize=7, xycoords=("axes fraction", "data"))
+    a1.set_xlabel("tau (1.0 = one token per step)")
+    a1.set_ylabel("tokens / s (batch 1)")
+    a2.set_xlabel("tau")
+    a2.set_ylabel("tokens / step")
+    for a in (a1, a2):
+        a.invert_xaxis()
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.suptitle("SetDLM decoding: speed against the commit threshold")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+__all__ = ["BenchRow", "measure", "default_grid", "plot_speed_vs_tau"]

@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Decoding benchmark (not a test): tokens/s, NFE and tokens/step for every sampler on one model.
+
+    python tools/bench_generate.py --checkpoint runs/tiny_cpu [--num-prompts 8] [--out-dir runs/bench_generate]
+
+In one run, on the same model and prompts (the embedded held-out math questions, batch 1): SetDLM for
+W in {1,2,4,8} x tau in {1e6, 0.9, 0.7, 0.5}, BD3LM for block sizes {2,4,8}, AR and MDLM; then the
+SetDLM cache-on vs cache-off speed ratio when decoding --long-length positions (one token per step, no
+EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model). Writes bench_generate.csv, cache_speedup.json and speed_vs_tau.png.
+"""
+import argparse
+import csv
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from setdiff_mega.cli import run_cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", default="runs/tiny_cpu")
+    p.add_argument("--tasks", default="data/embedded/tasks/math.jsonl", help="prompts: held-out math questions")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--long-length", type=int, default=512, help="decoded positions for the cache on/off ratio")
+    p.add_argument("--long-prompts", type=int, default=2)
+    p.add_argument("--ratio-model", default="384,6,6",
+                   help="hidden,layers,heads of a random-weight model for a second cache on/off ratio "
+                        "(speed does not depend on the weights); 'none' to skip")
+    p.add_argument("--out-dir", default="runs/bench_generate")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+
+    import torch
+    from tqdm import tqdm
+
+    from setdiff_mega.checkpoint import load_model
+    from setdiff_mega.inference import GenerationConfig
+    from setdiff_mega.inference.benchmark import default_grid, measure, plot_speed_vs_tau
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, objective, tok, cfg = load_model(args.checkpoint)
+    tasks = Path(args.tasks)
+    if not tasks.is_file():
+        raise FileNotFoundError(f"prompt file '{tasks}' does not exist; run tools/prepare_data.py --embedded first")
+    prompts = [f"Question: {json.loads(x)['question']}\nAnswer:" for x in tasks.read_text().splitlines()
+               if x.strip()][: args.num_prompts]
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_at_eos=True)
+    grid = default_grid(base)
+    rows = []
+    for method, gc in tqdm(grid, desc="settings", file=sys.stderr):
+        r = measure(model, tok, method, prompts, gc)
+        rows.append(r)
+        tqdm.write(f"{method:7s} W={r.window:<2d} tau={r.tau:<8g} S={r.block_size:<3d} {r.tokens_per_s:8.1f} tok/s "
+                   f"(+-{r.tokens_per_s_std:.1f})  NFE {r.nfe:6.1f}  {r.tokens_per_step:.2f} tok/step", file=sys.stderr)
+    # cache on vs off at a long length: one token per step, fixed length (no EOS stop)
+    long_cfg = replace(base, max_new_tokens=args.long_length - 8, window=4, tau=1e6, stop_at_eos=False)
+    long_prompts = ["Question:"] * args.long_prompts
+    on = measure(model, tok, "setdlm", long_prompts, long_cfg, warmup=0)
+    off = measure(model, tok, "setdlm", long_prompts, replace(long_cfg, use_cache=False), warmup=0)
+    rows += [on, off]
+    speedup = {"length": args.long_length, "model_parameters": model.num_parameters(),
+               "cache_on_tokens_per_s": on.tokens_per_s,
+               "cache_off_tokens_per_s": off.tokens_per_s, "speedup": on.tokens_per_s / off.tokens_per_s,
+               "setdlm_tokens_per_step_tau_0.9_W_4": next(r.tokens_per_step for r in rows if r.method == "setdlm"
+                                                           and r.window == 4 and r.tau == 0.9 and r.use_cache)}
+    if args.ratio_model != "none":
+        from setdiff_mega.model import build_model
+
+        hidden, layers, heads = (int(x) for x in args.ratio_model.split(","))
+        mc = replace(cfg.model, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
+                     ffn_hidden_size=None, zero_init_head=False, attention_backend="sdpa")
+        torch.manual_seed(0)
+        big = build_model(mc, tok.vocab_size).eval()
+        on_b = measure(big, tok, "setdlm", long_prompts, long_cfg, warmup=0)
+        off_b = measure(big, tok, "setdlm", long_prompts, replace(long_cfg, use_cache=False), warmup=0)
+        speedup["ratio_model"] = {"hidden": hidden, "layers": layers, "heads": heads,
+                                  "parameters": big.num_parameters(), "cache_on_tokens_per_s": on_b.tokens_per_s,
+                                  "cache_off_tokens_per_s": off_b.tokens_per_s,
+                                  "speedup": on_b.tokens_per_s / off_b.tokens_per_s}
+    with open(out / "bench_generate.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].as_dict()))
+        w.writeheader()
+        for r in rows:
+            w.writerow(r.as_dict())
+    (out / "cache_speedup.json").write_text(json.dumps(speedup, indent=2))
+    plot_speed_vs_tau(rows, out / "speed_vs_tau.png")
+    print(json.dumps(speedup))
+    print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
