@@ -5,6 +5,7 @@
     python tools/generate.py --checkpoint runs/tiny_cpu --infill-prefix "A." --infill-suffix "C." --span 12
     python tools/generate.py --checkpoint runs/tiny_cpu --file prompts.jsonl --out results.jsonl
     echo "Once upon" | python tools/generate.py --checkpoint runs/tiny_cpu --file -
+    python tools/generate.py --checkpoint runs/tiny_cpu --demo data/embedded/tasks    # the README's samples
 
 Prompts: --prompt (repeatable), --file (.txt: one prompt per line; .jsonl: {"prompt": ...} or
 {"prefix", "suffix", "span"} per line; '-' reads lines from stdin). A prompt may contain <|mask|>
@@ -18,6 +19,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from setdiff_mega.cli import run_cli  # noqa: E402
+
+
+def demo_requests(task_dir: str, tok) -> tuple[list, list]:
+    """Unconditional, the first held-out math question and the first held-out story with its middle
+    sentence masked (oracle span length), with the references to print next to the samples."""
+    root = Path(task_dir)
+    if not (root / "math.jsonl").is_file():
+        raise FileNotFoundError(f"'{root}/math.jsonl' does not exist; run tools/prepare_data.py --embedded first")
+    math = json.loads((root / "math.jsonl").read_text().splitlines()[0])
+    story = json.loads((root / "stories.jsonl").read_text().splitlines()[0])
+    s = story["sentences"]
+    prefix, middle, suffix = " ".join(s[:2]), " " + s[2], " " + " ".join(s[3:])
+    reqs = ["", f"Question: {math['question']}\nAnswer:",
+            {"prefix": prefix, "suffix": suffix, "span": len(tok.encode(middle))}]
+    refs = [None, f"#### {math['answer']}", middle.strip()]
+    return reqs, refs
 
 
 def read_requests(args) -> list:
@@ -48,6 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", required=True, help="run directory, checkpoints/ directory or step directory")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--file", help="prompts file (.txt / .jsonl) or '-' for stdin")
+    p.add_argument("--demo", metavar="TASK_DIR", help="three demo requests (unconditional, math, infill) "
+                   "from the held-out tasks of an embedded dataset, e.g. data/embedded/tasks")
     p.add_argument("--infill-prefix")
     p.add_argument("--infill-suffix")
     p.add_argument("--span", type=int, default=16, help="infill span length in tokens")
@@ -70,8 +89,12 @@ def main(argv=None) -> int:
     from setdiff_mega.checkpoint import load_model
     from setdiff_mega.inference import GenerationConfig, generate
 
-    requests = read_requests(args)
     model, objective, tok, cfg = load_model(args.checkpoint)
+    refs = None
+    if args.demo:
+        requests, refs = demo_requests(args.demo, tok)
+    else:
+        requests = read_requests(args)
     o = cfg.objective
     gc = GenerationConfig(max_new_tokens=args.max_new_tokens, window=args.window or o.D, tau=args.tau,
                           block_size=args.block_size or (o.block_size if o.name == "bd3lm" else 32),
@@ -89,10 +112,14 @@ def main(argv=None) -> int:
         tps = sum(r["num_tokens"] for r in results) / max(sum({r["seconds"] for r in results}), 1e-9)
         print(f"wrote {len(results)} results to {args.out} ({tps:.1f} tokens/s)", file=sys.stderr)
     else:
-        for r in results:
-            print(f"--- [{objective.name}] {r['num_tokens']} tokens, {r['tokens_per_s']:.1f} tok/s, NFE {r['nfe']}, "
-                  f"{r['tokens_per_step']:.2f} tokens/step")
-            print(r["sequence"] if r["infill"] else r["text"])
+        for i, r in enumerate(results):
+            kind = "infill" if r["infill"] else ("unconditional" if requests[i] == "" else "prompt")
+            print(f"--- [{objective.name}, {kind}] {r['num_tokens']} tokens in {r['steps']} steps "
+                  f"({r['tokens_per_step']:.2f} tokens/step), {r['tokens_per_s']:.1f} tok/s, "
+                  f"NFE {r['nfe']} (batch of {min(args.batch_size, len(results))})")
+            print(r["sequence"] if kind != "unconditional" else r["text"])
+            if refs and refs[i]:
+                print(f"    (reference: {refs[i]})")
     return 0
 
 
