@@ -51,6 +51,9 @@ def encode_request(tokenizer, request, *, context: int | None = None) -> list[in
         if len(ids) > context:
             raise RequestError(f"request of {len(ids)} tokens ({visible} visible) is longer than the model's "
                                f"context of {context} tokens; shorten it")
+        if tokenizer.mask not in ids and len(ids) == context:
+            raise RequestError(f"prompt of {len(ids)} tokens fills the model's context of {context} tokens: no room "
+                               f"to generate; shorten it")
     return ids
 
 

@@ -24,7 +24,7 @@ def test_generate_cli_prompts_infill_and_jsonl(trained_run, tmp_path):
         " She felt proud.<|eos|>")
     r2 = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "6",
                "--no-cache"])
-    assert r2.returncode == 0 and "--- [setdlm]" in r2.stdout and "tokens/step" in r2.stdout
+    assert r2.returncode == 0 and "--- [setdlm, prompt] 6 tokens in" in r2.stdout and "tokens/step" in r2.stdout
 
 
 @pytest.mark.parametrize("args,message", [
@@ -38,6 +38,17 @@ def test_generate_cli_bad_requests(trained_run, args, message):
     r = _run(["tools/generate.py", "--checkpoint", str(save), *args])
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert message in r.stderr, r.stderr
+
+
+def test_prompt_that_fills_the_context_has_no_room():
+    from setdiff_mega.data import Tokenizer
+    from setdiff_mega.inference import RequestError, encode_request
+
+    tok = Tokenizer.train(["a b c d e f g"] * 10, vocab_size=300)
+    ids = encode_request(tok, "a b c")
+    with pytest.raises(RequestError, match="no room to generate"):
+        encode_request(tok, "a b c", context=len(ids))
+    assert encode_request(tok, {"prefix": "a", "suffix": "b", "span": 2}, context=len(ids) + 8)
 
 
 def test_generate_cli_unknown_checkpoint(tmp_path):

@@ -154,3 +154,24 @@ def test_kv_cache_commit_and_evict():
     assert c.positions[1, :4].tolist() == [3, 4, 5, 6]                        # the oldest two are gone
     assert torch.equal(c.k[0, 1, 0, 0], k[1, 0, 2])                            # old position 3 moved to slot 0
     assert c.valid().tolist() == [[True, True, True, False], [True] * 4]
+
+
+def test_sampled_decoding_is_seeded_and_cache_exact(rand_model):
+    kw = dict(window=4, tau=0.7, temperature=1.0, top_p=0.9, max_new_tokens=12)
+    a = _run(SetDLMSampler, rand_model, PROMPTS["prompt"], use_cache=True, seed=3, **kw)
+    b = _run(SetDLMSampler, rand_model, PROMPTS["prompt"], use_cache=False, seed=3, **kw)
+    c = _run(SetDLMSampler, rand_model, PROMPTS["prompt"], use_cache=True, seed=4, **kw)
+    assert a.tokens == b.tokens            # same draws in the same order with or without the cache
+    assert a.tokens != c.tokens            # and the seed matters
+
+
+def test_top_p_keeps_the_crossing_token_and_drops_the_tail():
+    from setdiff_mega.inference import choose_tokens
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(4000, 4)
+    g = torch.Generator().manual_seed(0)
+    tok, conf = choose_tokens(logits, [], temperature=1.0, top_p=0.6, generator=g)
+    assert set(tok.tolist()) == {0, 1}                     # 0.5 < 0.6, so 0.3 (the crossing token) stays
+    assert torch.allclose(conf[tok == 0], torch.tensor(0.5 / 0.8))
+    greedy, gconf = choose_tokens(logits[:1], [0])          # a banned class is never chosen
+    assert greedy.item() == 1 and gconf.item() == pytest.approx(0.6)
