@@ -68,12 +68,13 @@ class ObjectiveConfig:
 
 @dataclass
 class DataConfig:
-    path: str = "data/embedded/corpus"           # prefix of <path>.bin / <path>.idx
+    path: str = "data/embedded/corpus"           # prefix of <path>.bin/.idx, or a blend "0.7 pre/a 0.3 pre/b"
     tokenizer: Optional[str] = None              # None = tokenizer.json next to the data
     seq_length: int = 128                        # L
     split: str = "96,2,2"                        # train, valid, test weights over documents
     seed: int = 1234
     cache_dir: Optional[str] = None              # None = <data dir>/cache
+    chunk_bos_eos: bool = False                  # wrap convention: force BOS first / EOS last in each sample
 
 
 @dataclass

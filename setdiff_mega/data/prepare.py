@@ -18,9 +18,13 @@ from .tokenizer import Tokenizer
 
 def encode_documents(tokenizer: Tokenizer, texts: list[str], add_bos: bool = True, add_eos: bool = True,
                      batch: int = 1024):
-    """Yield token lists ([BOS] ids [EOS]) using batched encoding."""
+    """Yield token lists ([BOS] ids [EOS]) with the exact fast encoder (or batched encoding)."""
+    from .fast_encode import FastEncoder
+
+    enc = FastEncoder(tokenizer)
     for s in range(0, len(texts), batch):
-        for ids in tokenizer.encode_batch(texts[s:s + batch]):
+        chunk = texts[s:s + batch]
+        for ids in (map(enc.encode, chunk) if enc.enabled else tokenizer.encode_batch(chunk)):
             yield ([tokenizer.bos] if add_bos else []) + ids + ([tokenizer.eos] if add_eos else [])
 
 

@@ -1,13 +1,15 @@
 """Byte-level BPE tokenizer (HF ``tokenizers``) with the project's special tokens.
 
 Special tokens: ``<|bos|>``, ``<|eos|>`` (also the end-of-document token, ``eod``), ``<|pad|>`` and
-``<|mask|>`` (the diffusion MASK class; never a target). Byte-level means every string round-trips:
+``<|mask|>`` (the diffusion MASK class; never a target). An existing tokenizer.json can be adopted
+(:meth:`Tokenizer.adopt`): missing role tokens are added and the roles recorded in a sidecar. Byte-level means every string round-trips:
 ``decode(encode(s)) == s``. The object also satisfies megatron-core's dataset-tokenizer duck type
 (``vocab_size``, ``eod``, ``pad``, ``unique_identifiers``).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Iterable
 
@@ -17,20 +19,34 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 SPECIAL_TOKENS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "mask": "<|mask|>"}
 
 
-class Tokenizer:
-    """Thin wrapper over a ``tokenizers.Tokenizer`` that knows the special ids."""
+def roles_path(path: str | Path) -> Path:
+    """Sidecar that maps roles (bos, eos, pad, mask) to token strings for adopted tokenizers."""
+    p = Path(path)
+    return p.with_name(p.stem + ".special_tokens.json")
 
-    def __init__(self, hf: HFTokenizer, source: str = "<memory>"):
+
+class Tokenizer:
+    """Thin wrapper over a ``tokenizers.Tokenizer`` that knows the special ids.
+
+    ``roles`` maps bos / eos / pad / mask to token strings (default :data:`SPECIAL_TOKENS`); adopted
+    tokenizers (e.g. GPT-2's, where BOS = EOS = PAD = ``<|endoftext|>``) store theirs in a
+    ``<name>.special_tokens.json`` sidecar written by ``tools/train_tokenizer.py --from-tokenizer``.
+    """
+
+    def __init__(self, hf: HFTokenizer, source: str = "<memory>", roles: dict | None = None):
         self.hf = hf
         self.source = source
-        missing = [t for t in SPECIAL_TOKENS.values() if hf.token_to_id(t) is None]
+        self.roles = dict(SPECIAL_TOKENS if roles is None else roles)
+        missing = [t for t in self.roles.values() if hf.token_to_id(t) is None]
         if missing:
-            raise ValueError(f"tokenizer '{source}' lacks the special tokens {missing}; "
-                             f"train it with setdiff_mega (tools/prepare_data.py) or add them")
-        self.bos = hf.token_to_id(SPECIAL_TOKENS["bos"])
-        self.eos = hf.token_to_id(SPECIAL_TOKENS["eos"])
-        self.pad = hf.token_to_id(SPECIAL_TOKENS["pad"])
-        self.mask = hf.token_to_id(SPECIAL_TOKENS["mask"])
+            raise ValueError(f"tokenizer '{source}' lacks the special tokens {missing}; adopt it with "
+                             f"tools/train_tokenizer.py --from-tokenizer (adds MASK, records the roles)")
+        self.bos = hf.token_to_id(self.roles["bos"])
+        self.eos = hf.token_to_id(self.roles["eos"])
+        self.pad = hf.token_to_id(self.roles["pad"])
+        self.mask = hf.token_to_id(self.roles["mask"])
+        if self.mask in (self.bos, self.eos, self.pad):
+            raise ValueError(f"tokenizer '{source}': MASK must be a token of its own (it is never a target)")
         self.vocab_size = hf.get_vocab_size()
         self.hash = hashlib.sha256(hf.to_str().encode()).hexdigest()[:16]
 
@@ -53,7 +69,25 @@ class Tokenizer:
         if not p.is_file():
             raise FileNotFoundError(f"tokenizer file '{p}' does not exist; run tools/prepare_data.py first "
                                     f"or point data.tokenizer at a tokenizer.json")
-        return cls(HFTokenizer.from_file(str(p)), source=str(p))
+        roles = None
+        if roles_path(p).is_file():
+            roles = json.loads(roles_path(p).read_text())["roles"]
+        return cls(HFTokenizer.from_file(str(p)), source=str(p), roles=roles)
+
+    @classmethod
+    def adopt(cls, path: str | Path, bos: str, eos: str, pad: str | None = None,
+              mask: str = SPECIAL_TOKENS["mask"]) -> "Tokenizer":
+        """Use an existing tokenizer.json: add any missing role token (MASK in particular) as a special
+        token and record the roles. ``pad`` defaults to ``eos``."""
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"tokenizer file '{p}' does not exist")
+        hf = HFTokenizer.from_file(str(p))
+        roles = {"bos": bos, "eos": eos, "pad": pad or eos, "mask": mask}
+        new = [t for t in dict.fromkeys(roles.values()) if hf.token_to_id(t) is None]
+        if new:
+            hf.add_special_tokens(new)
+        return cls(hf, source=str(p), roles=roles)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> "Tokenizer":
@@ -68,8 +102,14 @@ class Tokenizer:
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
+        """Write tokenizer.json (and the roles sidecar when the roles are not the defaults)."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.hf.save(str(path))
+        side = roles_path(path)
+        if self.roles != SPECIAL_TOKENS:
+            side.write_text(json.dumps({"roles": self.roles, "ids": self.special_ids}, indent=2))
+        else:
+            side.unlink(missing_ok=True)
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
@@ -88,4 +128,4 @@ class Tokenizer:
         return self.hf.id_to_token(int(i))
 
 
-__all__ = ["Tokenizer", "SPECIAL_TOKENS"]
+__all__ = ["Tokenizer", "SPECIAL_TOKENS", "roles_path"]

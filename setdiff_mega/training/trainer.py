@@ -45,7 +45,9 @@ def objective_from_config(cfg: RunConfig, tokenizer: Tokenizer):
 
 
 def resolve_tokenizer(cfg: RunConfig) -> Tokenizer:
-    path = cfg.data.tokenizer or str(Path(cfg.data.path).parent / "tokenizer.json")
+    from setdiff_mega.data.loader import parse_blend
+
+    path = cfg.data.tokenizer or str(Path(parse_blend(cfg.data.path)[0][0]).parent / "tokenizer.json")
     try:
         return Tokenizer.from_file(path)
     except FileNotFoundError as e:
@@ -80,7 +82,7 @@ class TrainResult:
 
 
 @torch.no_grad()
-def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 0) -> dict:
+def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 0, bos_eos=None) -> dict:
     """Mean loss and token-weighted NLL over ``iters`` fixed validation batches with fixed noise."""
     from setdiff_mega.data.loader import batches
 
@@ -88,7 +90,7 @@ def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     losses, nll, ntok = [], 0.0, 0.0
-    it = batches(dataset, cfg.train.micro_batch_size, 0)
+    it = batches(dataset, cfg.train.micro_batch_size, 0, bos_eos=bos_eos)
     for _ in range(iters):
         tokens = next(it)["tokens"]
         inp = objective.build_inputs(tokens, generator=gen, training=False)
@@ -116,11 +118,15 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     tc, dc = cfg.train, cfg.data
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    info = check_dataset(dc.path)          # clear errors before any expensive set-up
+    from setdiff_mega.data.loader import parse_blend
+
+    prefixes, _ = parse_blend(dc.path)
+    infos = [check_dataset(p) for p in prefixes]      # clear errors before any expensive set-up
     tok = resolve_tokenizer(cfg)
     vocab = resolve_vocab(cfg, tok)
-    if info["max_token_id"] >= vocab:
-        check_dataset(dc.path, vocab)      # raises the vocabulary-mismatch error
+    for p, info in zip(prefixes, infos):
+        if info["max_token_id"] >= vocab:
+            check_dataset(p, vocab)                    # raises the vocabulary-mismatch error
     env = initialize(seed=tc.seed)
     dp, rank = env.world_size, env.rank
     if rank != 0:
@@ -152,11 +158,12 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         f"{dp} data-parallel rank(s), {samples_per_step} samples per step")
     logger = MetricLogger(save_dir, tc.train_steps, 0, cfg.logging, to_dict(cfg), enabled=main)
     eval_iters = max(tc.eval_iters, 1)
-    init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
+    bos_eos = (tok.bos, tok.eos) if dc.chunk_bos_eos else None
+    init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
     logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
     logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
     gen = torch.Generator().manual_seed(tc.seed + 1 + 1000003 * rank)
-    stream = batches(train_ds, tc.micro_batch_size, rank * tc.micro_batch_size, dp * tc.micro_batch_size)
+    stream = batches(train_ds, tc.micro_batch_size, rank * tc.micro_batch_size, dp * tc.micro_batch_size, bos_eos)
     consumed = 0
     last_eval = init_eval
     t_window, tok_window, proc_window = time.perf_counter(), 0, 0
@@ -199,13 +206,13 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 t_window, tok_window, proc_window = time.perf_counter(), 0, 0
             logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{sample_tps:,.0f}"})
             if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:
-                last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
+                last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
                 logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, done)
                 logger.write(f"step {done}: train loss {total:.4f}  val loss {last_eval['loss']:.4f}  "
                              f"lr {lr:.2e}  {sample_tps:,.0f} sample tok/s ({proc_tps:,.0f} processed)")
             if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
                 ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, done, consumed, last_eval, main)
-        last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters)
+        last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
         logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
         ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, tc.train_steps, consumed, last_eval, main)
     finally:

@@ -96,3 +96,30 @@ def test_non_finite_loss_stops_with_a_clear_error(data_dir, tmp_path, mcore, mon
     with pytest.raises(TrainingError, match=r"non-finite loss \(nan\).* at step 1; no update was applied"):
         train(cfg, log=lambda *a: None)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_dataset_written_by_megatron_builder_trains(data_dir, tmp_path, mcore):
+    """Interop: a .bin/.idx written directly with megatron-core's builder (no manifest) trains as is."""
+    import shutil
+
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from setdiff_mega.config import load_config
+    from setdiff_mega.data import Tokenizer
+    from setdiff_mega.training import train
+
+    tok = Tokenizer.from_file(data_dir / "tokenizer.json")
+    shutil.copy(data_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    builder = IndexedDatasetBuilder(str(tmp_path / "mega.bin"), dtype=np.int32)   # int32, unlike ours
+    for line in (data_dir / "tasks" / "math.jsonl").read_text().splitlines() * 20:
+        text = json.loads(line)["text"]
+        builder.add_item(torch.tensor([tok.bos] + tok.encode(text) + [tok.eos]))
+        builder.end_document()
+    builder.finalize(str(tmp_path / "mega.idx"))
+    assert not (tmp_path / "mega.manifest.json").exists()
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", [*TINY, "train.train_steps=6", f"data.path={tmp_path / 'mega'}",
+                                                        f"train.save_dir={tmp_path / 'run'}", "train.lr=3e-3"])
+    res = train(cfg, log=lambda *a: None)
+    assert res.final_val_loss < res.initial_val_loss

@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""Tokenize corpora into a Megatron-format indexed dataset (.bin/.idx) plus a JSON manifest.
+
+    python tools/preprocess_data.py --input data/raw/*.jsonl --json-keys text --tokenizer tok/tokenizer.json \\
+        --output-prefix data/mine/corpus --workers 2
+
+Inputs: JSONL (--json-keys; several keys are joined by a newline), parquet (same keys as columns), plain
+text (blank-line separated documents) and datasets.save_to_disk directories; several files or globs.
+Each document becomes [BOS] tokens [EOD] (--no-bos / --no-eod to drop them); uint16 when the vocabulary
+fits. Workers tokenize independent work units in batches and write shards that are merged in input
+order. The manifest (counts, tokenizer hash and ids, SHA-256 of .bin and .idx) is written last: an
+interrupted run never leaves a dataset that looks complete.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from setdiff_mega.cli import run_cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True)
+    p.add_argument("--json-keys", nargs="+", default=["text"])
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json (tools/train_tokenizer.py)")
+    p.add_argument("--output-prefix", required=True)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=256, help="documents per encode_batch call")
+    p.add_argument("--unit-mb", type=float, default=2.0, help="JSONL work-unit size in MB")
+    p.add_argument("--no-bos", action="store_true")
+    p.add_argument("--no-eod", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    from setdiff_mega.data.preprocess import preprocess
+
+    preprocess(args.input, args.output_prefix, args.tokenizer, json_keys=args.json_keys, workers=args.workers,
+               batch_size=args.batch_size, unit_bytes=int(args.unit_mb * (1 << 20)), prepend_bos=not args.no_bos,
+               append_eod=not args.no_eod, progress=not args.no_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
