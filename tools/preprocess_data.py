@@ -3,6 +3,9 @@
 
     python tools/preprocess_data.py --input data/raw/*.jsonl --json-keys text --tokenizer tok/tokenizer.json \\
         --output-prefix data/mine/corpus --workers 2
+    # across machines: slice i of n of the same inputs on each, then join in order
+    python tools/preprocess_data.py --input ... --tokenizer ... --shard 0/2 --output-prefix data/part0/corpus
+    python tools/preprocess_data.py --merge data/part0/corpus data/part1/corpus --output-prefix data/mine/corpus
 
 Inputs: JSONL (--json-keys; several keys are joined by a newline), parquet (same keys as columns), plain
 text (blank-line separated documents) and datasets.save_to_disk directories; several files or globs.
@@ -22,9 +25,12 @@ from setdiff_mega.cli import run_cli  # noqa: E402
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True)
+    p.add_argument("--input", nargs="+", help="files, globs or datasets directories to tokenize")
+    p.add_argument("--merge", nargs="+", metavar="PREFIX", help="instead: join these datasets in order")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="process only slice I of N of the work units (several machines), then --merge")
     p.add_argument("--json-keys", nargs="+", default=["text"])
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json (tools/train_tokenizer.py)")
+    p.add_argument("--tokenizer", help="tokenizer.json (tools/train_tokenizer.py)")
     p.add_argument("--output-prefix", required=True)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=256, help="documents per encode_batch call")
@@ -33,11 +39,23 @@ def main(argv=None) -> int:
     p.add_argument("--no-eod", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    from setdiff_mega.data.preprocess import preprocess
+    from setdiff_mega.data.preprocess import merge, preprocess
 
+    if args.merge:
+        merge(args.merge, args.output_prefix)
+        return 0
+    if not args.input or not args.tokenizer:
+        raise ValueError("pass --input and --tokenizer (or --merge PREFIX ...)")
+    shard = None
+    if args.shard:
+        try:
+            i, n = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            raise ValueError(f"--shard {args.shard!r} must look like I/N, e.g. 0/4") from None
+        shard = (i, n)
     preprocess(args.input, args.output_prefix, args.tokenizer, json_keys=args.json_keys, workers=args.workers,
                batch_size=args.batch_size, unit_bytes=int(args.unit_mb * (1 << 20)), prepend_bos=not args.no_bos,
-               append_eod=not args.no_eod, progress=not args.no_progress)
+               append_eod=not args.no_eod, progress=not args.no_progress, shard=shard)
     return 0
 
 

@@ -209,8 +209,13 @@ def encode_unit(args) -> dict:
 
 def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, json_keys=("text",),
                workers: int = 2, batch_size: int = 256, unit_bytes: int = 2 << 20, prepend_bos: bool = True,
-               append_eod: bool = True, progress: bool = True, log=print) -> dict:
-    """Tokenize ``inputs`` into ``output_prefix.{bin,idx}`` + manifest; returns the manifest."""
+               append_eod: bool = True, progress: bool = True, shard: tuple[int, int] | None = None,
+               log=print) -> dict:
+    """Tokenize ``inputs`` into ``output_prefix.{bin,idx}`` + manifest; returns the manifest.
+
+    ``shard=(i, n)`` processes only the i-th of n contiguous slices of the work units (for several
+    machines); :func:`merge` then joins the n outputs in order into the same dataset one run would give.
+    """
     from multiprocessing import get_context
 
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
@@ -223,6 +228,14 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     units = plan_units(paths, unit_bytes)
     if not units:
         raise DataError(f"the inputs {paths} hold no data (empty files)")
+    if shard is not None:
+        i, n = shard
+        if not (n >= 1 and 0 <= i < n):
+            raise DataError(f"shard {i}/{n} is invalid: use i/n with 0 <= i < n")
+        units = units[len(units) * i // n: len(units) * (i + 1) // n]
+        if not units:
+            raise DataError(f"shard {i}/{n} has no work units ({len(plan_units(paths, unit_bytes))} in total); "
+                            f"use fewer shards or a smaller --unit-mb")
     out = Path(output_prefix)
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f"{out.name}.tmp-*"):
@@ -280,7 +293,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
         "max_token_id": int(tokens.max()) if tokens.size else -1, "dtype": np.dtype(token_dtype(tok.vocab_size)).name,
         "tokenizer": {"hash": tok.hash, "vocab_size": tok.vocab_size, "special_ids": tok.special_ids,
                       "path": str(tokenizer_path)},
-        "inputs": paths, "json_keys": keys, "prepend_bos": prepend_bos, "append_eod": append_eod,
+        "inputs": paths, "shard": list(shard) if shard else None, "json_keys": keys, "prepend_bos": prepend_bos, "append_eod": append_eod,
         "sha256": {"bin": _sha256(Path(f"{out}.bin")), "idx": _sha256(Path(f"{out}.idx"))},
         "seconds": round(elapsed, 3), "docs_per_s": round(docs / max(elapsed, 1e-9), 1),
         "mb_per_s": round(total_bytes / max(elapsed, 1e-9) / 1e6, 3),
@@ -294,4 +307,48 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     return manifest
 
 
-__all__ = ["preprocess", "plan_units", "read_unit", "expand_inputs", "detect_kind", "WorkUnit"]
+def merge(prefixes: list[str], output_prefix: str, log=print) -> dict:
+    """Join datasets (e.g. the shards of one preprocessing run) in order into ``output_prefix``."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, IndexedDataset
+
+    from .indexed import check_dataset, read_manifest
+
+    if not prefixes:
+        raise DataError("nothing to merge: pass the dataset prefixes to join")
+    infos = [check_dataset(p, verify_hashes=True) for p in prefixes]
+    manifests = [read_manifest(p) for p in prefixes]
+    toks = {json.dumps((m or {}).get("tokenizer", {}).get("hash")) for m in manifests}
+    if len(toks) > 1:
+        raise DataError(f"cannot merge datasets made with different tokenizers ({', '.join(sorted(toks))})")
+    dtypes = {np.dtype(IndexedDataset(p).index.dtype).name for p in prefixes}
+    if len(dtypes) > 1:
+        raise DataError(f"cannot merge datasets with different token dtypes ({', '.join(sorted(dtypes))})")
+    out = Path(output_prefix)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+    builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=np.dtype(dtypes.pop()).type)
+    gc.freeze()
+    try:
+        for p in prefixes:
+            builder.add_index(str(p))
+        builder.finalize(f"{tmp}.idx")
+    finally:
+        gc.unfreeze()
+    manifest_path(out).unlink(missing_ok=True)
+    os.replace(f"{tmp}.bin", f"{out}.bin")
+    os.replace(f"{tmp}.idx", f"{out}.idx")
+    base = manifests[0] or {}
+    manifest = {"format": MANIFEST_FORMAT, "num_documents": sum(i["num_documents"] for i in infos),
+                "num_tokens": sum(i["num_tokens"] for i in infos),
+                "max_token_id": max(i["max_token_id"] for i in infos), "dtype": base.get("dtype"),
+                "tokenizer": base.get("tokenizer"), "merged_from": [str(p) for p in prefixes],
+                "sha256": {"bin": _sha256(Path(f"{out}.bin")), "idx": _sha256(Path(f"{out}.idx"))}}
+    tmpm = Path(f"{manifest_path(out)}.tmp")
+    tmpm.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmpm, manifest_path(out))
+    log(f"merged {len(prefixes)} datasets: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
+        f"-> {out}.bin/.idx")
+    return manifest
+
+
+__all__ = ["preprocess", "merge", "plan_units", "read_unit", "expand_inputs", "detect_kind", "WorkUnit"]
