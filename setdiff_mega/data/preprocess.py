@@ -47,7 +47,9 @@ def detect_kind(path: str) -> str:
         if (p / "dataset_info.json").is_file() or (p / "state.json").is_file() or (p / "dataset_dict.json").is_file():
             return "hfdisk"
         raise DataError(f"input directory '{p}' is not a datasets.save_to_disk directory (no dataset_info.json)")
-    if p.suffix in (".jsonl", ".json") or p.name.endswith(".jsonl.gz"):
+    if p.suffix in (".gz", ".zst", ".bz2", ".xz"):
+        raise DataError(f"input '{p}' is compressed; decompress it first (e.g. gunzip -k '{p}')")
+    if p.suffix in (".jsonl", ".json"):
         return "jsonl"
     if p.suffix == ".parquet":
         return "parquet"

@@ -94,6 +94,9 @@ def test_preprocess_errors_name_file_and_problem(corpus, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match="hold no data"):
         preprocess([str(tmp_path / "empty.jsonl")], str(tmp_path / "x"), tok, progress=False)
+    (tmp_path / "c.jsonl.gz").write_bytes(b"\x1f\x8b")
+    with pytest.raises(DataError, match="is compressed; decompress it first"):
+        preprocess([str(tmp_path / "c.jsonl.gz")], str(tmp_path / "x"), tok, progress=False)
     with pytest.raises(DataError, match="matches no file"):
         preprocess([str(tmp_path / "nothing*.jsonl")], str(tmp_path / "x"), tok, progress=False)
 
