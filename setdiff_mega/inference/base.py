@@ -135,6 +135,64 @@ def finish_at_eos(tokens, masked, generate, infill, eos_id, done):
     return newly, end, pos
 
 
+class DecodeState:
+    """Per-batch decoding state shared by the samplers: the canvas being filled and the bookkeeping.
+
+    ``tokens`` / ``masked`` [B, N] are updated in place (chunk builders keep references to them);
+    :meth:`commit` writes chosen tokens, :meth:`end_step` applies the EOS rule and retires finished rows.
+    """
+
+    def __init__(self, canvas: Canvas, cfg: GenerationConfig, eos_id: int):
+        self.canvas, self.cfg, self.eos_id = canvas, cfg, eos_id
+        self.tokens = canvas.tokens.clone()
+        self.masked = canvas.generate.clone()
+        B, N = self.tokens.shape
+        dev = self.tokens.device
+        self.pos = torch.arange(N, device=dev)
+        self.done = ~self.masked.any(1)
+        self.end = torch.full((B,), -1, dtype=torch.long, device=dev)
+        self.steps = torch.zeros(B, dtype=torch.long, device=dev)
+        self.committed = torch.zeros(B, dtype=torch.long, device=dev)
+        self.history: list = []
+        self.trace: list = []
+        self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
+
+    def live(self) -> torch.Tensor:
+        """[B, N] masked positions of rows still decoding."""
+        return self.masked & ~self.done[:, None]
+
+    def commit(self, q_idx: torch.Tensor, cm: torch.Tensor, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Write x[b, j] at position q_idx[b, j] where cm[b, j] (restricted to ``allowed``); returns sel [B, N]."""
+        B, N = self.tokens.shape
+        sel = torch.zeros(B, N, dtype=torch.bool, device=q_idx.device).scatter_(1, q_idx, cm) & allowed
+        vals = torch.zeros(B, N, dtype=torch.long, device=q_idx.device).scatter_(1, q_idx, torch.where(cm, x, 0))
+        self.tokens[sel] = vals[sel]
+        self.masked &= ~sel
+        n = sel.sum(1)
+        self.committed += n
+        self.steps += (n > 0).long()
+        self.history.append(n.tolist())
+        if self.cfg.record:
+            self.trace.append(self.tokens.clone())
+        return sel
+
+    def stop(self, newly: torch.Tensor, end: torch.Tensor) -> None:
+        """Retire rows ``newly`` with their output ending before position ``end``."""
+        self.end = torch.where(newly, end, self.end)
+        self.done |= newly
+
+    def end_step(self) -> None:
+        if self.cfg.stop_at_eos:
+            newly, e, _ = finish_at_eos(self.tokens, self.masked, self.canvas.generate, self.canvas.infill,
+                                        self.eos_id, self.done)
+            self.stop(newly, e)
+        self.done |= ~self.masked.any(1)
+
+    def output(self, nfe: int) -> "GenerationOutput":
+        return collect(self.canvas, self.tokens, self.masked, self.end, nfe, self.steps, self.committed,
+                       self.history, self.trace)
+
+
 def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history, trace=None) -> GenerationOutput:
     """Per-row generated tokens (generation region up to ``end``, remaining MASK dropped)."""
     out_tokens, seqs = [], []
@@ -148,4 +206,4 @@ def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history,
     return GenerationOutput(out_tokens, seqs, nfe, steps.tolist(), committed.tolist(), history, trace or [])
 
 
-__all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "pack", "first_true", "finish_at_eos", "collect"]
+__all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos", "collect"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Canvas, GenerationConfig, collect, finish_at_eos, first_true, pack
+from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
 from .sampling import choose_tokens, commit_mask
 from .setdlm import ChunkRunner
 
@@ -39,155 +39,90 @@ class ARSampler(_Base):
     @torch.no_grad()
     def generate(self, canvas: Canvas):
         cfg = self.cfg
-        tokens, masked = canvas.tokens.clone(), canvas.generate.clone()
-        B, N = tokens.shape
-        dev = tokens.device
-        pos = torch.arange(N, device=dev)
-        gen = torch.Generator(device=dev).manual_seed(cfg.seed)
-        runner = ChunkRunner(self.model, tokens, self.mask_id, self.pad_id, cfg.use_cache, cfg.cache_capacity or N)
-        first = first_true(masked)
+        st = DecodeState(canvas, cfg, self.eos_id)
+        B, N = st.tokens.shape
+        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, cfg.cache_capacity or N)
+        first = first_true(st.masked)
         if bool((first == 0).any()):
             raise ValueError("AR decoding needs at least one visible token (e.g. BOS) before the first MASK")
-        known = canvas.valid & (pos[None] < first[:, None])        # left context only
-        done = ~masked.any(1)
-        end = torch.full((B,), -1, dtype=torch.long, device=dev)
-        steps = torch.zeros(B, dtype=torch.long, device=dev)
-        committed = torch.zeros_like(steps)
-        history, trace = [], []
-        pend = known.clone()                                        # tokens whose K/V are not cached yet
+        known = canvas.valid & (st.pos[None] < first[:, None])        # left context only (also for infill)
+        pend = known.clone()                                            # tokens whose K/V are not cached yet
         while True:
-            live = masked & ~done[:, None]
+            live = st.live()
             if not live.any():
                 break
-            src = pend if cfg.use_cache else known
-            idx, ok, cnt = pack(src)
+            idx, ok, cnt = pack(pend if cfg.use_cache else known)
             logits, posi = runner.run(idx, ok, idx[:, :0], ok[:, :0], logits_rows="all")
             runner.persist(cnt, posi)
             last = (cnt - 1).clamp(min=0)
-            x, _ = self._choose(logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1]))[:, 0], gen)
-            target = first_true(live)                               # next position to fill
-            row = (~done) & (target < N)
-            sel = torch.zeros(B, N, dtype=torch.bool, device=dev)
-            sel[row, target[row]] = True
-            tokens[sel] = x[row]
-            masked &= ~sel
+            x, _ = self._choose(logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1])), st.generator)
+            target = first_true(live).clamp(max=N - 1)                 # the next position to fill
+            sel = st.commit(target[:, None], (~st.done)[:, None], x, live)
             known |= sel
             pend = sel
-            n = sel.sum(1)
-            committed += n
-            steps += n
-            history.append(n.tolist())
-            if cfg.record:
-                trace.append(tokens.clone())
-            if cfg.stop_at_eos:
-                newly, e, _ = finish_at_eos(tokens, masked, canvas.generate, canvas.infill, self.eos_id, done)
-                end, done = torch.where(newly, e, end), done | newly
-            done |= ~(masked.any(1))
-        # infill rows: the span is filled left to right from the left context only
-        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history, trace)
+            st.end_step()
+        return st.output(runner.nfe)
 
 
 class BD3LMSampler(_Base):
     @torch.no_grad()
     def generate(self, canvas: Canvas):
         cfg = self.cfg
-        S = cfg.block_size
-        tokens, masked = canvas.tokens.clone(), canvas.generate.clone()
-        B, N = tokens.shape
-        dev = tokens.device
-        pos = torch.arange(N, device=dev)
-        blk = pos // S
-        gen = torch.Generator(device=dev).manual_seed(cfg.seed)
-        runner = ChunkRunner(self.model, tokens, self.mask_id, self.pad_id, cfg.use_cache, cfg.cache_capacity or N)
-        done = ~masked.any(1)
-        end = torch.full((B,), -1, dtype=torch.long, device=dev)
-        steps = torch.zeros(B, dtype=torch.long, device=dev)
-        committed = torch.zeros_like(steps)
-        history, trace = [], []
-        cached_blocks = torch.zeros(B, dtype=torch.long, device=dev)     # blocks [0, cached) are in the cache
+        st = DecodeState(canvas, cfg, self.eos_id)
+        B, N = st.tokens.shape
+        blk = st.pos // cfg.block_size
+        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, cfg.cache_capacity or N)
+        cached_blocks = torch.zeros(B, dtype=torch.long, device=st.tokens.device)   # blocks [0, n) are cached
         while True:
-            live = masked & ~done[:, None]
+            live = st.live()
             if not live.any():
                 break
             cur = torch.where(live.any(1), blk[first_true(live).clamp(max=N - 1)], blk[-1] + 1)   # current block
             lo = cached_blocks if cfg.use_cache else torch.zeros_like(cached_blocks)
-            clean = canvas.valid & (blk[None] >= lo[:, None]) & (blk[None] < cur[:, None]) & ~done[:, None]
-            p_idx, p_ok, p_cnt = pack(clean)
-            noisy = canvas.valid & (blk[None] == cur[:, None]) & ~done[:, None]
-            q_idx, q_ok, _ = pack(noisy)
-            q_tok = tokens.gather(1, q_idx).masked_fill(masked.gather(1, q_idx), self.mask_id)
+            rows = canvas.valid & ~st.done[:, None]
+            p_idx, p_ok, p_cnt = pack(rows & (blk[None] >= lo[:, None]) & (blk[None] < cur[:, None]))
+            q_idx, q_ok, _ = pack(rows & (blk[None] == cur[:, None]))
+            q_tok = st.tokens.gather(1, q_idx).masked_fill(st.masked.gather(1, q_idx), self.mask_id)
             pb = blk[p_idx]
-            pending_mask = pb[:, None, :] <= pb[:, :, None]                   # block-causal among clean
-            qm = q_ok[:, :, None] & q_ok[:, None, :]                          # bidirectional in the block
-            logits, posi = runner.run(p_idx, p_ok, q_idx, q_ok, q_tokens=q_tok, pending_mask=pending_mask,
-                                      query_mask=qm)
+            logits, posi = runner.run(p_idx, p_ok, q_idx, q_ok, q_tokens=q_tok,
+                                      pending_mask=pb[:, None, :] <= pb[:, :, None],      # block-causal clean
+                                      query_mask=q_ok[:, :, None] & q_ok[:, None, :])      # bidirectional block
             runner.persist(p_cnt, posi)
-            cached_blocks = torch.maximum(cached_blocks, cur) if cfg.use_cache else cached_blocks
-            x, conf = self._choose(logits, gen)
-            act = q_ok & masked.gather(1, q_idx)
-            cm = commit_mask(conf, act, cfg.tau, cfg.commit_k)
-            sel = torch.zeros(B, N, dtype=torch.bool, device=dev).scatter_(1, q_idx, cm) & live
-            vals = torch.zeros(B, N, dtype=torch.long, device=dev).scatter_(1, q_idx, torch.where(cm, x, 0))
-            tokens[sel] = vals[sel]
-            masked &= ~sel
-            n = sel.sum(1)
-            committed += n
-            steps += (n > 0).long()
-            history.append(n.tolist())
-            if cfg.record:
-                trace.append(tokens.clone())
-            if cfg.stop_at_eos:
-                newly, e, _ = finish_at_eos(tokens, masked, canvas.generate, canvas.infill, self.eos_id, done)
-                end, done = torch.where(newly, e, end), done | newly
-            done |= ~(masked.any(1))
-        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history, trace)
+            if cfg.use_cache:
+                cached_blocks = torch.maximum(cached_blocks, cur)
+            x, conf = self._choose(logits, st.generator)
+            act = q_ok & st.masked.gather(1, q_idx)
+            st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k), x, live)
+            st.end_step()
+        return st.output(runner.nfe)
 
 
 class MDLMSampler(_Base):
     @torch.no_grad()
     def generate(self, canvas: Canvas):
         cfg = self.cfg
-        tokens, masked = canvas.tokens.clone(), canvas.generate.clone()
-        B, N = tokens.shape
-        dev = tokens.device
-        pos = torch.arange(N, device=dev)
-        gen = torch.Generator(device=dev).manual_seed(cfg.seed)
+        st = DecodeState(canvas, cfg, self.eos_id)
+        B, N = st.tokens.shape
         start = first_true(canvas.generate)
-        rel = (pos[None] - start[:, None]).clamp(min=0) // cfg.block_size       # block id in the region
-        full = canvas.valid[:, None, :] & canvas.valid[:, :, None]
-        full |= torch.eye(N, dtype=torch.bool, device=dev)[None]
-        posn = pos.expand(B, N)
-        done = ~masked.any(1)
-        end = torch.full((B,), -1, dtype=torch.long, device=dev)
-        steps = torch.zeros(B, dtype=torch.long, device=dev)
-        committed = torch.zeros_like(steps)
-        history, trace, nfe = [], [], 0
+        rel = (st.pos[None] - start[:, None]).clamp(min=0) // cfg.block_size      # block id in the region
+        full = (canvas.valid[:, None, :] & canvas.valid[:, :, None]) | torch.eye(N, dtype=torch.bool,
+                                                                                 device=st.tokens.device)[None]
+        posn = st.pos.expand(B, N)
+        nfe = 0
         while True:
-            live = masked & ~done[:, None]
+            live = st.live()
             if not live.any():
                 break
             cur = rel.gather(1, first_true(live).clamp(max=N - 1)[:, None])[:, 0]
             active = live & (rel == cur[:, None])
-            logits = self.model(tokens.masked_fill(~canvas.valid, self.pad_id), posn, full, 0)
+            logits = self.model(st.tokens.masked_fill(~canvas.valid, self.pad_id), posn, full, 0)
             nfe += 1
             q_idx, q_ok, _ = pack(active)
-            x, conf = self._choose(logits.gather(1, q_idx[..., None].expand(*q_idx.shape, logits.shape[-1])), gen)
-            cm = commit_mask(conf, q_ok, cfg.tau, cfg.commit_k)
-            sel = torch.zeros(B, N, dtype=torch.bool, device=dev).scatter_(1, q_idx, cm) & active
-            vals = torch.zeros(B, N, dtype=torch.long, device=dev).scatter_(1, q_idx, torch.where(cm, x, 0))
-            tokens[sel] = vals[sel]
-            masked &= ~sel
-            n = sel.sum(1)
-            committed += n
-            steps += (n > 0).long()
-            history.append(n.tolist())
-            if cfg.record:
-                trace.append(tokens.clone())
-            if cfg.stop_at_eos:
-                newly, e, _ = finish_at_eos(tokens, masked, canvas.generate, canvas.infill, self.eos_id, done)
-                end, done = torch.where(newly, e, end), done | newly
-            done |= ~(masked.any(1))
-        return collect(canvas, tokens, masked, end, nfe, steps, committed, history, trace)
+            x, conf = self._choose(logits.gather(1, q_idx[..., None].expand(*q_idx.shape, logits.shape[-1])),
+                                   st.generator)
+            st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active)
+            st.end_step()
+        return st.output(nfe)
 
 
 __all__ = ["ARSampler", "BD3LMSampler", "MDLMSampler"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Canvas, GenerationConfig, collect, finish_at_eos, first_true, pack
+from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
 from .cache import KVCache
 from .sampling import choose_tokens, commit_mask
 
@@ -93,23 +93,14 @@ class SetDLMSampler:
     @torch.no_grad()
     def generate(self, canvas: Canvas):
         cfg = self.cfg
-        tokens = canvas.tokens.clone()
-        masked = canvas.generate.clone()
-        B, N = tokens.shape
-        dev = tokens.device
-        pos = torch.arange(N, device=dev)
-        gen = torch.Generator(device=dev).manual_seed(cfg.seed)
-        runner = ChunkRunner(self.model, tokens, self.mask_id, self.pad_id, cfg.use_cache, cfg.cache_capacity or N)
-        done = ~masked.any(1)
-        end = torch.full((B,), -1, dtype=torch.long, device=dev)
-        steps = torch.zeros(B, dtype=torch.long, device=dev)
-        committed = torch.zeros(B, dtype=torch.long, device=dev)
-        history, trace = [], []
+        st = DecodeState(canvas, cfg, self.eos_id)
+        B, N = st.tokens.shape
+        dev = st.tokens.device
+        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, cfg.cache_capacity or N)
         # insertion order of committed tokens (drives the uncached path and the cache contents)
         inserted = torch.zeros(B, N, dtype=torch.long, device=dev)
         n_ins = torch.zeros(B, dtype=torch.long, device=dev)
-        visible = canvas.valid & ~masked
-        pend_idx, pend_ok, pend_cnt = pack(visible)
+        pend_idx, pend_ok, pend_cnt = pack(canvas.valid & ~st.masked)       # the visible tokens
         inserted, n_ins = _append(inserted, n_ins, pend_idx, pend_ok)
         if cfg.use_cache and pend_idx.shape[1]:
             _, posi = runner.run(pend_idx, pend_ok, pend_idx[:, :0], pend_ok[:, :0])     # prefill
@@ -117,11 +108,11 @@ class SetDLMSampler:
             pend_idx, pend_ok, pend_cnt = pend_idx[:, :0], pend_ok[:, :0], pend_cnt * 0
         step = 0
         while True:
-            live = masked & ~done[:, None]
+            live = st.live()
             if not live.any():
                 break
             f = first_true(live)
-            active = live & (pos[None] < (f + cfg.window)[:, None])
+            active = live & (st.pos[None] < (f + cfg.window)[:, None])
             q_idx, q_ok, _ = pack(active)
             if cfg.use_cache:
                 logits, posi = runner.run(pend_idx, pend_ok, q_idx, q_ok)
@@ -129,33 +120,17 @@ class SetDLMSampler:
             else:
                 all_idx, all_ok, _ = _inserted_view(inserted, n_ins)
                 logits, _ = runner.run(all_idx, all_ok, q_idx, q_ok)
-            x, conf = choose_tokens(logits, [self.mask_id, self.pad_id], cfg.temperature, cfg.top_p, gen)
-            cm = commit_mask(conf, q_ok, cfg.tau, cfg.commit_k)
-            sel = torch.zeros(B, N, dtype=torch.bool, device=dev)
-            sel.scatter_(1, q_idx, cm)
-            sel &= active
-            vals = torch.zeros(B, N, dtype=torch.long, device=dev).scatter_(1, q_idx, torch.where(cm, x, 0))
-            tokens[sel] = vals[sel]
-            masked &= ~sel
-            n = sel.sum(1)
-            committed += n
-            steps += (n > 0).long()
-            history.append(n.tolist())
-            if cfg.record:
-                trace.append(tokens.clone())
+            x, conf = choose_tokens(logits, [self.mask_id, self.pad_id], cfg.temperature, cfg.top_p, st.generator)
+            sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active)
             pend_idx, pend_ok, pend_cnt = pack(sel)
             inserted, n_ins = _append(inserted, n_ins, pend_idx, pend_ok)
             step += 1
-            if cfg.stop_at_eos:
-                newly, e, _ = finish_at_eos(tokens, masked, canvas.generate, canvas.infill, self.eos_id, done)
-                end = torch.where(newly, e, end)
-                done |= newly
             if cfg.stop_strings and self.tokenizer is not None and step % cfg.window == 0:
-                newly = _stop_strings(self.tokenizer, tokens, masked, canvas, done, f + cfg.window, cfg.stop_strings)
-                end = torch.where(newly, (f + cfg.window).clamp(max=N), end)
-                done |= newly
-            done |= ~(masked.any(1))
-        return collect(canvas, tokens, masked, end, runner.nfe, steps, committed, history, trace)
+                limit = (f + cfg.window).clamp(max=N)
+                st.stop(_stop_strings(self.tokenizer, st.tokens, st.masked, canvas, st.done, limit,
+                                      cfg.stop_strings), limit)
+            st.end_step()
+        return st.output(runner.nfe)
 
 
 def _append(inserted, n_ins, idx, ok):

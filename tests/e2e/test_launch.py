@@ -4,7 +4,6 @@ import os
 import socket
 import subprocess
 
-import pytest
 
 from .conftest import ROOT, TINY
 
