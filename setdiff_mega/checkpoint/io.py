@@ -141,6 +141,7 @@ def load_model(path: str | Path):
             raise CheckpointError(f"'{ck['dir'] / 'model.pt'}': tensor {k} has shape "
                                   f"{tuple(ck['model'][k].shape)}, the model expects {tuple(v.shape)}")
     model.load_state_dict(ck["model"])
+    model.tokenizer_hash = tok.hash          # generation refuses any other tokenizer
     return model, objective_from_config(cfg, tok), tok, cfg
 
 

@@ -64,10 +64,15 @@ def build_sampler(method: str, model, tokenizer, config: GenerationConfig):
 
 
 def check_vocab(model, tokenizer) -> None:
-    """The tokenizer must address exactly the model's vocabulary."""
-    if tokenizer.vocab_size != model.vocab_size:
+    """The tokenizer must be the checkpoint's (hash recorded by ``load_model``) and fit the embedding."""
+    if tokenizer.vocab_size > model.vocab_size:
         raise RequestError(f"tokenizer vocabulary ({tokenizer.vocab_size}) does not match the model's "
                            f"({model.vocab_size}); use the tokenizer.json saved with the checkpoint")
+    expected = getattr(model, "tokenizer_hash", None)
+    if expected is not None and expected != tokenizer.hash:
+        raise RequestError(f"tokenizer vocabulary ({tokenizer.vocab_size}) does not match the model's "
+                           f"({model.vocab_size}): hash {tokenizer.hash} differs from the checkpoint's {expected}; "
+                           f"use the tokenizer.json saved with the checkpoint")
 
 
 def generate(model, tokenizer, method: str, requests: list, config: GenerationConfig,
