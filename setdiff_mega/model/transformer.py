@@ -19,6 +19,7 @@ Internally megatron-core works sequence-first ([T, B, H]) with masks in its own 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,9 @@ from .spec import layer_spec
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
-    multiple = max(1, divisible_by) * max(1, tp)
+    """Round up to a multiple of lcm(divisible_by, tp): every TP rank gets an equal vocab shard, and the
+    padded size (hence the initial weights) is the same for every TP size that divides divisible_by."""
+    multiple = math.lcm(max(1, divisible_by), max(1, tp))
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 

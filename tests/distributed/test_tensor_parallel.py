@@ -1,0 +1,53 @@
+"""Tensor parallelism: TP = 2 over two gloo ranks gives the TP = 1 logits, loss and gradients (fp32)."""
+import pytest
+import torch
+
+from .harness import run_ranks
+
+L, B, V, MASK = 12, 3, 61, 60
+
+
+def _forward_backward(rank, world, tp, objective_name):
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+    from setdiff_mega.config import ModelConfig
+    from setdiff_mega.diffusion import build_objective
+    from setdiff_mega.model import build_model
+    from setdiff_mega.parallel import initialize
+
+    initialize(tensor_model_parallel_size=tp, seed=1234)
+    torch.manual_seed(0)
+    mc = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, zero_init_head=False,
+                     make_vocab_size_divisible_by=8, activation="swiglu")
+    model = build_model(mc, V)
+    x = torch.randint(0, 58, (B, L), generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[0, -2:] = True
+    obj = build_objective(objective_name, MASK, D=4, block_size=3)
+    inp = obj.build_inputs(x, padding=pad, generator=torch.Generator().manual_seed(2))
+    logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+    loss, _ = obj.loss(logits, inp)
+    loss.backward()
+    qkv = model.decoder.layers[0].self_attention.linear_qkv.weight          # column-parallel: [out / tp, in]
+    fc2 = model.decoder.layers[1].mlp.linear_fc2.weight                      # row-parallel: [out, in / tp]
+    g_qkv = gather_from_tensor_model_parallel_region(qkv.grad.t().contiguous()).t() if tp > 1 else qkv.grad
+    g_fc2 = gather_from_tensor_model_parallel_region(fc2.grad) if tp > 1 else fc2.grad
+    norm = model.decoder.final_layernorm.weight.grad
+    return {"tp_rank": ps.get_tensor_model_parallel_rank(), "logits": logits.detach(), "loss": loss.item(),
+            "g_qkv": g_qkv.detach(), "g_fc2": g_fc2.detach(), "g_norm": norm.detach(),
+            "qkv_shape": tuple(qkv.shape)}
+
+
+@pytest.mark.parametrize("objective_name", ["setdlm", "bd3lm", "ar"])
+def test_tp2_matches_tp1(objective_name):
+    ref = run_ranks(_forward_backward, world=1, args=(1, objective_name))[0]
+    out = run_ranks(_forward_backward, world=2, args=(2, objective_name))
+    assert out[0]["qkv_shape"][0] * 2 == ref["qkv_shape"][0]             # the weights really are sharded
+    for r in (0, 1):
+        o = out[r]
+        assert o["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+        torch.testing.assert_close(o["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(o["g_qkv"], ref["g_qkv"], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(o["g_fc2"], ref["g_fc2"], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(o["g_norm"], ref["g_norm"], rtol=1e-4, atol=1e-6)
