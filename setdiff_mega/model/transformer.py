@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -74,6 +75,7 @@ class SetDiffusionTransformer(MegatronModule):
         self.padded_vocab_size = padded_vocab_size(vocab_size, make_vocab_size_divisible_by,
                                                    config.tensor_model_parallel_size)
         self.pre_process, self.post_process = pre_process, post_process
+        self.model_type = ModelType.encoder_or_decoder      # read by mcore's pipeline schedules
         self.tie_embeddings = tie_embeddings
         self.share_embeddings_and_output_weights = tie_embeddings
         if pre_process:
