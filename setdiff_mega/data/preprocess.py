@@ -162,6 +162,16 @@ def read_unit(unit: WorkUnit, keys: list[str]):
         yield from read_documents(unit.path)
 
 
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 _WORKER: dict = {}
 
 
@@ -241,7 +251,8 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     out = Path(output_prefix)
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f"{out.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)          # leftovers of an interrupted run
+        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)      # leftovers of an interrupted run (owner is gone)
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
     tmp.mkdir()
     keys = list(json_keys)

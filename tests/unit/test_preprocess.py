@@ -195,3 +195,15 @@ def test_fast_encoder_is_exact_and_falls_back(corpus):
     from tokenizers import normalizers
     tok.hf.normalizer = normalizers.Lowercase()              # a pipeline the fast path does not model
     assert not FastEncoder(tok).enabled
+
+
+def test_stale_temp_dirs_of_dead_runs_are_removed_live_ones_kept(corpus, tmp_path):
+    import os
+
+    dead = tmp_path / "d.tmp-999999999"
+    live = tmp_path / f"d.tmp-{os.getppid()}"
+    dead.mkdir()
+    live.mkdir()
+    preprocess([str(corpus / "in.jsonl")], str(tmp_path / "d"), str(corpus / "tok.json"), progress=False,
+               log=lambda *a: None)
+    assert not dead.exists() and live.exists()
