@@ -112,12 +112,20 @@ class LoggingConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tensor_model_parallel_size: int = 1          # TP: splits heads / MLP / vocab over ranks
+    pipeline_model_parallel_size: int = 1        # PP: splits layers over stages (megatron-core 1F1B)
+                                                 # DP = world size / (TP * PP), from the launcher
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 # ----------------------------------------------------------------------------------- loading
@@ -301,6 +309,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
     if m.vocab_size is not None and m.vocab_size < 4:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
+    validate_layout(cfg)
     parts = d.split.replace("/", ",").split(",")
     try:
         weights = [float(x) for x in parts]
@@ -311,6 +320,32 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-__all__ = ["ConfigError", "ModelConfig", "ObjectiveConfig", "DataConfig", "TrainConfig", "LoggingConfig",
+def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
+    """TP / PP / DP sizes against the model and the world; every message names the sizes."""
+    m, p = cfg.model, cfg.parallel
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    if tp < 1 or pp < 1:
+        raise ConfigError(f"parallel sizes must be >= 1 (TP={tp}, PP={pp})")
+    groups = m.num_query_groups or m.num_attention_heads
+    if m.num_attention_heads % tp:
+        raise ConfigError(f"TP={tp} does not divide model.num_attention_heads={m.num_attention_heads}; "
+                          f"choose a TP size that divides the head count")
+    if groups % tp:
+        raise ConfigError(f"TP={tp} does not divide the {groups} KV groups (model.num_query_groups)")
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    if ffn % tp:
+        raise ConfigError(f"TP={tp} does not divide the MLP width {ffn} (model.ffn_hidden_size)")
+    if pp > m.num_layers:
+        raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
+    if m.num_layers % pp:
+        raise ConfigError(f"PP={pp} does not divide model.num_layers={m.num_layers} into equal stages")
+    if pp > 1 and m.tie_embeddings:
+        raise ConfigError(f"model.tie_embeddings needs the embedding and the head on one stage; PP={pp} splits them")
+    if world_size is not None and world_size % (tp * pp):
+        raise ConfigError(f"world size {world_size} is not divisible by TP*PP = {tp}*{pp} = {tp * pp}; "
+                          f"launch a multiple of {tp * pp} processes")
+
+
+__all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig", "TrainConfig", "LoggingConfig",
            "RunConfig", "load_config", "validate", "parse_overrides", "to_dict", "from_dict", "dump_yaml",
            "OBJECTIVE_NAMES"]

@@ -55,3 +55,25 @@ def test_missing_config_file():
 
 def test_defaults_are_valid():
     assert isinstance(load_config(None), RunConfig)
+
+
+@pytest.mark.parametrize("overrides,pattern", [
+    (["parallel.tensor_model_parallel_size=3", "model.num_attention_heads=5"],
+     r"TP=3 does not divide model.num_attention_heads=5"),
+    (["parallel.tensor_model_parallel_size=2", "model.num_attention_heads=4", "model.num_query_groups=1"],
+     r"TP=2 does not divide the 1 KV groups"),
+    (["parallel.pipeline_model_parallel_size=8"], r"PP=8 is larger than model.num_layers=4"),
+    (["parallel.pipeline_model_parallel_size=3"], r"PP=3 does not divide model.num_layers=4"),
+])
+def test_impossible_layouts_fail_with_the_sizes(overrides, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(ROOT / "configs/tiny_cpu.yaml", overrides)
+
+
+def test_world_size_must_be_a_multiple_of_tp_times_pp():
+    from setdiff_mega.config import validate_layout
+
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", ["parallel.pipeline_model_parallel_size=2"])
+    validate_layout(cfg, world_size=4)
+    with pytest.raises(ConfigError, match=r"world size 3 is not divisible by TP\*PP = 1\*2 = 2"):
+        validate_layout(cfg, world_size=3)
