@@ -100,6 +100,7 @@ class TrainConfig:
     save_dir: str = "runs/default"
     save_interval: int = 0                       # 0 = save only at the end
     num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
+    init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout)
 
 
 @dataclass

@@ -158,10 +158,13 @@ class SetDiffusionTransformer(MegatronModule):
         return n
 
 
-def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bool = True,
-                post_process: bool = True) -> SetDiffusionTransformer:
-    """Build the model from a ModelConfig; megatron-core's parallel state must be initialised."""
+def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bool | None = None,
+                post_process: bool | None = None) -> SetDiffusionTransformer:
+    """Build this rank's part of the model (its TP shard and PP stage); mcore's parallel state must be set."""
     from megatron.core import parallel_state as ps
+
+    pre_process = ps.is_pipeline_first_stage() if pre_process is None else pre_process
+    post_process = ps.is_pipeline_last_stage() if post_process is None else post_process
 
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()

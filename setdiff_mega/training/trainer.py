@@ -86,20 +86,19 @@ def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 
     """Mean loss and token-weighted NLL over ``iters`` fixed validation batches with fixed noise."""
     from setdiff_mega.data.loader import batches
 
+    from .step import evaluate_batch
+
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     losses, nll, ntok = [], 0.0, 0.0
     it = batches(dataset, cfg.train.micro_batch_size, 0, bos_eos=bos_eos)
     for _ in range(iters):
-        tokens = next(it)["tokens"]
-        inp = objective.build_inputs(tokens, generator=gen, training=False)
-        with autocast_context(cfg.train.precision):
-            logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
-        loss, st = objective.loss(logits, inp)
-        losses.append(loss.item())
-        nll += st["nll_sum"].item()
-        ntok += st["num_tokens"].item()
+        inp = objective.build_inputs(next(it)["tokens"], generator=gen, training=False)
+        loss, s, n = evaluate_batch(model, objective, inp, lambda: autocast_context(cfg.train.precision))
+        losses.append(loss)
+        nll += s
+        ntok += n
     model.train(was_training)
     mean_nll = nll / max(ntok, 1.0)
     return {"loss": sum(losses) / len(losses), "nll_per_token": mean_nll, "ppl": math.exp(min(mean_nll, 50))}
@@ -127,8 +126,18 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     for p, info in zip(prefixes, infos):
         if info["max_token_id"] >= vocab:
             check_dataset(p, vocab)                    # raises the vocabulary-mismatch error
-    env = initialize(seed=tc.seed)
-    dp, rank = env.world_size, env.rank
+    from megatron.core import parallel_state as ps
+
+    from setdiff_mega.config import validate_layout
+
+    from .step import allreduce_dp_grads, clip_grad_norm, forward_backward
+
+    pc = cfg.parallel
+    env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed)
+    validate_layout(cfg, env.world_size)
+    rank = env.rank
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    pp = ps.get_pipeline_model_parallel_world_size()
     if rank != 0:
         log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
     torch.manual_seed(tc.seed)
@@ -141,29 +150,38 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         valid_ds = train_ds
     objective = objective_from_config(cfg, tok)
     model = build_model(cfg.model, vocab)
+    if tc.init_from:
+        from setdiff_mega.checkpoint import load_checkpoint
+        from setdiff_mega.checkpoint.gather import load_full_state_dict
+
+        ck = load_checkpoint(tc.init_from)
+        load_full_state_dict(model, ck["model"], source=str(ck["dir"] / "model.pt"))
+        log(f"initialised the weights from {ck['dir']}")
     model.train()
     optimizer = build_optimizer(model, tc)
     ddp = model
-    if dp > 1:
+    if dp > 1 and pp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, broadcast_buffers=False)
-    n_params = model.num_parameters()
+        ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=ps.get_data_parallel_group())
+    n_params = _total_parameters(model)
     L = dc.seq_length
     proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
     save_dir = Path(tc.save_dir)
     main = is_main_process()
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
         f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples; "
-        f"{dp} data-parallel rank(s), {samples_per_step} samples per step")
+        f"layout TP={pc.tensor_model_parallel_size} PP={pp} DP={dp}, {samples_per_step} samples per step")
     logger = MetricLogger(save_dir, tc.train_steps, 0, cfg.logging, to_dict(cfg), enabled=main)
     eval_iters = max(tc.eval_iters, 1)
     bos_eos = (tok.bos, tok.eos) if dc.chunk_bos_eos else None
     init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
     logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
     logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
-    gen = torch.Generator().manual_seed(tc.seed + 1 + 1000003 * rank)
-    stream = batches(train_ds, tc.micro_batch_size, rank * tc.micro_batch_size, dp * tc.micro_batch_size, bos_eos)
+    # every rank of one data-parallel replica (its TP / PP ranks) reads the same samples and noise
+    gen = torch.Generator().manual_seed(tc.seed + 1 + 1000003 * dp_rank)
+    stream = batches(train_ds, tc.micro_batch_size, dp_rank * tc.micro_batch_size, dp * tc.micro_batch_size,
+                     bos_eos)
     consumed = 0
     last_eval = init_eval
     t_window, tok_window, proc_window = time.perf_counter(), 0, 0
@@ -175,21 +193,17 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
             lr = lr_at(step, tc)
             set_lr(optimizer, lr)
             optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for micro in range(tc.grad_accum_steps):
-                batch = next(stream)
-                inp = objective.build_inputs(batch["tokens"], generator=gen, training=True)
-                sync = dp == 1 or micro == tc.grad_accum_steps - 1
-                with autocast_context(tc.precision), (contextlib.nullcontext() if sync else ddp.no_sync()):
-                    logits = ddp(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
-                    loss, _ = objective.loss(logits, inp)
-                    (loss / tc.grad_accum_steps).backward()
-                total += loss.item() / tc.grad_accum_steps
-                consumed += batch["tokens"].shape[0] * dp
-                tok_window += batch["tokens"].numel() * dp
-                proc_window += batch["tokens"].shape[0] * proc_per_sample * dp
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                   tc.clip_grad if tc.clip_grad > 0 else float("inf"))
+            micro = []
+            for _ in range(tc.grad_accum_steps):
+                tokens = next(stream)["tokens"]
+                micro.append(objective.build_inputs(tokens, generator=gen, training=True))
+                consumed += tokens.shape[0] * dp
+                tok_window += tokens.numel() * dp
+                proc_window += tokens.shape[0] * proc_per_sample * dp
+            total = forward_backward(model, ddp, objective, micro, lambda: autocast_context(tc.precision))
+            if pp > 1:
+                allreduce_dp_grads(model)
+            gnorm = clip_grad_norm(model, tc.clip_grad)
             total = _mean_over_ranks(total, dp)       # NaN on any rank makes the mean NaN everywhere
             if not (math.isfinite(total) and torch.isfinite(gnorm)):
                 raise TrainingError(f"non-finite loss ({total}) or gradient norm ({float(gnorm)}) at step {step + 1}; "
@@ -238,22 +252,52 @@ def _mean_over_ranks(value: float, dp: int) -> float:
     return t.item() / dp
 
 
+def _total_parameters(model) -> int:
+    """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    n = torch.tensor([sum(p.numel() for p in model.parameters() if param_is_not_tensor_parallel_duplicate(p))])
+    group = ps.get_model_parallel_group()
+    if torch.distributed.get_world_size(group) > 1:
+        torch.distributed.all_reduce(n, group=group)
+    return int(n)
+
+
 def _save(save_fn, cfg, tok, model, optimizer, gen, step, consumed, last_eval, main=True):
-    """Rank 0 writes the checkpoint (DP replicas are identical); every rank waits for it."""
+    """Rank 0 writes the checkpoint with the full single-process weights (gathered over TP / PP); the
+    optimizer state is saved when the model is not split (sharded optimizer states come with issue 6)."""
     import torch.distributed as dist
+    from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
+    from setdiff_mega.checkpoint.gather import gather_full_state_dict
+
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    full = gather_full_state_dict(model)
     path = Path(cfg.train.save_dir) / "checkpoints" / f"step_{step:07d}"
     if main:
         rng = {"torch": torch.get_rng_state(), "noise_generator": gen.get_state(),
                "mcore_tracker": get_cuda_rng_tracker().get_states()}
-        path = save_fn(cfg.train.save_dir, step, model=model, optimizer=optimizer, config=cfg,
-                       tokenizer_file=tok.source, rng=rng,
-                       state={"consumed_samples": consumed, "val_loss": last_eval["loss"],
-                              "data_parallel_size": dist.get_world_size() if dist.is_initialized() else 1})
+        path = save_fn(cfg.train.save_dir, step, model=_StateDictView(full),
+                       optimizer=optimizer if tp * pp == 1 else None, config=cfg, tokenizer_file=tok.source,
+                       rng=rng, state={"consumed_samples": consumed, "val_loss": last_eval["loss"],
+                                       "data_parallel_size": ps.get_data_parallel_world_size(),
+                                       "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                                       "optimizer_saved": tp * pp == 1})
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     return path
+
+
+class _StateDictView:
+    """Adapter: lets save_checkpoint write an already gathered state dict."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def state_dict(self):
+        return self._state
 
 
 __all__ = ["train", "evaluate", "TrainResult", "TrainingError", "objective_from_config", "resolve_tokenizer"]

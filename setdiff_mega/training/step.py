@@ -1,0 +1,116 @@
+"""Forward / backward / gradient bookkeeping for any (TP, PP, DP) layout.
+
+* PP = 1: micro-batches run through the (optionally DDP-wrapped) model, loss / n_micro each.
+* PP > 1: megatron-core's pipeline schedule (1F1B) runs the micro-batches; losses live on the last
+  stage and are broadcast over the pipeline group so every rank logs and checks the same number.
+* Gradients: DDP averages over the data-parallel group for PP = 1; for PP > 1 they are averaged here
+  with one flat all-reduce per step (:func:`allreduce_dp_grads`).
+* Clipping (:func:`clip_grad_norm`): the global L2 norm sums squared gradients over every TP / PP shard,
+  counting TP-replicated parameters (norms, row-parallel biases) once, so it equals the single-process norm.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+
+def _schedule_run(model, objective, micro, forward_only: bool, autocast):
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from setdiff_mega.model import mcore_cpu
+
+    def forward_step(data_iterator, model):
+        inp = next(data_iterator)
+        out = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+
+        def loss_func(output):
+            loss, st = objective.loss(output, inp)
+            # clone: the schedule divides the returned loss by the micro-batch count in place
+            return loss, {"loss": loss.detach().clone(), "nll_sum": st["nll_sum"], "num_tokens": st["num_tokens"]}
+        return out, loss_func
+
+    T, B = micro[0].tokens.shape[1], micro[0].tokens.shape[0]
+    with mcore_cpu.cuda_redirect(), autocast():
+        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+                                          num_microbatches=len(micro), seq_length=T, micro_batch_size=B,
+                                          decoder_seq_length=T, forward_only=forward_only)
+    stats = torch.zeros(3, dtype=torch.float64)
+    if ps.is_pipeline_last_stage():
+        stats[0] = sum(float(x["loss"]) for x in out) / len(out)
+        stats[1] = sum(float(x["nll_sum"]) for x in out)
+        stats[2] = sum(float(x["num_tokens"]) for x in out)
+    dist.all_reduce(stats, group=ps.get_pipeline_model_parallel_group())   # only the last stage is non-zero
+    return stats
+
+
+def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
+    """Accumulate gradients of the mean micro-batch loss; returns that mean on every rank of the replica."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        return float(_schedule_run(model, objective, micro, False, autocast)[0])
+    total = 0.0
+    for i, inp in enumerate(micro):
+        sync = ddp is model or i == len(micro) - 1
+        with autocast(), (contextlib.nullcontext() if sync else ddp.no_sync()):
+            logits = ddp(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+            loss, _ = objective.loss(logits, inp)
+            (loss / len(micro)).backward()
+        total += loss.item() / len(micro)
+    return total
+
+
+@torch.no_grad()
+def evaluate_batch(model, objective, inp, autocast) -> tuple[float, float, float]:
+    """(loss, nll_sum, num_tokens) of one batch on every rank, for any pipeline size."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        s = _schedule_run(model, objective, [inp], True, autocast)
+        return float(s[0]), float(s[1]), float(s[2])
+    with autocast():
+        logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+    loss, st = objective.loss(logits, inp)
+    return loss.item(), float(st["nll_sum"]), float(st["num_tokens"])
+
+
+def allreduce_dp_grads(model) -> None:
+    """Average gradients over the data-parallel group (used when DDP does not wrap the model)."""
+    from megatron.core import parallel_state as ps
+
+    dp = ps.get_data_parallel_world_size()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if dp == 1 or not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=ps.get_data_parallel_group())
+    flat /= dp
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        g.copy_(synced)
+
+
+def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
+    """Scale gradients so the global norm is at most ``max_norm``; returns the global norm (pre-clip)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    counted = [p.grad for p in model.parameters() if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
+    sq = torch.zeros(1, dtype=torch.float32)
+    for g in counted:
+        sq += g.detach().float().pow(2).sum().cpu()
+    if dist.is_initialized() and ps.get_model_parallel_group() is not None and \
+            dist.get_world_size(ps.get_model_parallel_group()) > 1:
+        dist.all_reduce(sq, group=ps.get_model_parallel_group())
+    norm = sq.sqrt()[0]
+    if max_norm > 0 and torch.isfinite(norm) and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(coef.to(g.device, g.dtype))
+    return norm
+
+
+__all__ = ["forward_backward", "evaluate_batch", "allreduce_dp_grads", "clip_grad_norm"]
