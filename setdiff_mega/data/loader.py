@@ -93,7 +93,7 @@ def batches(dataset, batch_size: int, start_sample: int = 0, stride: int | None 
         tokens = torch.stack([torch.as_tensor(dataset[k]["tokens"]) for k in idx]).long()
         if bos_eos is not None:              # "wrap" convention with BOS/EOS insertion on every chunk
             tokens[:, 0], tokens[:, -1] = bos_eos
-        yield {"tokens": tokens, "sample_index": i}
+        yield {"tokens": tokens, "sample_index": i, "sample_ids": idx}
         i += stride
 
 

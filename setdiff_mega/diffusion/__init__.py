@@ -14,7 +14,7 @@ Public API (stable names, listed in the README):
 from .masks import (bidirectional_mask, block_diffusion_mask, causal_mask, setcausal_mask,
                     setcausal_mask_from_ranks, with_key_padding)
 from .objectives import (OBJECTIVES, ARObjective, BD3LMObjective, MDLMObjective, ModelInputs, Objective,
-                         SetDLMObjective, build_objective, masked_token_nll)
+                         SetDLMObjective, build_inputs_per_sample, build_objective, collate_inputs, masked_token_nll)
 from .orders import (hitting_times, invert, move_eos_last, order_from_exponentials, order_from_times,
                      permute, sample_exponentials, sample_order)
 from .schedules import LinearSchedule, StaggeredSchedule, mean_lag_slots
@@ -26,5 +26,5 @@ __all__ = [
     "setcausal_mask", "setcausal_mask_from_ranks", "block_diffusion_mask", "causal_mask",
     "bidirectional_mask", "with_key_padding",
     "OBJECTIVES", "Objective", "ModelInputs", "ARObjective", "MDLMObjective", "BD3LMObjective",
-    "SetDLMObjective", "build_objective", "masked_token_nll",
+    "SetDLMObjective", "build_objective", "masked_token_nll", "collate_inputs", "build_inputs_per_sample",
 ]

@@ -273,6 +273,40 @@ class SetDLMObjective(Objective):
                            extras={"perm": perm, "rank": invert(perm)})
 
 
+def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
+    """Concatenate per-sample ModelInputs along the batch (a shared static mask stays shared)."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    masks = [p.attention_mask for p in parts]
+    if all(m is masks[0] for m in masks) and masks[0].shape[0] == 1:
+        mask = masks[0]
+    else:
+        mask = torch.cat([m.expand(1, *m.shape[1:]) if m.shape[0] == 1 else m for m in masks], 0)
+    extras = {}
+    for k, v in first.extras.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == 1:
+            extras[k] = torch.cat([p.extras[k] for p in parts], 0)
+        elif isinstance(v, torch.Tensor) and v.dim() == 0:
+            extras[k] = sum(p.extras[k] for p in parts)
+    return ModelInputs(tokens=torch.cat([p.tokens for p in parts]), position_ids=torch.cat([p.position_ids for p in parts]),
+                       attention_mask=mask, logits_start=first.logits_start,
+                       targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
+                       weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
+                       extras=extras)
+
+
+def build_inputs_per_sample(objective: Objective, tokens: torch.Tensor, sample_ids, seed: int,
+                            training: bool = True) -> ModelInputs:
+    """Noise of row i drawn from a generator seeded by (seed, sample_ids[i]): the inputs of a sample do not
+    depend on which rank, batch or step reads it (layout-independent training, exact resumes)."""
+    parts = []
+    for i, sid in enumerate(sample_ids):
+        g = torch.Generator(device=tokens.device).manual_seed((int(seed) * 1_000_003 + int(sid)) % (2 ** 63))
+        parts.append(objective.build_inputs(tokens[i:i + 1], generator=g, training=training))
+    return collate_inputs(parts)
+
+
 def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
                     S_max: int | None = None, k: float | None = None, b: float | None = None,
                     keep_clean_bos: bool = False, eos_last: bool = False, eos_id: int | None = None,
@@ -289,5 +323,5 @@ def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
     raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
 
 
-__all__ = ["OBJECTIVES", "ModelInputs", "Objective", "ARObjective", "MDLMObjective", "BD3LMObjective",
+__all__ = ["OBJECTIVES", "ModelInputs", "collate_inputs", "build_inputs_per_sample", "Objective", "ARObjective", "MDLMObjective", "BD3LMObjective",
            "SetDLMObjective", "build_objective", "masked_token_nll"]

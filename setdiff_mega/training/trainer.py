@@ -30,7 +30,7 @@ import torch
 from setdiff_mega.config import ConfigError, RunConfig, to_dict
 from setdiff_mega.data.indexed import DataError, check_dataset
 from setdiff_mega.data.tokenizer import Tokenizer
-from setdiff_mega.diffusion import build_objective
+from setdiff_mega.diffusion import build_inputs_per_sample, build_objective
 
 
 class TrainingError(RuntimeError):
@@ -83,25 +83,36 @@ class TrainResult:
 
 @torch.no_grad()
 def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 0, bos_eos=None) -> dict:
-    """Mean loss and token-weighted NLL over ``iters`` fixed validation batches with fixed noise."""
+    """Validation on the first ``iters * micro_batch_size * DP`` samples, split over the data-parallel
+    ranks, with per-sample noise: the result does not depend on the parallel layout.
+
+    ``loss`` is the token-weighted NLL (sum of per-token NLL / number of scored tokens; for packed data
+    without padding it equals the training loss's per-sequence mean), ``ppl`` its exponential.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
     from setdiff_mega.data.loader import batches
 
     from .step import evaluate_batch
 
     was_training = model.training
     model.eval()
-    gen = torch.Generator().manual_seed(seed)
-    losses, nll, ntok = [], 0.0, 0.0
-    it = batches(dataset, cfg.train.micro_batch_size, 0, bos_eos=bos_eos)
+    mbs = cfg.train.micro_batch_size
+    dp = ps.get_data_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    dp_rank = ps.get_data_parallel_rank() if ps.model_parallel_is_initialized() else 0
+    sums = torch.zeros(2, dtype=torch.float64)
+    it = batches(dataset, mbs, dp_rank * mbs, dp * mbs, bos_eos=bos_eos)
     for _ in range(iters):
-        inp = objective.build_inputs(next(it)["tokens"], generator=gen, training=False)
-        loss, s, n = evaluate_batch(model, objective, inp, lambda: autocast_context(cfg.train.precision))
-        losses.append(loss)
-        nll += s
-        ntok += n
+        batch = next(it)
+        inp = build_inputs_per_sample(objective, batch["tokens"], batch["sample_ids"], seed, training=False)
+        _, s, n = evaluate_batch(model, objective, inp, lambda: autocast_context(cfg.train.precision))
+        sums += torch.tensor([s, n], dtype=torch.float64)
+    if dp > 1:
+        dist.all_reduce(sums, group=ps.get_data_parallel_group())
     model.train(was_training)
-    mean_nll = nll / max(ntok, 1.0)
-    return {"loss": sum(losses) / len(losses), "nll_per_token": mean_nll, "ppl": math.exp(min(mean_nll, 50))}
+    mean_nll = float(sums[0] / sums[1].clamp(min=1.0))
+    return {"loss": mean_nll, "nll_per_token": mean_nll, "ppl": math.exp(min(mean_nll, 50))}
 
 
 def train(cfg: RunConfig, log=print) -> TrainResult:
@@ -142,7 +153,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
     torch.manual_seed(tc.seed)
     samples_per_step = tc.micro_batch_size * tc.grad_accum_steps * dp
-    n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size
+    n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size * dp
     train_ds, valid_ds, _ = build_splits(dc.path, tok, dc.seq_length, dc.split, dc.seed,
                                          (tc.train_steps * samples_per_step, n_valid, n_valid), dc.cache_dir)
     if valid_ds is None or len(valid_ds) == 0:
@@ -178,8 +189,9 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
     logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
     logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
-    # every rank of one data-parallel replica (its TP / PP ranks) reads the same samples and noise
-    gen = torch.Generator().manual_seed(tc.seed + 1 + 1000003 * dp_rank)
+    # noise of a sample depends on (seed, epoch, sample index) only: every rank of one data-parallel
+    # replica (its TP / PP ranks) sees the same inputs, and DP = 1 and DP = N train on identical inputs
+    noise_seed = tc.seed + 1
     stream = batches(train_ds, tc.micro_batch_size, dp_rank * tc.micro_batch_size, dp * tc.micro_batch_size,
                      bos_eos)
     consumed = 0
@@ -195,8 +207,10 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
             optimizer.zero_grad(set_to_none=True)
             micro = []
             for _ in range(tc.grad_accum_steps):
-                tokens = next(stream)["tokens"]
-                micro.append(objective.build_inputs(tokens, generator=gen, training=True))
+                batch = next(stream)
+                tokens = batch["tokens"]
+                micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], noise_seed + step_epoch(
+                    batch["sample_index"], len(train_ds))))
                 consumed += tokens.shape[0] * dp
                 tok_window += tokens.numel() * dp
                 proc_window += tokens.shape[0] * proc_per_sample * dp
@@ -225,10 +239,11 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 logger.write(f"step {done}: train loss {total:.4f}  val loss {last_eval['loss']:.4f}  "
                              f"lr {lr:.2e}  {sample_tps:,.0f} sample tok/s ({proc_tps:,.0f} processed)")
             if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
-                ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, done, consumed, last_eval, main)
+                ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, noise_seed, done, consumed, last_eval, main)
         last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
         logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
-        ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, gen, tc.train_steps, consumed, last_eval, main)
+        ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, noise_seed, tc.train_steps, consumed, last_eval,
+                     main)
     finally:
         logger.close()
     wall = time.perf_counter() - t_start
@@ -252,6 +267,11 @@ def _mean_over_ranks(value: float, dp: int) -> float:
     return t.item() / dp
 
 
+def step_epoch(sample_index: int, n: int) -> int:
+    """Epoch of a sample position in the (wrapping) sample stream, so repeated samples get fresh noise."""
+    return (sample_index // max(n, 1)) * 7919
+
+
 def _total_parameters(model) -> int:
     """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once)."""
     from megatron.core import parallel_state as ps
@@ -264,7 +284,7 @@ def _total_parameters(model) -> int:
     return int(n)
 
 
-def _save(save_fn, cfg, tok, model, optimizer, gen, step, consumed, last_eval, main=True):
+def _save(save_fn, cfg, tok, model, optimizer, noise_seed, step, consumed, last_eval, main=True):
     """Rank 0 writes the checkpoint with the full single-process weights (gathered over TP / PP); the
     optimizer state is saved when the model is not split (sharded optimizer states come with issue 6)."""
     import torch.distributed as dist
@@ -277,7 +297,7 @@ def _save(save_fn, cfg, tok, model, optimizer, gen, step, consumed, last_eval, m
     full = gather_full_state_dict(model)
     path = Path(cfg.train.save_dir) / "checkpoints" / f"step_{step:07d}"
     if main:
-        rng = {"torch": torch.get_rng_state(), "noise_generator": gen.get_state(),
+        rng = {"torch": torch.get_rng_state(), "noise_seed": noise_seed,
                "mcore_tracker": get_cuda_rng_tracker().get_states()}
         path = save_fn(cfg.train.save_dir, step, model=_StateDictView(full),
                        optimizer=optimizer if tp * pp == 1 else None, config=cfg, tokenizer_file=tok.source,

@@ -19,13 +19,13 @@ def tiny_data(tmp_path_factory):
     return out
 
 
-def _config(data_dir, save_dir, tp, pp, objective, init=None):
+def _config(data_dir, save_dir, tp, pp, objective, init=None, mbs=4):
     from setdiff_mega.config import load_config
 
     return load_config(None, [
         "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4", "model.activation=swiglu",
         "model.zero_init_head=false", "data.seq_length=32", f"data.path={data_dir}/corpus",
-        "train.micro_batch_size=4", "train.grad_accum_steps=2", f"train.train_steps={STEPS}", "train.eval_iters=1",
+        f"train.micro_batch_size={mbs}", "train.grad_accum_steps=2", f"train.train_steps={STEPS}", "train.eval_iters=1",
         "train.eval_interval=0", "train.log_interval=1", "train.warmup_steps=1", "train.lr=3e-3",
         "train.clip_grad=0.5", f"train.save_dir={save_dir}", "logging.wandb=disabled", "logging.progress=false",
         "logging.jsonl=false", f"objective.name={objective}",
@@ -47,11 +47,11 @@ def _make_init(rank, world, data_dir, path):
     return True
 
 
-def _train(rank, world, data_dir, save_dir, tp, pp, objective, init):
+def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4):
     from setdiff_mega.checkpoint import load_checkpoint
     from setdiff_mega.training import train
 
-    cfg = _config(data_dir, save_dir, tp, pp, objective, init)
+    cfg = _config(data_dir, save_dir, tp, pp, objective, init, mbs)
     res = train(cfg, log=lambda *a: None)
     rows = [r for r in res.history if "train/loss" in r]
     out = {"loss": [r["train/loss"] for r in rows], "gnorm": [r["train/grad_norm"] for r in rows],
@@ -61,12 +61,14 @@ def _train(rank, world, data_dir, save_dir, tp, pp, objective, init):
     return out
 
 
-@pytest.mark.parametrize("tp,pp,objective", [(2, 1, "setdlm"), (1, 2, "setdlm"), (2, 1, "bd3lm")])
+@pytest.mark.parametrize("tp,pp,objective", [(2, 1, "setdlm"), (1, 2, "setdlm"), (2, 1, "bd3lm"), (1, 1, "setdlm")])
 def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, objective):
+    """(1, 1) on two ranks is DP = 2 with half the micro-batch: the same global batch and noise as DP = 1."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
     init = tmp_path / "init"
     ref = run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, objective, init))[0]
-    out = run_ranks(_train, world=2, args=(tiny_data, tmp_path / "par", tp, pp, objective, init))
+    mbs = 2 if tp * pp == 1 else 4
+    out = run_ranks(_train, world=2, args=(tiny_data, tmp_path / "par", tp, pp, objective, init, mbs))
     for r in (0, 1):
         assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)          # every rank logs the same losses
         assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)        # global norm across shards
