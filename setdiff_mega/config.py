@@ -101,6 +101,7 @@ class TrainConfig:
     save_interval: int = 0                       # 0 = save only at the end
     num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
     init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout)
+    zero_stage: int = 0                          # 0: project AdamW; 1/2/3: DeepSpeed ZeRO over the DP group
 
 
 @dataclass
@@ -340,6 +341,11 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
         raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
     if m.num_layers % pp:
         raise ConfigError(f"PP={pp} does not divide model.num_layers={m.num_layers} into equal stages")
+    if not 0 <= cfg.train.zero_stage <= 3:
+        raise ConfigError(f"train.zero_stage={cfg.train.zero_stage} must be 0 (off), 1, 2 or 3")
+    if pp > 1 and cfg.train.zero_stage > 0:
+        raise ConfigError(f"DeepSpeed ZeRO (train.zero_stage={cfg.train.zero_stage}) is not supported together with "
+                          f"PP={pp} (megatron-core's pipeline schedule drives the model); use PP=1 or zero_stage=0")
     if pp > 1 and m.tie_embeddings:
         raise ConfigError(f"model.tie_embeddings needs the embedding and the head on one stage; PP={pp} splits them")
     if world_size is not None and world_size % (tp * pp):

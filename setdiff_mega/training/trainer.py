@@ -171,7 +171,13 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     model.train()
     optimizer = build_optimizer(model, tc)
     ddp = model
-    if dp > 1 and pp == 1:
+    engine = None
+    if tc.zero_stage > 0:
+        from setdiff_mega.parallel.zero import zero_engine
+
+        engine = zero_engine(model, optimizer, tc)
+        optimizer = engine.optimizer
+    elif dp > 1 and pp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=ps.get_data_parallel_group())
@@ -214,16 +220,20 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 consumed += tokens.shape[0] * dp
                 tok_window += tokens.numel() * dp
                 proc_window += tokens.shape[0] * proc_per_sample * dp
-            total = forward_backward(model, ddp, objective, micro, lambda: autocast_context(tc.precision))
-            if pp > 1:
-                allreduce_dp_grads(model)
-            gnorm = clip_grad_norm(model, tc.clip_grad)
+            if engine is not None:     # DeepSpeed: accumulation, DP reduction, clipping and the update
+                total, gnorm = _zero_step(engine, objective, micro, lambda: autocast_context(tc.precision))
+            else:
+                total = forward_backward(model, ddp, objective, micro, lambda: autocast_context(tc.precision))
+                if pp > 1:
+                    allreduce_dp_grads(model)
+                gnorm = clip_grad_norm(model, tc.clip_grad)
             total = _mean_over_ranks(total, dp)       # NaN on any rank makes the mean NaN everywhere
             if not (math.isfinite(total) and torch.isfinite(gnorm)):
                 raise TrainingError(f"non-finite loss ({total}) or gradient norm ({float(gnorm)}) at step {step + 1}; "
                                     f"no update was applied. Lower train.lr (now {tc.lr}), keep train.clip_grad "
                                     f"> 0, or use train.precision=fp32")
-            optimizer.step()
+            if engine is None:
+                optimizer.step()
             done = step + 1
             if done % tc.log_interval == 0 or done == tc.train_steps:
                 dt = time.perf_counter() - t_window
@@ -267,6 +277,27 @@ def _mean_over_ranks(value: float, dp: int) -> float:
     return t.item() / dp
 
 
+def _zero_step(engine, objective, micro, autocast):
+    """One optimizer step through a DeepSpeed engine; a non-finite loss on any rank stops before the update."""
+    import torch.distributed as dist
+
+    total = 0.0
+    for inp in micro:
+        with autocast():
+            logits = engine(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+            loss, _ = objective.loss(logits, inp)
+        bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0])
+        dist.all_reduce(bad)
+        if bad.item():
+            raise TrainingError(f"non-finite loss on {int(bad.item())} rank(s); no update was applied. Lower "
+                                f"train.lr or use train.precision=fp32")
+        engine.backward(loss)          # scaled by 1 / gradient_accumulation_steps inside DeepSpeed
+        engine.step()                  # the optimizer steps at the accumulation boundary
+        total += loss.item() / len(micro)
+    norm = engine.get_global_grad_norm()
+    return total, torch.tensor(float(norm) if norm is not None else 0.0)
+
+
 def step_epoch(sample_index: int, n: int) -> int:
     """Epoch of a sample position in the (wrapping) sample stream, so repeated samples get fresh noise."""
     return (sample_index // max(n, 1)) * 7919
@@ -294,17 +325,24 @@ def _save(save_fn, cfg, tok, model, optimizer, noise_seed, step, consumed, last_
     from setdiff_mega.checkpoint.gather import gather_full_state_dict
 
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    full = gather_full_state_dict(model)
+    if cfg.train.zero_stage == 3:          # parameters are partitioned: gather them for the save
+        from setdiff_mega.parallel.zero import import_deepspeed
+
+        with import_deepspeed().zero.GatheredParameters(list(model.parameters())):
+            full = gather_full_state_dict(model)
+    else:
+        full = gather_full_state_dict(model)
     path = Path(cfg.train.save_dir) / "checkpoints" / f"step_{step:07d}"
     if main:
         rng = {"torch": torch.get_rng_state(), "noise_seed": noise_seed,
                "mcore_tracker": get_cuda_rng_tracker().get_states()}
+        keep_opt = tp * pp == 1 and cfg.train.zero_stage == 0       # sharded states come with issue 6
         path = save_fn(cfg.train.save_dir, step, model=_StateDictView(full),
-                       optimizer=optimizer if tp * pp == 1 else None, config=cfg, tokenizer_file=tok.source,
+                       optimizer=optimizer if keep_opt else None, config=cfg, tokenizer_file=tok.source,
                        rng=rng, state={"consumed_samples": consumed, "val_loss": last_eval["loss"],
                                        "data_parallel_size": ps.get_data_parallel_world_size(),
                                        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                                       "optimizer_saved": tp * pp == 1})
+                                       "zero_stage": cfg.train.zero_stage, "optimizer_saved": keep_opt})
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     return path

@@ -7,6 +7,7 @@ first) the launcher spawns fresh interpreters instead: slower, same results.
 """
 from __future__ import annotations
 
+import io
 import os
 import socket
 import traceback
@@ -33,7 +34,11 @@ def _child(rank, world, port, fn, args, queue):
                           MASTER_PORT=str(port))
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        queue.put((rank, "ok", fn(rank, world, *args)))
+        # results travel as bytes: tensors put on a queue are shared through file descriptors that the
+        # exiting child may no longer serve (intermittent FileNotFoundError in the parent)
+        buf = io.BytesIO()
+        torch.save(fn(rank, world, *args), buf)
+        queue.put((rank, "ok", buf.getvalue()))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -63,7 +68,10 @@ def run_ranks(fn, world: int = 2, args: tuple = (), timeout: float = 240.0) -> d
     try:
         for _ in procs:
             rank, status, value = queue.get(timeout=timeout)
-            (results.__setitem__(rank, value) if status == "ok" else errors.append(f"rank {rank}:\n{value}"))
+            if status == "ok":
+                results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+            else:
+                errors.append(f"rank {rank}:\n{value}")
     finally:
         for p in procs:
             p.join(timeout=30)
