@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Launch pretrain/pretrain.py on 1..N nodes with torchrun (data parallel over all processes).
+# Launch pretrain/pretrain.py on 1..N nodes with torchrun (default), the deepspeed launcher, mpirun or srun.
+# The training layout (TP x PP x DP) comes from the config; this script only starts the processes.
 #
 #   ./launch.sh [options] [--] [pretrain.py arguments]
 #
 # Options (each also read from the environment variable in brackets):
+#   --launcher L         torchrun | deepspeed | mpirun | srun [LAUNCHER, default torchrun]
 #   --nnodes N           number of nodes                     [NNODES, default 1]
 #   --node-rank R        this node's rank                    [NODE_RANK, default 0]
 #   --nproc-per-node P   processes per node (GPUs, or CPU    [NPROC_PER_NODE or GPUS_PER_NODE, default 1]
@@ -16,6 +18,12 @@
 #   ./launch.sh --nproc-per-node 2 -- --config configs/tiny_cpu.yaml train.train_steps=100
 #   # two nodes (run on each, NODE_RANK=0 on the master):
 #   NNODES=2 NODE_RANK=0 GPUS_PER_NODE=8 MASTER_ADDR=node0 ./launch.sh -- --config configs/owt_setdlm.yaml
+#   # MPI (MPICH from the [mpi] extra): all ranks from one command; multi-node with HOSTS=node0,node1
+#   ./launch.sh --launcher mpirun --nproc-per-node 2 -- --config configs/tiny_cpu.yaml
+#   # inside a Slurm allocation (sbatch): one task per GPU, MASTER_ADDR = first node of the job
+#   ./launch.sh --launcher srun --nnodes 2 --nproc-per-node 8 -- --config configs/owt_setdlm.yaml
+#   # deepspeed launcher (multi-node reads HOSTFILE)
+#   ./launch.sh --launcher deepspeed --nproc-per-node 2 -- --config configs/tiny_cpu.yaml train.zero_stage=2
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -24,6 +32,7 @@ NODE_RANK=${NODE_RANK:-0}
 NPROC=${NPROC_PER_NODE:-${GPUS_PER_NODE:-1}}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
+LAUNCHER=${LAUNCHER:-torchrun}
 DRY=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,8 +41,9 @@ while [ $# -gt 0 ]; do
     --nproc-per-node) NPROC=$2; shift 2 ;;
     --master-addr) MASTER_ADDR=$2; shift 2 ;;
     --master-port) MASTER_PORT=$2; shift 2 ;;
+    --launcher) LAUNCHER=$2; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -48,10 +58,36 @@ if [ "$NPROC" -lt 1 ] || [ "$NNODES" -lt 1 ]; then
   echo "error: NNODES and NPROC_PER_NODE must be >= 1" >&2; exit 2
 fi
 
-TORCHRUN=torchrun
-[ -x .venv/bin/torchrun ] && TORCHRUN=.venv/bin/torchrun
-cmd=("$TORCHRUN" --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC"
-     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" pretrain/pretrain.py "$@")
+bin() { if [ -x ".venv/bin/$1" ]; then echo ".venv/bin/$1"; else echo "$1"; fi; }
+PY=$(bin python)
+case "$LAUNCHER" in
+  torchrun)
+    cmd=("$(bin torchrun)" --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC"
+         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" pretrain/pretrain.py "$@") ;;
+  deepspeed)
+    hostfile=()
+    if [ "$NNODES" -gt 1 ]; then
+      if [ -z "${HOSTFILE:-}" ]; then echo "error: the deepspeed launcher needs HOSTFILE for NNODES=$NNODES" >&2; exit 2; fi
+      hostfile=(--hostfile "$HOSTFILE")
+    fi
+    cmd=("$(bin deepspeed)" "${hostfile[@]}" --num_nodes "$NNODES" --num_gpus "$NPROC" --master_addr "$MASTER_ADDR"
+         --master_port "$MASTER_PORT" pretrain/pretrain.py "$@") ;;
+  mpirun)
+    hosts=()
+    if [ -n "${HOSTS:-}" ]; then hosts=(-hosts "$HOSTS"); fi
+    cmd=("$(bin mpiexec)" -n "$((NNODES * NPROC))" -ppn "$NPROC" "${hosts[@]}" -genv MASTER_ADDR "$MASTER_ADDR"
+         -genv MASTER_PORT "$MASTER_PORT" "$PY" pretrain/pretrain.py "$@") ;;
+  srun)
+    if [ -z "${SLURM_JOB_ID:-}" ] && [ "$DRY" != 1 ]; then
+      echo "error: --launcher srun runs inside a Slurm allocation (sbatch / salloc); SLURM_JOB_ID is not set" >&2; exit 2
+    fi
+    if [ -n "${SLURM_JOB_NODELIST:-}" ] && [ "$MASTER_ADDR" = 127.0.0.1 ] && command -v scontrol >/dev/null; then
+      MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+    fi
+    export MASTER_ADDR MASTER_PORT
+    cmd=(srun --nodes "$NNODES" --ntasks-per-node "$NPROC" --kill-on-bad-exit=1 "$PY" pretrain/pretrain.py "$@") ;;
+  *) echo "error: --launcher must be torchrun, deepspeed, mpirun or srun (got '$LAUNCHER')" >&2; exit 2 ;;
+esac
 echo "+ ${cmd[*]}" >&2
 [ "$DRY" = 1 ] && exit 0
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} WANDB_MODE=${WANDB_MODE:-offline} TOKENIZERS_PARALLELISM=false

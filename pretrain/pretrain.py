@@ -19,8 +19,11 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="configs/tiny_cpu.yaml", help="YAML preset (default: %(default)s)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 objective.D=8")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help=argparse.SUPPRESS)     # passed by the deepspeed launcher; LOCAL_RANK is read from env
     args = p.parse_args(argv)
     from setdiff_mega.config import load_config, to_dict
+    from setdiff_mega.parallel import is_main_process
     from setdiff_mega.training import train
 
     cfg = load_config(args.config, args.overrides)
@@ -33,9 +36,10 @@ def main(argv=None) -> int:
                "sample_tokens_per_s": round(result.sample_tokens_per_s, 1),
                "processed_tokens_per_s": round(result.processed_tokens_per_s, 1),
                "num_parameters": result.num_parameters}
-    out = Path(cfg.train.save_dir) / "summary.json"
-    out.write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    if is_main_process():                     # one summary per job, not one per rank
+        out = Path(cfg.train.save_dir) / "summary.json"
+        out.write_text(json.dumps(summary, indent=2))
+        print(json.dumps(summary))
     return 0
 
 

@@ -1,4 +1,4 @@
 """Process groups and parallel layout (megatron-core parallel_state) from any launcher environment."""
-from .state import DistributedEnv, initialize, is_main_process, shutdown
+from .state import DistributedEnv, discover_launcher_env, initialize, is_main_process, shutdown
 
-__all__ = ["DistributedEnv", "initialize", "shutdown", "is_main_process"]
+__all__ = ["DistributedEnv", "discover_launcher_env", "initialize", "shutdown", "is_main_process"]

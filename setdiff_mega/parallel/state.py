@@ -1,9 +1,12 @@
 """Initialise torch.distributed and megatron-core's parallel state.
 
 One process without a launcher gets a private single-rank gloo group on a free loopback port, so the
-same model code (which needs mcore's parallel state) runs in scripts, tests and notebooks. Under
-torchrun the usual ``RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT`` are read. Backend:
-gloo on CPU, nccl on GPU. Layout: world = TP x PP x DP (checked before any group is built).
+same model code (which needs mcore's parallel state) runs in scripts, tests and notebooks. Launchers are
+recognised from their environment (:func:`discover_launcher_env`): torchrun and the deepspeed launcher
+(``RANK / WORLD_SIZE / LOCAL_RANK``), MPI (MPICH / Hydra ``PMI_RANK / PMI_SIZE / MPI_LOCALRANKID``, Open
+MPI ``OMPI_COMM_WORLD_*``) and Slurm (``SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID``); ``MASTER_ADDR``
+defaults to 127.0.0.1 and ``MASTER_PORT`` to 29500. Backend: gloo on CPU, nccl on GPU.
+Layout: world = TP x PP x DP (checked before any group is built).
 """
 from __future__ import annotations
 
@@ -29,6 +32,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def discover_launcher_env(env=None) -> dict | None:
+    """{RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, launcher} from a launcher's variables."""
+    env = os.environ if env is None else env
+    found = None
+    if "RANK" in env and "WORLD_SIZE" in env:
+        found = ("torchrun/deepspeed", env["RANK"], env["WORLD_SIZE"], env.get("LOCAL_RANK", "0"))
+    elif "OMPI_COMM_WORLD_RANK" in env:
+        found = ("openmpi", env["OMPI_COMM_WORLD_RANK"], env["OMPI_COMM_WORLD_SIZE"],
+                 env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+    elif "PMI_RANK" in env and "PMI_SIZE" in env:
+        found = ("mpich", env["PMI_RANK"], env["PMI_SIZE"], env.get("MPI_LOCALRANKID", env.get("PMI_LOCAL_RANK", "0")))
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        found = ("slurm", env["SLURM_PROCID"], env["SLURM_NTASKS"], env.get("SLURM_LOCALID", "0"))
+    if found is None:
+        return None
+    launcher, rank, world, local = found
+    return {"launcher": launcher, "RANK": str(int(rank)), "WORLD_SIZE": str(int(world)),
+            "LOCAL_RANK": str(int(local)), "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+            "MASTER_PORT": env.get("MASTER_PORT", "29500")}
+
+
 def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
                seed: int = 1234, backend: str | None = None) -> DistributedEnv:
     """Initialise torch.distributed (if needed), mcore parallel state and the model-parallel RNG."""
@@ -40,6 +64,9 @@ def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if not dist.is_initialized():
+        found = discover_launcher_env()
+        if found is not None and int(found["WORLD_SIZE"]) > 1:
+            os.environ.update({k: v for k, v in found.items() if k != "launcher"})
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             local_rank = int(os.environ.get("LOCAL_RANK", 0))
             if backend == "nccl":
