@@ -117,6 +117,7 @@ class LoggingConfig:
 class ParallelConfig:
     tensor_model_parallel_size: int = 1          # TP: splits heads / MLP / vocab over ranks
     pipeline_model_parallel_size: int = 1        # PP: splits layers over stages (megatron-core 1F1B)
+    sequence_parallel: bool = False              # SP (needs TP > 1): norms / dropout on sequence shards
                                                  # DP = world size / (TP * PP), from the launcher
 
 
@@ -337,6 +338,17 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
     ffn = m.ffn_hidden_size or 4 * m.hidden_size
     if ffn % tp:
         raise ConfigError(f"TP={tp} does not divide the MLP width {ffn} (model.ffn_hidden_size)")
+    if p.sequence_parallel:
+        if tp == 1:
+            raise ConfigError("parallel.sequence_parallel needs TP > 1 (it shards the sequence over the TP group)")
+        if cfg.train.zero_stage > 0:
+            raise ConfigError("parallel.sequence_parallel is not supported with DeepSpeed ZeRO (train.zero_stage="
+                              f"{cfg.train.zero_stage}); use one of them")
+        L = cfg.data.seq_length
+        T = {"ar": L - 1, "mdlm": L}.get(cfg.objective.name, 2 * L)
+        if T % tp:
+            raise ConfigError(f"sequence parallelism splits the {T} processed positions (objective "
+                              f"{cfg.objective.name}, L={L}) over TP={tp}; choose data.seq_length so they divide")
     if pp > m.num_layers:
         raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
     if m.num_layers % pp:

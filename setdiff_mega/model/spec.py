@@ -20,6 +20,30 @@ from megatron.core.transformer.enums import AttnMaskType
 from .attention import SDPACoreAttention
 
 
+class SequenceParallelNorm:
+    """Torch LayerNorm / RMSNorm for the local spec whose parameters carry megatron-core's
+    ``sequence_parallel`` flag, so their gradients (computed on a sequence shard) are summed over the TP
+    group. megatron-core's own torch wrapper refuses sequence parallelism (only Apex / TE norms allow it).
+    Same constructor as megatron-core's norm modules."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+                zero_centered_gamma: bool = False, normalization: str = "LayerNorm"):
+        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm = norm_cls(normalized_shape=hidden_size, eps=eps)
+        for p in norm.parameters():
+            setattr(p, "sequence_parallel", bool(config.sequence_parallel))
+        return norm
+
+
+def block_spec(layer, num_layers: int, sequence_parallel: bool):
+    """The TransformerBlock spec: the layer spec, plus a sequence-parallel-capable final norm when needed."""
+    if not sequence_parallel:
+        return layer
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=SequenceParallelNorm)
+
+
 def transformer_engine_available() -> bool:
     """True only on a CUDA machine with an importable Transformer Engine."""
     if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
@@ -42,7 +66,7 @@ def resolve_impl(transformer_impl: str) -> str:
 
 
 def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
-               normalization: str = "LayerNorm"):
+               normalization: str = "LayerNorm", sequence_parallel: bool = False):
     """Return (ModuleSpec, resolved_impl) for one transformer layer."""
     impl = resolve_impl(transformer_impl)
     if impl == "transformer_engine":
@@ -53,6 +77,9 @@ def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         spec = get_gpt_layer_local_spec(normalization=normalization)
+        if sequence_parallel:
+            spec.submodules.input_layernorm = SequenceParallelNorm
+            spec.submodules.pre_mlp_layernorm = SequenceParallelNorm
         if attention_backend == "sdpa":
             spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
         elif attention_backend != "local":
@@ -61,4 +88,4 @@ def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
     return spec, impl
 
 
-__all__ = ["layer_spec", "resolve_impl", "transformer_engine_available"]
+__all__ = ["SequenceParallelNorm", "block_spec", "layer_spec", "resolve_impl", "transformer_engine_available"]

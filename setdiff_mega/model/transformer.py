@@ -19,6 +19,7 @@ Internally megatron-core works sequence-first ([T, B, H]) with masks in its own 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import torch
@@ -31,7 +32,7 @@ from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from .rope import PerSampleRotary
-from .spec import layer_spec
+from .spec import block_spec, layer_spec
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
@@ -41,7 +42,8 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> 
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1) -> TransformerConfig:
+def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
+                       sequence_parallel: bool = False) -> TransformerConfig:
     """megatron-core TransformerConfig from a :class:`setdiff_mega.config.ModelConfig`."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     swiglu = mc.activation == "swiglu"
@@ -54,7 +56,7 @@ def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1)
         normalization=mc.normalization, layernorm_epsilon=1e-5,
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=dtype, bf16=precision == "bf16", pipeline_dtype=dtype,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel and tp > 1,
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
     )
@@ -92,8 +94,10 @@ class SetDiffusionTransformer(MegatronModule):
                 raise ValueError("tie_embeddings needs the embedding and the head on the same pipeline stage")
             init = (lambda w: torch.nn.init.zeros_(w)) if zero_init_head and not tie_embeddings \
                 else config.init_method
+            # the head sees the full (gathered) sequence even under sequence parallelism
+            head_config = dataclasses.replace(config, sequence_parallel=False) if config.sequence_parallel else config
             self.output_layer = tensor_parallel.ColumnParallelLinear(
-                config.hidden_size, self.padded_vocab_size, config=config, init_method=init,
+                config.hidden_size, self.padded_vocab_size, config=head_config, init_method=init,
                 bias=head_bias, skip_bias_add=False, gather_output=True,
                 skip_weight_param_allocation=tie_embeddings)
 
@@ -120,6 +124,10 @@ class SetDiffusionTransformer(MegatronModule):
                               rotary_pos_emb=freqs)
         if not self.post_process:
             return hidden
+        if self.config.sequence_parallel:
+            # sequence shards -> full sequence; the head's input copy all-reduces the gradient already, so the
+            # backward of this gather only splits it (tensor_parallel_output_grad=False)
+            hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return self.logits(hidden[logits_start:])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -159,7 +167,7 @@ class SetDiffusionTransformer(MegatronModule):
 
 
 def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bool | None = None,
-                post_process: bool | None = None) -> SetDiffusionTransformer:
+                post_process: bool | None = None, sequence_parallel: bool = False) -> SetDiffusionTransformer:
     """Build this rank's part of the model (its TP shard and PP stage); mcore's parallel state must be set."""
     from megatron.core import parallel_state as ps
 
@@ -168,8 +176,11 @@ def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bo
 
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
-    cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp)
-    spec, _ = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization)
+    cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp, sequence_parallel=sequence_parallel)
+    sp = sequence_parallel and tp > 1
+    spec, impl = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization, sequence_parallel=sp)
+    if sp and impl == "local":
+        spec = block_spec(spec, cfg.num_layers // pp, True)
     model = SetDiffusionTransformer(
         cfg, vocab_size, spec=spec, make_vocab_size_divisible_by=mc.make_vocab_size_divisible_by,
         max_position_embeddings=mc.max_position_embeddings, rotary_base=mc.rotary_base,

@@ -92,6 +92,20 @@ def allreduce_dp_grads(model) -> None:
         g.copy_(synced)
 
 
+def allreduce_sequence_parallel_grads(model) -> None:
+    """Under sequence parallelism, norm weights see only their rank's sequence shard: sum their gradients
+    over the TP group (megatron-core marks them ``param.sequence_parallel``)."""
+    from megatron.core import parallel_state as ps
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None and getattr(p, "sequence_parallel", False)]
+    if not grads or ps.get_tensor_model_parallel_world_size() == 1:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        g.copy_(synced)
+
+
 def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
     """Scale gradients so the global norm is at most ``max_norm``; returns the global norm (pre-clip)."""
     from megatron.core import parallel_state as ps
@@ -113,4 +127,5 @@ def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
     return norm
 
 
-__all__ = ["forward_backward", "evaluate_batch", "allreduce_dp_grads", "clip_grad_norm"]
+__all__ = ["forward_backward", "evaluate_batch", "allreduce_dp_grads", "allreduce_sequence_parallel_grads",
+           "clip_grad_norm"]

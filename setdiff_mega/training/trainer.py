@@ -141,7 +141,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
 
     from setdiff_mega.config import validate_layout
 
-    from .step import allreduce_dp_grads, clip_grad_norm, forward_backward
+    from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
 
     pc = cfg.parallel
     env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed)
@@ -160,7 +160,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         log("warning: no validation split (data.split gives it weight 0): validating on training samples")
         valid_ds = train_ds
     objective = objective_from_config(cfg, tok)
-    model = build_model(cfg.model, vocab)
+    model = build_model(cfg.model, vocab, sequence_parallel=pc.sequence_parallel)
     if tc.init_from:
         from setdiff_mega.checkpoint import load_checkpoint
         from setdiff_mega.checkpoint.gather import load_full_state_dict
@@ -224,6 +224,8 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 total, gnorm = _zero_step(engine, objective, micro, lambda: autocast_context(tc.precision))
             else:
                 total = forward_backward(model, ddp, objective, micro, lambda: autocast_context(tc.precision))
+                if pc.sequence_parallel:
+                    allreduce_sequence_parallel_grads(model)
                 if pp > 1:
                     allreduce_dp_grads(model)
                 gnorm = clip_grad_norm(model, tc.clip_grad)

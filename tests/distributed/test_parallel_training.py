@@ -23,7 +23,7 @@ def tiny_data(tmp_path_factory):
     return out
 
 
-def _config(data_dir, save_dir, tp, pp, objective, init=None, mbs=4, zero=0):
+def _config(data_dir, save_dir, tp, pp, objective, init=None, mbs=4, zero=0, sp=False):
     from setdiff_mega.config import load_config
 
     return load_config(None, [
@@ -34,7 +34,8 @@ def _config(data_dir, save_dir, tp, pp, objective, init=None, mbs=4, zero=0):
         "train.clip_grad=0.5", f"train.save_dir={save_dir}", "logging.wandb=disabled", "logging.progress=false",
         "logging.jsonl=false", f"objective.name={objective}",
         f"parallel.tensor_model_parallel_size={tp}", f"parallel.pipeline_model_parallel_size={pp}"]
-        + ([f"train.init_from={init}"] if init else []) + [f"train.zero_stage={zero}"])
+        + ([f"train.init_from={init}"] if init else []) + [f"train.zero_stage={zero}",
+                                                            f"parallel.sequence_parallel={sp}"])
 
 
 def _make_init(rank, world, data_dir, path):
@@ -52,11 +53,11 @@ def _make_init(rank, world, data_dir, path):
     return True
 
 
-def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4, zero=0):
+def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4, zero=0, sp=False):
     from setdiff_mega.checkpoint import load_checkpoint
     from setdiff_mega.training import train
 
-    cfg = _config(data_dir, save_dir, tp, pp, objective, init, mbs, zero)
+    cfg = _config(data_dir, save_dir, tp, pp, objective, init, mbs, zero, sp)
     res = train(cfg, log=lambda *a: None)
     rows = [r for r in res.history if "train/loss" in r]
     out = {"loss": [r["train/loss"] for r in rows], "gnorm": [r["train/grad_norm"] for r in rows],
@@ -97,6 +98,22 @@ def test_zero_data_parallel_matches_single_process(tiny_data, tmp_path, zero):
     for r in (0, 1):
         assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
         assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
+    for k, v in ref["weights"].items():
+        if isinstance(v, torch.Tensor):
+            torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+
+
+@pytest.mark.parametrize("objective", ["setdlm", "mdlm"])
+def test_sequence_parallel_training_matches_single_process(tiny_data, tmp_path, objective):
+    """TP = 2 with sequence parallelism (norms on sequence shards, their gradients summed over TP)."""
+    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
+    init = tmp_path / "init"
+    ref = run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, objective, init))[0]
+    out = run_ranks(_train, world=2, args=(tiny_data, tmp_path / "sp", 2, 1, objective, init, 4, 0, True))
+    for r in (0, 1):
+        assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
+        assert out[r]["val"] == pytest.approx(ref["val"], rel=1e-4)
     for k, v in ref["weights"].items():
         if isinstance(v, torch.Tensor):
             torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
