@@ -261,6 +261,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     t0 = time.perf_counter()
     docs = toks = done_bytes = 0
     bar = tqdm(total=total_bytes or len(units), unit="B", unit_scale=True, desc="tokenize", disable=not progress)
+    pool = None
     try:
         threads = max(1, (os.cpu_count() or 1) // max(1, workers))
         if workers <= 1:
@@ -298,6 +299,9 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
         bar.close()
         raise
     finally:
+        if pool is not None:      # stop workers still writing shards before the temp dir goes away
+            pool.terminate()
+            pool.join()
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.perf_counter() - t0
     tokens = np.memmap(f"{out}.bin", dtype=token_dtype(tok.vocab_size), mode="r")
