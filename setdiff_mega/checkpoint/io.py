@@ -11,7 +11,7 @@ Layout of ``<save_dir>/checkpoints/``:
         tokenizer.json       the tokenizer the model was trained with
     latest                   text file naming the newest complete checkpoint (written last, atomically)
 
-A save first writes ``step_XXXXXXX.tmp-<pid>/`` and renames it into place, so an interrupted save never
+A save first writes ``step_<7-digit step>.tmp-<pid>/`` and renames it into place, so an interrupted save never
 replaces or corrupts a good checkpoint. ``keep_last`` prunes older complete checkpoints.
 """
 from __future__ import annotations
@@ -36,10 +36,16 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(save_dir: str | Path, step: int, *, model, optimizer=None, config=None,
-                    tokenizer_file: str | Path | None = None, state: dict | None = None,
-                    rng: dict | None = None, keep_last: int = 2) -> Path:
-    """Write a complete checkpoint for ``step`` and publish it; returns its directory."""
+def save_checkpoint(save_dir: str | Path, step: int, *, model=None, model_state: dict | None = None,
+                    optimizer=None, config=None, tokenizer_file: str | Path | None = None,
+                    state: dict | None = None, rng: dict | None = None, keep_last: int = 2) -> Path:
+    """Write a complete checkpoint for ``step`` and publish it; returns its directory.
+
+    Weights come from ``model.state_dict()`` or, for a model-parallel run, an already gathered
+    single-process ``model_state``.
+    """
+    if (model is None) == (model_state is None):
+        raise ValueError("save_checkpoint needs exactly one of model= or model_state=")
     from setdiff_mega.config import dump_yaml
 
     root = Path(save_dir) / "checkpoints"
@@ -48,7 +54,7 @@ def save_checkpoint(save_dir: str | Path, step: int, *, model, optimizer=None, c
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(model.state_dict(), tmp / "model.pt")
+    torch.save(model.state_dict() if model_state is None else model_state, tmp / "model.pt")
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if rng is not None:

@@ -85,10 +85,15 @@ def write_indexed(prefix: str | Path, documents: Iterable[list[int]], vocab_size
         "dtype": np.dtype(dtype).name, "tokenizer": tokenizer_info or {"vocab_size": vocab_size},
         "sha256": {"bin": _sha256(Path(f"{prefix}.bin")), "idx": _sha256(Path(f"{prefix}.idx"))},
     }
-    tmp_manifest = Path(f"{manifest_path(prefix)}.tmp")
-    tmp_manifest.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp_manifest, manifest_path(prefix))
+    write_manifest(prefix, manifest)
     return manifest
+
+
+def write_manifest(prefix: str | Path, manifest: dict) -> None:
+    """Write ``<prefix>.manifest.json`` atomically (the last step of every dataset write)."""
+    tmp = Path(f"{manifest_path(prefix)}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, manifest_path(prefix))
 
 
 def read_manifest(prefix: str | Path) -> dict | None:
@@ -142,4 +147,4 @@ def check_dataset(prefix: str | Path, vocab_size: int | None = None, verify_hash
             "manifest": manifest}
 
 
-__all__ = ["DataError", "write_indexed", "check_dataset", "read_manifest", "manifest_path", "token_dtype"]
+__all__ = ["DataError", "write_indexed", "write_manifest", "check_dataset", "read_manifest", "manifest_path", "token_dtype"]

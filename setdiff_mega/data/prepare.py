@@ -24,7 +24,7 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], add_bos: bool = Tru
     enc = FastEncoder(tokenizer)
     for s in range(0, len(texts), batch):
         chunk = texts[s:s + batch]
-        for ids in (map(enc.encode, chunk) if enc.enabled else tokenizer.encode_batch(chunk)):
+        for ids in enc.encode_batch(chunk):
             yield ([tokenizer.bos] if add_bos else []) + ids + ([tokenizer.eos] if add_eos else [])
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .indexed import DataError, _sha256, manifest_path, token_dtype, MANIFEST_FORMAT
+from .indexed import MANIFEST_FORMAT, DataError, _sha256, manifest_path, token_dtype, write_manifest
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def encode_unit(args) -> dict:
 
     def flush():
         nonlocal docs, toks
-        for ids in (map(enc.encode, buf) if enc.enabled else tok.encode_batch(buf)):
+        for ids in enc.encode_batch(buf):
             arr = np.asarray(head + ids + tail, dtype=dtype)
             if arr.size == 0:
                 continue
@@ -316,9 +316,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
         "mb_per_s": round(total_bytes / max(elapsed, 1e-9) / 1e6, 3),
     }
     del tokens
-    tmpm = Path(f"{manifest_path(out)}.tmp")
-    tmpm.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmpm, manifest_path(out))
+    write_manifest(out, manifest)
     log(f"wrote {docs} documents, {toks} tokens to {out}.bin/.idx in {elapsed:.1f}s "
         f"({manifest['docs_per_s']:,.0f} docs/s, {manifest['mb_per_s']:.1f} MB/s, {workers} workers)")
     return manifest
@@ -360,9 +358,7 @@ def merge(prefixes: list[str], output_prefix: str, log=print) -> dict:
                 "max_token_id": max(i["max_token_id"] for i in infos), "dtype": base.get("dtype"),
                 "tokenizer": base.get("tokenizer"), "merged_from": [str(p) for p in prefixes],
                 "sha256": {"bin": _sha256(Path(f"{out}.bin")), "idx": _sha256(Path(f"{out}.idx"))}}
-    tmpm = Path(f"{manifest_path(out)}.tmp")
-    tmpm.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmpm, manifest_path(out))
+    write_manifest(out, manifest)
     log(f"merged {len(prefixes)} datasets: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
         f"-> {out}.bin/.idx")
     return manifest

@@ -23,6 +23,7 @@ compute token-weighted perplexities.
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -72,7 +73,7 @@ def _batch_masks(tokens, context, padding):
     return context, padding, ~context & ~padding
 
 
-class Objective:
+class Objective(abc.ABC):
     """Interface: ``build_inputs`` (batch -> ModelInputs) and ``loss`` (logits -> loss, stats)."""
 
     name: str = ""
@@ -95,8 +96,9 @@ class Objective:
         """Tokens the model processes per L-token sample (for throughput and FLOP counts)."""
         return 2 * L if self.two_stream else L
 
+    @abc.abstractmethod
     def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True) -> ModelInputs:
-        raise NotImplementedError
+        """Clean tokens [B, L] (+ context / padding masks) -> this objective's model inputs."""
 
     def loss(self, logits: torch.Tensor, inputs: ModelInputs):
         """Scalar loss and stats {nll_sum, num_tokens} (token-weighted sums for perplexity)."""

@@ -124,15 +124,14 @@ def first_true(sel: torch.Tensor) -> torch.Tensor:
 
 
 def finish_at_eos(tokens, masked, generate, infill, eos_id, done):
-    """Rows (not infill) whose first generated EOS has no MASK before it are done; returns end [B] or -1."""
-    B, N = tokens.shape
-    pos = torch.arange(N, device=tokens.device)
+    """Rows (not infill) whose first generated EOS has no MASK before it are done: (newly [B], end [B] or -1)."""
+    N = tokens.shape[1]
     eos = generate & ~masked & (tokens == eos_id)
     first_eos = first_true(eos)
     first_mask = first_true(masked)
     newly = (~done) & (~infill) & (first_eos < N) & (first_mask > first_eos)
     end = torch.where(newly, first_eos + 1, torch.full_like(first_eos, -1))
-    return newly, end, pos
+    return newly, end
 
 
 class DecodeState:
@@ -183,7 +182,7 @@ class DecodeState:
 
     def end_step(self) -> None:
         if self.cfg.stop_at_eos:
-            newly, e, _ = finish_at_eos(self.tokens, self.masked, self.canvas.generate, self.canvas.infill,
+            newly, e = finish_at_eos(self.tokens, self.masked, self.canvas.generate, self.canvas.infill,
                                         self.eos_id, self.done)
             self.stop(newly, e)
         self.done |= ~self.masked.any(1)

@@ -43,9 +43,10 @@ class SDPACoreAttention(MegatronModule):
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         if packed_seq_params is not None:
-            raise NotImplementedError("SDPACoreAttention does not support packed sequences (THD)")
+            raise ValueError("SDPACoreAttention takes padded [s, b] batches, not packed (THD) sequences; "
+                             "use the Transformer Engine spec for packed inputs")
         if attention_bias is not None:
-            raise NotImplementedError("SDPACoreAttention takes a boolean mask, not an attention bias")
+            raise ValueError("SDPACoreAttention takes a boolean attention mask, not an additive attention bias")
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))   # [b, h, s, d]
         keep = None if attention_mask is None else ~attention_mask
         s, b = query.shape[0], query.shape[1]

@@ -77,19 +77,24 @@ def evaluate_batch(model, objective, inp, autocast) -> tuple[float, float, float
     return loss.item(), float(st["nll_sum"]), float(st["num_tokens"])
 
 
+def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:
+    """One flat all-reduce of ``grads`` over ``group`` (of ``size`` ranks), written back in place."""
+    if size == 1 or not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    if average:
+        flat /= size
+    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        g.copy_(synced)
+
+
 def allreduce_dp_grads(model) -> None:
     """Average gradients over the data-parallel group (used when DDP does not wrap the model)."""
     from megatron.core import parallel_state as ps
 
-    dp = ps.get_data_parallel_world_size()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if dp == 1 or not grads:
-        return
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=ps.get_data_parallel_group())
-    flat /= dp
-    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        g.copy_(synced)
+    _allreduce_grads([p.grad for p in model.parameters() if p.grad is not None], ps.get_data_parallel_group(),
+                     ps.get_data_parallel_world_size(), average=True)
 
 
 def allreduce_sequence_parallel_grads(model) -> None:
@@ -98,12 +103,8 @@ def allreduce_sequence_parallel_grads(model) -> None:
     from megatron.core import parallel_state as ps
 
     grads = [p.grad for p in model.parameters() if p.grad is not None and getattr(p, "sequence_parallel", False)]
-    if not grads or ps.get_tensor_model_parallel_world_size() == 1:
-        return
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
-    for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        g.copy_(synced)
+    _allreduce_grads(grads, ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size(),
+                     average=False)
 
 
 def clip_grad_norm(model, max_norm: float) -> torch.Tensor:

@@ -117,19 +117,21 @@ def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 
 
 def train(cfg: RunConfig, log=print) -> TrainResult:
     """Run a full training job as configured; returns losses, throughput and the checkpoint path."""
+    from megatron.core import parallel_state as ps
+
     from setdiff_mega.checkpoint import save_checkpoint
-    from setdiff_mega.data.loader import batches, build_splits
+    from setdiff_mega.config import validate_layout
+    from setdiff_mega.data.loader import batches, build_splits, parse_blend
     from setdiff_mega.model import build_model
-    from setdiff_mega.parallel import initialize, is_main_process
+    from setdiff_mega.parallel import initialize
 
     from .loggers import MetricLogger, plot_loss_curve
     from .optim import build_optimizer, lr_at, set_lr
+    from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
 
     tc, dc = cfg.train, cfg.data
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    from setdiff_mega.data.loader import parse_blend
-
     prefixes, _ = parse_blend(dc.path)
     infos = [check_dataset(p) for p in prefixes]      # clear errors before any expensive set-up
     tok = resolve_tokenizer(cfg)
@@ -137,19 +139,13 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     for p, info in zip(prefixes, infos):
         if info["max_token_id"] >= vocab:
             check_dataset(p, vocab)                    # raises the vocabulary-mismatch error
-    from megatron.core import parallel_state as ps
-
-    from setdiff_mega.config import validate_layout
-
-    from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
-
     pc = cfg.parallel
     env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed)
     validate_layout(cfg, env.world_size)
-    rank = env.rank
+    main = env.rank == 0
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     pp = ps.get_pipeline_model_parallel_world_size()
-    if rank != 0:
+    if not main:
         log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
     torch.manual_seed(tc.seed)
     samples_per_step = tc.micro_batch_size * tc.grad_accum_steps * dp
@@ -185,7 +181,6 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     L = dc.seq_length
     proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
     save_dir = Path(tc.save_dir)
-    main = is_main_process()
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
         f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples; "
         f"layout TP={pc.tensor_model_parallel_size} PP={pp} DP={dp}, {samples_per_step} samples per step")
@@ -339,7 +334,7 @@ def _save(save_fn, cfg, tok, model, optimizer, noise_seed, step, consumed, last_
         rng = {"torch": torch.get_rng_state(), "noise_seed": noise_seed,
                "mcore_tracker": get_cuda_rng_tracker().get_states()}
         keep_opt = tp * pp == 1 and cfg.train.zero_stage == 0       # sharded states come with issue 6
-        path = save_fn(cfg.train.save_dir, step, model=_StateDictView(full),
+        path = save_fn(cfg.train.save_dir, step, model_state=full,
                        optimizer=optimizer if keep_opt else None, config=cfg, tokenizer_file=tok.source,
                        rng=rng, state={"consumed_samples": consumed, "val_loss": last_eval["loss"],
                                        "data_parallel_size": ps.get_data_parallel_world_size(),
@@ -348,16 +343,6 @@ def _save(save_fn, cfg, tok, model, optimizer, noise_seed, step, consumed, last_
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     return path
-
-
-class _StateDictView:
-    """Adapter: lets save_checkpoint write an already gathered state dict."""
-
-    def __init__(self, state):
-        self._state = state
-
-    def state_dict(self):
-        return self._state
 
 
 __all__ = ["train", "evaluate", "TrainResult", "TrainingError", "objective_from_config", "resolve_tokenizer"]
