@@ -265,12 +265,15 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
 
 
 def _mean_over_ranks(value: float, dp: int) -> float:
+    """Mean of a per-replica value over the data-parallel group (all TP / PP ranks of a replica hold the
+    same value, so a NaN on any rank still reaches every rank)."""
     if dp == 1:
         return value
     import torch.distributed as dist
+    from megatron.core import parallel_state as ps
 
     t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=ps.get_data_parallel_group())
     return t.item() / dp
 
 

@@ -117,3 +117,18 @@ def test_sequence_parallel_training_matches_single_process(tiny_data, tmp_path, 
     for k, v in ref["weights"].items():
         if isinstance(v, torch.Tensor):
             torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+
+
+def test_tensor_and_data_parallel_together(tiny_data, tmp_path):
+    """TP = 2 x DP = 2 on four ranks: the logged loss is the data-parallel mean (not scaled by TP)."""
+    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
+    init = tmp_path / "init"
+    ref = run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, "setdlm", init))[0]
+    out = run_ranks(_train, world=4, args=(tiny_data, tmp_path / "tpdp", 2, 1, "setdlm", init, 2))
+    for r in range(4):
+        assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
+        assert out[r]["val"] == pytest.approx(ref["val"], rel=1e-4)
+    for k, v in ref["weights"].items():
+        if isinstance(v, torch.Tensor):
+            torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
