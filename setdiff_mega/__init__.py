@@ -10,5 +10,8 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*(not installed|Falling back).*")
 _warnings.filterwarnings("ignore", message=r"Apex is not installed.*")
 _warnings.filterwarnings("ignore", message=r"full scope is deprecated.*")
+# megatron-core 0.16.1's torch_dist strategy calls torch.distributed.checkpoint APIs torch 2.13 deprecates.
+_warnings.filterwarnings("ignore", message=r"`(load_state_dict|save_state_dict)` is deprecated.*")
+_warnings.filterwarnings("ignore", message=r"Please use DTensor instead.*")
 
 __version__ = "0.1.0"

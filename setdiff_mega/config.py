@@ -98,7 +98,11 @@ class TrainConfig:
     eval_iters: int = 8
     log_interval: int = 10
     save_dir: str = "runs/default"
-    save_interval: int = 0                       # 0 = save only at the end
+    save_interval: int = 0                       # 0 = save only at the end (and on SIGTERM / SIGUSR1)
+    keep_last: int = 2                           # complete checkpoints kept (0 = all)
+    resume: str = "auto"                         # auto (newest complete checkpoint in save_dir) | none | a path
+    resume_optimizer: bool = True                # false: resume weights + data position, fresh optimizer
+    exit_on_signal: bool = True                  # SIGTERM / SIGUSR1: save at the end of the step and stop
     num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
     init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout)
     zero_stage: int = 0                          # 0: project AdamW; 1/2/3: DeepSpeed ZeRO over the DP group
@@ -353,6 +357,9 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
         raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
     if m.num_layers % pp:
         raise ConfigError(f"PP={pp} does not divide model.num_layers={m.num_layers} into equal stages")
+    if cfg.train.keep_last < 0 or cfg.train.save_interval < 0:
+        raise ConfigError(f"train.keep_last={cfg.train.keep_last} and train.save_interval={cfg.train.save_interval} "
+                          f"must be >= 0 (0 = keep all / save only at the end)")
     if not 0 <= cfg.train.zero_stage <= 3:
         raise ConfigError(f"train.zero_stage={cfg.train.zero_stage} must be 0 (off), 1, 2 or 3")
     if pp > 1 and cfg.train.zero_stage > 0:

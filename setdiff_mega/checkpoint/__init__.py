@@ -1,4 +1,7 @@
-"""Checkpoints: atomic save / publish / load of model, optimizer, data position, RNG and config."""
-from .io import CheckpointError, latest_checkpoint, load_checkpoint, load_model, save_checkpoint
+"""Checkpoints: the directory protocol (io), sharded model/optimizer state (sharded), models from
+checkpoints (native) and the Hugging Face format (hf)."""
+from .io import CheckpointError, latest_checkpoint, read_state, resolve_checkpoint
+from .native import full_state_dict, load_model, load_weights, save_model_checkpoint
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "load_model"]
+__all__ = ["CheckpointError", "latest_checkpoint", "resolve_checkpoint", "read_state", "load_model",
+           "load_weights", "save_model_checkpoint", "full_state_dict"]

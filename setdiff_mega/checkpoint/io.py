@@ -1,18 +1,22 @@
-"""Single-process checkpoints, written atomically and published by a ``latest`` pointer.
+"""The checkpoint directory protocol: atomic publication, a ``latest`` pointer, keep-last-K, integrity checks.
 
 Layout of ``<save_dir>/checkpoints/``:
 
-    step_0000400/            one complete checkpoint (published by an atomic directory rename)
-        model.pt             model state_dict (fp32)
-        optimizer.pt         optimizer state_dict
-        state.json           step, consumed samples, metrics, format version
-        rng.pt               torch CPU RNG state, the data-noise generator state, mcore tracker states
-        config.yaml          the full resolved RunConfig
-        tokenizer.json       the tokenizer the model was trained with
-    latest                   text file naming the newest complete checkpoint (written last, atomically)
+    step_0000400/                 one complete checkpoint
+        dist/                     model (+ AdamW) shards, megatron-core dist_checkpointing (torch_dist)
+        zero/                     DeepSpeed ZeRO optimizer shards (only when ZeRO owns the optimizer)
+        rng/rank_00000.pt ...     RNG states of every rank (torch, mcore model-parallel tracker, python)
+        config.yaml               the full resolved RunConfig
+        tokenizer.json            the tokenizer the model was trained with (+ its special-token sidecar)
+        state.json                step, consumed samples, layout, metrics, and the size of every file above
+    latest                        names the newest complete checkpoint; written last, atomically
 
-A save first writes ``step_<7-digit step>.tmp-<pid>/`` and renames it into place, so an interrupted save never
-replaces or corrupts a good checkpoint. ``keep_last`` prunes older complete checkpoints.
+Saving writes ``step_<step>.tmp/`` and renames it to ``step_<step>/`` only when every rank has
+finished, and ``state.json`` is the last file written inside it: a directory with that name and a
+``state.json`` is complete by construction, and an interrupted save (a crash, SIGKILL, a full disk)
+leaves only a ``.tmp`` directory that is never read and is removed by the next save. ``state.json``
+lists the byte size of every file, so a checkpoint truncated later (a bad copy) is reported with the
+file's name instead of failing inside a deserializer. All ranks must see the same filesystem.
 """
 from __future__ import annotations
 
@@ -21,50 +25,65 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
-FORMAT = "setdiff-mega/ckpt-v1"
+FORMAT = "setdiff-mega/ckpt-v2"
+STEP_GLOB = "step_???????"
 
 
 class CheckpointError(ValueError):
     """A missing, incomplete or mismatched checkpoint; the message names the file."""
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def save_checkpoint(save_dir: str | Path, step: int, *, model=None, model_state: dict | None = None,
-                    optimizer=None, config=None, tokenizer_file: str | Path | None = None,
-                    state: dict | None = None, rng: dict | None = None, keep_last: int = 2) -> Path:
-    """Write a complete checkpoint for ``step`` and publish it; returns its directory.
+def checkpoints_root(save_dir: str | Path) -> Path:
+    return Path(save_dir) / "checkpoints"
 
-    Weights come from ``model.state_dict()`` or, for a model-parallel run, an already gathered
-    single-process ``model_state``.
-    """
-    if (model is None) == (model_state is None):
-        raise ValueError("save_checkpoint needs exactly one of model= or model_state=")
-    from setdiff_mega.config import dump_yaml
 
-    root = Path(save_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:07d}"
-    tmp = root / f"{final.name}.tmp-{os.getpid()}"
+def staging_dir(save_dir: str | Path, step: int) -> Path:
+    """Where the ranks write step ``step`` before it is published (same name on every rank)."""
+    return checkpoints_root(save_dir) / f"step_{step:07d}.tmp"
+
+
+def prepare_staging(save_dir: str | Path, step: int) -> Path:
+    """Rank 0: an empty staging directory for ``step`` (a leftover from an interrupted save is removed)."""
+    tmp = staging_dir(save_dir, step)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(model.state_dict() if model_state is None else model_state, tmp / "model.pt")
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if rng is not None:
-        torch.save(rng, tmp / "rng.pt")
-    if config is not None:
-        dump_yaml(config, tmp / "config.yaml")
-    if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
-    meta = {"format": FORMAT, "step": step, **(state or {})}
-    (tmp / "state.json").write_text(json.dumps(meta, indent=2))
+    return tmp
+
+
+def file_sizes(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def publish(tmp: Path, state: dict, keep_last: int = 2) -> Path:
+    """Rank 0, after every rank has written into ``tmp``: seal, rename into place, point ``latest`` at it."""
+    root = tmp.parent
+    final = root / tmp.name[: -len(".tmp")]
+    meta = {"format": FORMAT, **state, "files": file_sizes(tmp)}
+    write_text_atomic(tmp / "state.json", json.dumps(meta, indent=2))
+    _fsync_dir(tmp)
     if final.exists():                      # re-saving the same step: move the old one aside first
         old = root / f"{final.name}.old-{os.getpid()}"
         os.replace(final, old)
@@ -72,11 +91,18 @@ def save_checkpoint(save_dir: str | Path, step: int, *, model=None, model_state:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _write_text_atomic(root / "latest", final.name + "\n")
-    done = sorted(p for p in root.glob("step_???????") if p.is_dir())
+    _fsync_dir(root)
+    write_text_atomic(root / "latest", final.name + "\n")
+    for stale in root.glob(f"{STEP_GLOB}.tmp"):          # interrupted saves of other steps
+        shutil.rmtree(stale, ignore_errors=True)
+    done = complete_checkpoints(root)
     for old in done[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    return sorted(q for q in root.glob(STEP_GLOB) if (q / "state.json").is_file())
 
 
 def latest_checkpoint(path: str | Path) -> Path | None:
@@ -90,65 +116,45 @@ def latest_checkpoint(path: str | Path) -> Path | None:
         cand = root / pointer.read_text().strip()
         if (cand / "state.json").is_file():
             return cand
-    done = sorted(q for q in root.glob("step_???????") if (q / "state.json").is_file())
+    done = complete_checkpoints(root)
     return done[-1] if done else None
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """Load {dir, state, config, model (state_dict), optimizer, rng} from a checkpoint path."""
-    from setdiff_mega.config import ConfigError, load_config
-
-    ck = latest_checkpoint(path)
-    if ck is None:
-        raise CheckpointError(f"no complete checkpoint at '{path}' (expected state.json in a step_* directory "
-                              f"or a 'latest' pointer under checkpoints/)")
+def read_state(ck: Path, verify: bool = True) -> dict:
+    """state.json of a complete checkpoint; with ``verify``, every listed file must exist with its size."""
+    f = ck / "state.json"
     try:
-        state = json.loads((ck / "state.json").read_text())
+        state = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"'{ck}' is not a complete checkpoint (no state.json)") from None
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"'{ck / 'state.json'}' is corrupt ({e.msg})") from None
+        raise CheckpointError(f"'{f}' is corrupt ({e.msg}); use an earlier checkpoint") from None
     if state.get("format") != FORMAT:
-        raise CheckpointError(f"'{ck}' has format {state.get('format')!r}, expected {FORMAT!r}")
-    out = {"dir": ck, "state": state}
-    try:
-        out["config"] = load_config(ck / "config.yaml", check=False)
-    except ConfigError as e:
-        raise CheckpointError(f"'{ck / 'config.yaml'}': {e}") from None
-    for name in ("model", "optimizer", "rng"):
-        f = ck / f"{name}.pt"
-        if f.is_file():
-            try:
-                out[name] = torch.load(f, map_location="cpu", weights_only=False)
-            except Exception as e:
-                raise CheckpointError(f"'{f}' is truncated or unreadable ({type(e).__name__}: {e})") from None
-        elif name == "model":
-            raise CheckpointError(f"checkpoint '{ck}' has no model.pt")
-    return out
+        raise CheckpointError(f"'{f}' has format {state.get('format')!r}, this version reads {FORMAT!r}")
+    if verify:
+        for rel, size in state.get("files", {}).items():
+            q = ck / rel
+            if not q.is_file():
+                raise CheckpointError(f"checkpoint file '{q}' is missing; the checkpoint is incomplete (copy it again "
+                                      f"or use an earlier one)")
+            actual = q.stat().st_size
+            if actual != size:
+                raise CheckpointError(f"checkpoint file '{q}' is truncated or modified: {actual} bytes, "
+                                      f"{size} when saved; copy it again or use an earlier checkpoint")
+    return state
 
 
-def load_model(path: str | Path):
-    """Rebuild the model, objective and tokenizer of a checkpoint: (model, objective, tokenizer, config)."""
-    from setdiff_mega.data.tokenizer import Tokenizer
-    from setdiff_mega.model import build_model
-    from setdiff_mega.parallel import initialize
-    from setdiff_mega.training.trainer import objective_from_config
-
-    ck = load_checkpoint(path)
-    initialize(seed=ck["config"].train.seed)     # no-op when the caller already set up parallel state
-    cfg = ck["config"]
-    tok = Tokenizer.from_file(ck["dir"] / "tokenizer.json")
-    vocab = cfg.model.vocab_size or tok.vocab_size
-    model = build_model(cfg.model, vocab)
-    missing = set(model.state_dict()) ^ set(ck["model"])
-    if missing:
-        raise CheckpointError(f"'{ck['dir'] / 'model.pt'}' does not match the model in its config.yaml "
-                              f"(differing keys: {sorted(missing)[:5]})")
-    for k, v in model.state_dict().items():
-        if isinstance(v, torch.Tensor) and v.shape != ck["model"][k].shape:
-            raise CheckpointError(f"'{ck['dir'] / 'model.pt'}': tensor {k} has shape "
-                                  f"{tuple(ck['model'][k].shape)}, the model expects {tuple(v.shape)}")
-    model.load_state_dict(ck["model"])
-    model.tokenizer_hash = tok.hash          # generation refuses any other tokenizer
-    return model, objective_from_config(cfg, tok), tok, cfg
+def resolve_checkpoint(path: str | Path) -> tuple[Path, dict]:
+    """(directory, verified state.json) of the checkpoint that ``path`` names; errors name the path."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint path '{p}' does not exist")
+    ck = latest_checkpoint(p)
+    if ck is None:
+        raise CheckpointError(f"no complete checkpoint at '{p}' (expected state.json in a step_* directory or a "
+                              f"'latest' pointer under checkpoints/; '.tmp' directories are interrupted saves)")
+    return ck, read_state(ck)
 
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "load_model", "FORMAT"]
+__all__ = ["CheckpointError", "FORMAT", "latest_checkpoint", "resolve_checkpoint", "read_state", "publish",
+           "prepare_staging", "staging_dir", "checkpoints_root", "write_text_atomic", "complete_checkpoints"]

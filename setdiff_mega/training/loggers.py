@@ -13,7 +13,7 @@ class MetricLogger:
     """Fan metrics out to the progress bar, a JSONL file and wandb; owns the tqdm bar."""
 
     def __init__(self, save_dir: Path, total_steps: int, initial_step: int, lc, config_dict: dict,
-                 enabled: bool = True):
+                 enabled: bool = True, resume_step: int | None = None):
         self.enabled = enabled
         self.history: list[dict] = []
         self.jsonl = None
@@ -22,6 +22,8 @@ class MetricLogger:
         if not enabled:
             return
         save_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            self.history = truncate_metrics(save_dir / "metrics.jsonl", resume_step)
         if lc.jsonl:
             self.jsonl = open(save_dir / "metrics.jsonl", "a", encoding="utf-8")
         if lc.progress:
@@ -68,6 +70,25 @@ class MetricLogger:
             self.wandb_run.finish()
 
 
+def truncate_metrics(path: Path, step: int) -> list[dict]:
+    """Keep the records of steps <= ``step`` (a resumed run rewrites what came after its checkpoint);
+    returns them. Unparseable lines (a crash mid-write) are dropped."""
+    if not path.is_file():
+        return []
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("step", step + 1) <= step:
+            kept.append(rec)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return kept
+
+
 def plot_loss_curve(history: list[dict], path: Path, title: str = "") -> Path | None:
     """Train and validation loss against step -> PNG."""
     import matplotlib
@@ -95,4 +116,4 @@ def plot_loss_curve(history: list[dict], path: Path, title: str = "") -> Path | 
     return path
 
 
-__all__ = ["MetricLogger", "plot_loss_curve"]
+__all__ = ["MetricLogger", "plot_loss_curve", "truncate_metrics"]

@@ -79,6 +79,7 @@ class TrainResult:
     sample_tokens_per_s: float
     processed_tokens_per_s: float
     num_parameters: int
+    stopped_by: str | None = None        # the signal that stopped the run early (after saving), if any
 
 
 @torch.no_grad()
@@ -119,12 +120,13 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     """Run a full training job as configured; returns losses, throughput and the checkpoint path."""
     from megatron.core import parallel_state as ps
 
-    from setdiff_mega.checkpoint import save_checkpoint
+    from setdiff_mega.checkpoint import load_weights
     from setdiff_mega.config import validate_layout
     from setdiff_mega.data.loader import batches, build_splits, parse_blend
     from setdiff_mega.model import build_model
     from setdiff_mega.parallel import initialize
 
+    from .checkpointer import Checkpointer, ExitSignals
     from .loggers import MetricLogger, plot_loss_curve
     from .optim import build_optimizer, lr_at, set_lr
     from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
@@ -157,13 +159,13 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         valid_ds = train_ds
     objective = objective_from_config(cfg, tok)
     model = build_model(cfg.model, vocab, sequence_parallel=pc.sequence_parallel)
-    if tc.init_from:
-        from setdiff_mega.checkpoint import load_checkpoint
-        from setdiff_mega.checkpoint.gather import load_full_state_dict
-
-        ck = load_checkpoint(tc.init_from)
-        load_full_state_dict(model, ck["model"], source=str(ck["dir"] / "model.pt"))
-        log(f"initialised the weights from {ck['dir']}")
+    checkpointer = Checkpointer(cfg, tok, model, None, None, log)
+    found = checkpointer.find()
+    if found is not None:
+        checkpointer.load_weights(found)
+    elif tc.init_from:
+        ck = load_weights(model, tc.init_from, cfg.model)
+        log(f"initialised the weights from {ck}")
     model.train()
     optimizer = build_optimizer(model, tc)
     ddp = model
@@ -177,6 +179,11 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=ps.get_data_parallel_group())
+    checkpointer.optimizer, checkpointer.engine = optimizer, engine
+    start_step, consumed, resumed = 0, 0, None
+    if found is not None:
+        resumed = checkpointer.load_training_state(found)
+        start_step, consumed = int(resumed["step"]), int(resumed["consumed_samples"])
     n_params = _total_parameters(model)
     L = dc.seq_length
     proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
@@ -184,84 +191,106 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
         f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples; "
         f"layout TP={pc.tensor_model_parallel_size} PP={pp} DP={dp}, {samples_per_step} samples per step")
-    logger = MetricLogger(save_dir, tc.train_steps, 0, cfg.logging, to_dict(cfg), enabled=main)
+    logger = MetricLogger(save_dir, tc.train_steps, start_step, cfg.logging, to_dict(cfg), enabled=main,
+                          resume_step=start_step if resumed is not None else None)
     eval_iters = max(tc.eval_iters, 1)
     bos_eos = (tok.bos, tok.eos) if dc.chunk_bos_eos else None
-    init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
-    logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
-    logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
+    if resumed is None:
+        init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
+        logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
+        logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
+    else:
+        init_eval = {"loss": resumed.get("initial_val_loss", float("nan"))}
+        logger.write(f"resumed from {found[0]} at step {start_step} ({consumed} samples consumed)")
+    initial_val = init_eval["loss"]
     # noise of a sample depends on (seed, epoch, sample index) only: every rank of one data-parallel
     # replica (its TP / PP ranks) sees the same inputs, and DP = 1 and DP = N train on identical inputs
     noise_seed = tc.seed + 1
-    stream = batches(train_ds, tc.micro_batch_size, dp_rank * tc.micro_batch_size, dp * tc.micro_batch_size,
-                     bos_eos)
-    consumed = 0
-    last_eval = init_eval
+    stream = batches(train_ds, tc.micro_batch_size, consumed + dp_rank * tc.micro_batch_size,
+                     dp * tc.micro_batch_size, bos_eos)
+    last_eval = init_eval if resumed is None else {"loss": resumed.get("val_loss", float("nan"))}
     t_window, tok_window, proc_window = time.perf_counter(), 0, 0
     t_start = time.perf_counter()
     sample_tps = proc_tps = 0.0
-    ckpt = None
+    ckpt, stop_signal, done = (found[0] if found is not None else None), None, start_step
+
+    def save(at_step):
+        return checkpointer.save(at_step, consumed, {"val_loss": last_eval["loss"], "initial_val_loss": initial_val,
+                                                     "train_steps": tc.train_steps})
+
     try:
-        for step in range(tc.train_steps):
-            lr = lr_at(step, tc)
-            set_lr(optimizer, lr)
-            optimizer.zero_grad(set_to_none=True)
-            micro = []
-            for _ in range(tc.grad_accum_steps):
-                batch = next(stream)
-                tokens = batch["tokens"]
-                micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], noise_seed + step_epoch(
-                    batch["sample_index"], len(train_ds))))
-                consumed += tokens.shape[0] * dp
-                tok_window += tokens.numel() * dp
-                proc_window += tokens.shape[0] * proc_per_sample * dp
-            if engine is not None:     # DeepSpeed: accumulation, DP reduction, clipping and the update
-                total, gnorm = _zero_step(engine, objective, micro, lambda: autocast_context(tc.precision))
+        with ExitSignals(tc.exit_on_signal) as signals:
+            for step in range(start_step, tc.train_steps):
+                lr = lr_at(step, tc)
+                set_lr(optimizer, lr)
+                optimizer.zero_grad(set_to_none=True)
+                micro = []
+                for _ in range(tc.grad_accum_steps):
+                    batch = next(stream)
+                    tokens = batch["tokens"]
+                    micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], noise_seed + step_epoch(
+                        batch["sample_index"], len(train_ds))))
+                    consumed += tokens.shape[0] * dp
+                    tok_window += tokens.numel() * dp
+                    proc_window += tokens.shape[0] * proc_per_sample * dp
+                if engine is not None:     # DeepSpeed: accumulation, DP reduction, clipping and the update
+                    total, gnorm = _zero_step(engine, objective, micro, lambda: autocast_context(tc.precision))
+                else:
+                    total = forward_backward(model, ddp, objective, micro, lambda: autocast_context(tc.precision))
+                    if pc.sequence_parallel:
+                        allreduce_sequence_parallel_grads(model)
+                    if pp > 1:
+                        allreduce_dp_grads(model)
+                    gnorm = clip_grad_norm(model, tc.clip_grad)
+                total = _mean_over_ranks(total, dp)       # NaN on any rank makes the mean NaN everywhere
+                if not (math.isfinite(total) and torch.isfinite(gnorm)):
+                    raise TrainingError(f"non-finite loss ({total}) or gradient norm ({float(gnorm)}) at step "
+                                        f"{step + 1}; no update was applied. Lower train.lr (now {tc.lr}), keep "
+                                        f"train.clip_grad > 0, or use train.precision=fp32")
+                if engine is None:
+                    optimizer.step()
+                done = step + 1
+                if done % tc.log_interval == 0 or done == tc.train_steps:
+                    dt = time.perf_counter() - t_window
+                    sample_tps, proc_tps = tok_window / dt, proc_window / dt
+                    logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm),
+                                "perf/sample_tokens_per_s": sample_tps, "perf/processed_tokens_per_s": proc_tps,
+                                "data/consumed_samples": consumed}, done)
+                    t_window, tok_window, proc_window = time.perf_counter(), 0, 0
+                logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{sample_tps:,.0f}"})
+                if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:
+                    last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
+                    logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, done)
+                    logger.write(f"step {done}: train loss {total:.4f}  val loss {last_eval['loss']:.4f}  "
+                                 f"lr {lr:.2e}  {sample_tps:,.0f} sample tok/s ({proc_tps:,.0f} processed)")
+                stop_signal = signals.agreed()
+                if stop_signal is not None and done != tc.train_steps:
+                    ckpt = save(done)
+                    logger.write(f"{stop_signal} received: saved step {done} to {ckpt}; stopping (resume with "
+                                 f"train.resume=auto)")
+                    break
+                if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
+                    ckpt = save(done)
             else:
-                total = forward_backward(model, ddp, objective, micro, lambda: autocast_context(tc.precision))
-                if pc.sequence_parallel:
-                    allreduce_sequence_parallel_grads(model)
-                if pp > 1:
-                    allreduce_dp_grads(model)
-                gnorm = clip_grad_norm(model, tc.clip_grad)
-            total = _mean_over_ranks(total, dp)       # NaN on any rank makes the mean NaN everywhere
-            if not (math.isfinite(total) and torch.isfinite(gnorm)):
-                raise TrainingError(f"non-finite loss ({total}) or gradient norm ({float(gnorm)}) at step {step + 1}; "
-                                    f"no update was applied. Lower train.lr (now {tc.lr}), keep train.clip_grad "
-                                    f"> 0, or use train.precision=fp32")
-            if engine is None:
-                optimizer.step()
-            done = step + 1
-            if done % tc.log_interval == 0 or done == tc.train_steps:
-                dt = time.perf_counter() - t_window
-                sample_tps, proc_tps = tok_window / dt, proc_window / dt
-                logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm),
-                            "perf/sample_tokens_per_s": sample_tps, "perf/processed_tokens_per_s": proc_tps,
-                            "data/consumed_samples": consumed}, done)
-                t_window, tok_window, proc_window = time.perf_counter(), 0, 0
-            logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{sample_tps:,.0f}"})
-            if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:
-                last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
-                logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, done)
-                logger.write(f"step {done}: train loss {total:.4f}  val loss {last_eval['loss']:.4f}  "
-                             f"lr {lr:.2e}  {sample_tps:,.0f} sample tok/s ({proc_tps:,.0f} processed)")
-            if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
-                ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, noise_seed, done, consumed, last_eval, main)
-        last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
-        logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
-        ckpt = _save(save_checkpoint, cfg, tok, model, optimizer, noise_seed, tc.train_steps, consumed, last_eval,
-                     main)
+                if start_step < tc.train_steps or resumed is None:
+                    last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
+                    logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
+                    ckpt = save(tc.train_steps)
+                else:
+                    logger.write(f"{found[0]} is already at train.train_steps={tc.train_steps}: nothing to train")
     finally:
         logger.close()
     wall = time.perf_counter() - t_start
     if main:
         plot_loss_curve(logger.history, save_dir / "loss_curve.png",
                         f"{objective.name}, L={L}, {n_params / 1e6:.2f}M params")
-    log(f"done: {tc.train_steps} steps in {wall:.0f}s; val loss {init_eval['loss']:.4f} -> {last_eval['loss']:.4f} "
-        f"(ppl {last_eval['ppl']:.2f}); checkpoint {ckpt}")
-    return TrainResult(final_step=tc.train_steps, initial_val_loss=init_eval["loss"],
+    log(f"{'stopped' if stop_signal else 'done'}: step {done} of {tc.train_steps} in {wall:.0f}s; val loss "
+        f"{initial_val:.4f} -> {last_eval['loss']:.4f} (ppl {math.exp(min(last_eval['loss'], 50)):.2f}); "
+        f"checkpoint {ckpt}")
+    return TrainResult(final_step=done, initial_val_loss=initial_val,
                        final_val_loss=last_eval["loss"], checkpoint=str(ckpt), history=logger.history,
-                       sample_tokens_per_s=sample_tps, processed_tokens_per_s=proc_tps, num_parameters=n_params)
+                       sample_tokens_per_s=sample_tps, processed_tokens_per_s=proc_tps, num_parameters=n_params,
+                       stopped_by=stop_signal)
 
 
 def _mean_over_ranks(value: float, dp: int) -> float:
@@ -313,39 +342,6 @@ def _total_parameters(model) -> int:
     if torch.distributed.get_world_size(group) > 1:
         torch.distributed.all_reduce(n, group=group)
     return int(n)
-
-
-def _save(save_fn, cfg, tok, model, optimizer, noise_seed, step, consumed, last_eval, main=True):
-    """Rank 0 writes the checkpoint with the full single-process weights (gathered over TP / PP); the
-    optimizer state is saved when the model is not split (sharded optimizer states come with issue 6)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
-    from setdiff_mega.checkpoint.gather import gather_full_state_dict
-
-    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    if cfg.train.zero_stage == 3:          # parameters are partitioned: gather them for the save
-        from setdiff_mega.parallel.zero import import_deepspeed
-
-        with import_deepspeed().zero.GatheredParameters(list(model.parameters())):
-            full = gather_full_state_dict(model)
-    else:
-        full = gather_full_state_dict(model)
-    path = Path(cfg.train.save_dir) / "checkpoints" / f"step_{step:07d}"
-    if main:
-        rng = {"torch": torch.get_rng_state(), "noise_seed": noise_seed,
-               "mcore_tracker": get_cuda_rng_tracker().get_states()}
-        keep_opt = tp * pp == 1 and cfg.train.zero_stage == 0       # sharded states come with issue 6
-        path = save_fn(cfg.train.save_dir, step, model_state=full,
-                       optimizer=optimizer if keep_opt else None, config=cfg, tokenizer_file=tok.source,
-                       rng=rng, state={"consumed_samples": consumed, "val_loss": last_eval["loss"],
-                                       "data_parallel_size": ps.get_data_parallel_world_size(),
-                                       "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                                       "zero_stage": cfg.train.zero_stage, "optimizer_saved": keep_opt})
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-    return path
 
 
 __all__ = ["train", "evaluate", "TrainResult", "TrainingError", "objective_from_config", "resolve_tokenizer"]

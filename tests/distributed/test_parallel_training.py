@@ -1,5 +1,5 @@
 """Training under TP = 2 and PP = 2 (two gloo ranks) reproduces single-process training step by step, and
-the checkpoint (weights gathered to the single-process layout) holds the same weights. All runs start
+the checkpoint (read back into the single-process layout) holds the same weights. All runs start
 from one saved initial checkpoint (``train.init_from``, scattered into each layout), since stages draw
 their initial weights from different RNG sequences."""
 import pytest
@@ -40,7 +40,7 @@ def _config(data_dir, save_dir, tp, pp, objective, init=None, mbs=4, zero=0, sp=
 
 def _make_init(rank, world, data_dir, path):
     """Random initial weights saved once, so every layout starts from the same model."""
-    from setdiff_mega.checkpoint import save_checkpoint
+    from setdiff_mega.checkpoint import save_model_checkpoint
     from setdiff_mega.data import Tokenizer
     from setdiff_mega.model import build_model
     from setdiff_mega.parallel import initialize
@@ -48,13 +48,19 @@ def _make_init(rank, world, data_dir, path):
     cfg = _config(data_dir, path, 1, 1, "setdlm")
     initialize(seed=7)
     torch.manual_seed(7)            # the forked child would otherwise inherit the parent's RNG state
-    model = build_model(cfg.model, Tokenizer.from_file(f"{data_dir}/tokenizer.json").vocab_size)
-    save_checkpoint(path, 0, model=model, config=cfg, tokenizer_file=f"{data_dir}/tokenizer.json")
+    tok = Tokenizer.from_file(f"{data_dir}/tokenizer.json")
+    save_model_checkpoint(path, 0, build_model(cfg.model, tok.vocab_size), cfg, tok)
     return True
 
 
+def _weights(rank, world, path):
+    """The single-process state dict of a checkpoint written by any layout (resharded on load)."""
+    from setdiff_mega.checkpoint import full_state_dict
+
+    return full_state_dict(path)
+
+
 def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4, zero=0, sp=False):
-    from setdiff_mega.checkpoint import load_checkpoint
     from setdiff_mega.training import train
 
     cfg = _config(data_dir, save_dir, tp, pp, objective, init, mbs, zero, sp)
@@ -62,8 +68,12 @@ def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4, zero
     rows = [r for r in res.history if "train/loss" in r]
     out = {"loss": [r["train/loss"] for r in rows], "gnorm": [r["train/grad_norm"] for r in rows],
            "val": res.final_val_loss, "params": res.num_parameters}
-    if rank == 0:
-        out["weights"] = load_checkpoint(save_dir)["model"]
+    return out
+
+
+def _run(tiny_data, save_dir, world, *args):
+    out = run_ranks(_train, world=world, args=(tiny_data, save_dir, *args))
+    out[0]["weights"] = run_ranks(_weights, world=1, args=(save_dir,))[0]
     return out
 
 
@@ -72,9 +82,9 @@ def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, o
     """(1, 1) on two ranks is DP = 2 with half the micro-batch: the same global batch and noise as DP = 1."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
     init = tmp_path / "init"
-    ref = run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, objective, init))[0]
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init)[0]
     mbs = 2 if tp * pp == 1 else 4
-    out = run_ranks(_train, world=2, args=(tiny_data, tmp_path / "par", tp, pp, objective, init, mbs))
+    out = _run(tiny_data, tmp_path / "par", 2, tp, pp, objective, init, mbs)
     for r in (0, 1):
         assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)          # every rank logs the same losses
         assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)        # global norm across shards
@@ -93,8 +103,8 @@ def test_zero_data_parallel_matches_single_process(tiny_data, tmp_path, zero):
     parameters of DP = 1 with the project's AdamW and the same global batch."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
     init = tmp_path / "init"
-    ref = run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, "setdlm", init))[0]
-    out = run_ranks(_train, world=2, args=(tiny_data, tmp_path / "zero", 1, 1, "setdlm", init, 2, zero))
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    out = _run(tiny_data, tmp_path / "zero", 2, 1, 1, "setdlm", init, 2, zero)
     for r in (0, 1):
         assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
         assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
@@ -108,8 +118,8 @@ def test_sequence_parallel_training_matches_single_process(tiny_data, tmp_path, 
     """TP = 2 with sequence parallelism (norms on sequence shards, their gradients summed over TP)."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
     init = tmp_path / "init"
-    ref = run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, objective, init))[0]
-    out = run_ranks(_train, world=2, args=(tiny_data, tmp_path / "sp", 2, 1, objective, init, 4, 0, True))
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init)[0]
+    out = _run(tiny_data, tmp_path / "sp", 2, 2, 1, objective, init, 4, 0, True)
     for r in (0, 1):
         assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
         assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
@@ -123,8 +133,8 @@ def test_tensor_and_data_parallel_together(tiny_data, tmp_path):
     """TP = 2 x DP = 2 on four ranks: the logged loss is the data-parallel mean (not scaled by TP)."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
     init = tmp_path / "init"
-    ref = run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, "setdlm", init))[0]
-    out = run_ranks(_train, world=4, args=(tiny_data, tmp_path / "tpdp", 2, 1, "setdlm", init, 2))
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    out = _run(tiny_data, tmp_path / "tpdp", 4, 2, 1, "setdlm", init, 2)
     for r in range(4):
         assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
         assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)

@@ -53,7 +53,7 @@ def test_prompt_that_fills_the_context_has_no_room():
 
 def test_generate_cli_unknown_checkpoint(tmp_path):
     r = _run(["tools/generate.py", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x"])
-    assert r.returncode == 2 and "no complete checkpoint at" in r.stderr
+    assert r.returncode == 2 and "missing' does not exist" in r.stderr
 
 
 def test_vocabulary_mismatch_is_refused(trained_run, mcore):

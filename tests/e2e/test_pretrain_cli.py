@@ -13,9 +13,11 @@ def test_pretrain_cli_end_to_end_and_reload(trained_run, mcore):
     ck = save / "checkpoints"
     assert (ck / "latest").read_text().strip() == "step_0000012"
     assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["step_0000010", "step_0000012"]
-    assert not list(ck.glob("*.tmp-*"))
-    for f in ("model.pt", "optimizer.pt", "rng.pt", "config.yaml", "tokenizer.json", "state.json"):
+    assert not list(ck.glob("*.tmp*"))
+    for f in ("dist/.metadata", "rng/rank_00000.pt", "config.yaml", "tokenizer.json", "state.json"):
         assert (ck / "step_0000012" / f).is_file()
+    state = json.loads((ck / "step_0000012" / "state.json").read_text())
+    assert state["kind"] == "training" and state["optimizer"] == "adamw" and state["consumed_samples"] == 12 * 4
     assert (save / "loss_curve.png").stat().st_size > 1000
     rows = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     assert any("perf/processed_tokens_per_s" in x for x in rows)

@@ -1,0 +1,252 @@
+"""Hugging Face export and import: native checkpoint <-> ``config.json`` + ``model.safetensors`` + code.
+
+Name and layout mapping (single-process state dict -> transformers names; ``i`` = layer):
+
+    embedding.word_embeddings.weight                 model.model.embed_tokens.weight       (padded rows kept)
+    decoder.layers.i.input_layernorm.{weight,bias}   model.model.layers.i.input_layernorm.*
+    decoder.layers.i.self_attention.linear_qkv.*     ...self_attn.{q,k,v}_proj.*   (see below)
+    decoder.layers.i.self_attention.linear_proj.*    ...self_attn.o_proj.*
+    decoder.layers.i.pre_mlp_layernorm.*             ...post_attention_layernorm.*
+    decoder.layers.i.mlp.linear_fc1.*                ...mlp.up_proj.*   (SwiGLU: rows [gate ; up])
+    decoder.layers.i.mlp.linear_fc2.*                ...mlp.down_proj.*
+    decoder.final_layernorm.*                        model.model.norm.*
+    output_layer.{weight,bias}                       lm_head.{weight,bias}   (tied: lm_head_bias)
+
+megatron-core stores q, k, v fused and grouped by KV head: rows ``[G, (h/G + 2) * d]`` hold, for each
+group g, its h/G query heads, then its key head, then its value head. Export splits that into the
+three projections; import re-fuses them. Both directions only move rows, so export -> import is
+bit-identical. The exported directory also carries the tokenizer (``tokenizer.json`` plus
+``tokenizer_config.json`` with the special tokens, so ``AutoTokenizer`` works), the modelling code
+(``modeling_setdlm.py``, ``configuration_setdlm.py``; ``auto_map`` points AutoModel at it) and, in
+``config.json``, the training method and the full RunConfig.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from .io import CheckpointError
+
+CODE_FILES = ("configuration_setdlm.py", "modeling_setdlm.py")
+AUTO_MAP = {"AutoConfig": "configuration_setdlm.SetDLMConfig",
+            "AutoModel": "modeling_setdlm.SetDLMForDiffusionLM",
+            "AutoModelForCausalLM": "modeling_setdlm.SetDLMForDiffusionLM",
+            "AutoModelForMaskedLM": "modeling_setdlm.SetDLMForDiffusionLM"}
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_SIMPLE = {"input_layernorm": "input_layernorm", "pre_mlp_layernorm": "post_attention_layernorm",
+           "self_attention.linear_proj": "self_attn.o_proj", "mlp.linear_fc2": "mlp.down_proj"}
+
+
+def _qkv_split(t: torch.Tensor, heads: int, groups: int):
+    per = heads // groups
+    d = t.shape[0] // (groups * (per + 2))
+    g = t.reshape(groups, (per + 2) * d, *t.shape[1:])
+    q, k, v = torch.split(g, [per * d, d, d], dim=1)
+    return (x.reshape(-1, *t.shape[1:]).contiguous() for x in (q, k, v))
+
+
+def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
+    parts = [x.reshape(groups, -1, *x.shape[1:]) for x in (q, k, v)]
+    return torch.cat(parts, dim=1).reshape(-1, *q.shape[1:]).contiguous()
+
+
+def native_to_hf(state: dict, mc) -> dict:
+    """Single-process native state dict -> transformers names (tensors only)."""
+    heads, groups = mc.num_attention_heads, mc.num_query_groups or mc.num_attention_heads
+    swiglu = mc.activation == "swiglu"
+    out = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor) or name.endswith("_extra_state"):
+            continue
+        t = t.detach().cpu().contiguous()
+        m = _LAYER.match(name)
+        if name.startswith("embedding.word_embeddings."):
+            out["model.embed_tokens." + name.rsplit(".", 1)[1]] = t
+        elif name.startswith("decoder.final_layernorm."):
+            out["model.norm." + name.rsplit(".", 1)[1]] = t
+        elif name.startswith("output_layer."):
+            kind = name.rsplit(".", 1)[1]
+            out["lm_head_bias" if (mc.tie_embeddings and kind == "bias") else f"lm_head.{kind}"] = t
+        elif m:
+            i, rest = m.group(1), m.group(2)
+            mod, kind = rest.rsplit(".", 1)
+            pre = f"model.layers.{i}."
+            if mod == "self_attention.linear_qkv":
+                for proj, x in zip("qkv", _qkv_split(t, heads, groups)):
+                    out[f"{pre}self_attn.{proj}_proj.{kind}"] = x
+            elif mod == "mlp.linear_fc1":
+                if swiglu:
+                    gate, up = t.chunk(2, dim=0)
+                    out[f"{pre}mlp.gate_proj.{kind}"] = gate.contiguous()
+                    out[f"{pre}mlp.up_proj.{kind}"] = up.contiguous()
+                else:
+                    out[f"{pre}mlp.up_proj.{kind}"] = t
+            elif mod in _SIMPLE:
+                out[f"{pre}{_SIMPLE[mod]}.{kind}"] = t
+            else:
+                raise CheckpointError(f"no Hugging Face name for tensor '{name}' (unsupported layer variant)")
+        else:
+            raise CheckpointError(f"no Hugging Face name for tensor '{name}' (unsupported model variant)")
+    return out
+
+
+def hf_to_native(weights: dict, template: dict, mc, source: str) -> dict:
+    """transformers names -> the native state dict with the keys (and non-tensor entries) of ``template``."""
+    groups = mc.num_query_groups or mc.num_attention_heads
+    expected = native_to_hf({k: v for k, v in template.items()}, mc)
+    for k, v in expected.items():
+        if k not in weights:
+            raise CheckpointError(f"{source} has no tensor '{k}' (the config's architecture needs it)")
+        if tuple(weights[k].shape) != tuple(v.shape):
+            raise CheckpointError(f"{source}: tensor '{k}' has shape {tuple(weights[k].shape)}, the config's "
+                                  f"architecture needs {tuple(v.shape)}")
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise CheckpointError(f"{source} has tensors the config's architecture does not use: {extra[:4]}")
+    out = {}
+    for name, t in template.items():
+        if not isinstance(t, torch.Tensor) or name.endswith("_extra_state"):
+            out[name] = t
+            continue
+        m = _LAYER.match(name)
+        if name.startswith("embedding.word_embeddings."):
+            out[name] = weights["model.embed_tokens." + name.rsplit(".", 1)[1]]
+        elif name.startswith("decoder.final_layernorm."):
+            out[name] = weights["model.norm." + name.rsplit(".", 1)[1]]
+        elif name.startswith("output_layer."):
+            kind = name.rsplit(".", 1)[1]
+            out[name] = weights["lm_head_bias" if (mc.tie_embeddings and kind == "bias") else f"lm_head.{kind}"]
+        else:
+            i, rest = m.group(1), m.group(2)
+            mod, kind = rest.rsplit(".", 1)
+            pre = f"model.layers.{i}."
+            if mod == "self_attention.linear_qkv":
+                out[name] = _qkv_fuse(*(weights[f"{pre}self_attn.{p}_proj.{kind}"] for p in "qkv"), groups)
+            elif mod == "mlp.linear_fc1":
+                up = weights[f"{pre}mlp.up_proj.{kind}"]
+                out[name] = torch.cat([weights[f"{pre}mlp.gate_proj.{kind}"], up]) if mc.activation == "swiglu" \
+                    else up
+            else:
+                out[name] = weights[f"{pre}{_SIMPLE[mod]}.{kind}"]
+    return out
+
+
+def hf_config(cfg, tok, padded_vocab: int) -> dict:
+    from setdiff_mega.config import to_dict
+
+    mc, oc = cfg.model, cfg.objective
+    s_max = oc.S_max if oc.S_max is not None else 2 * oc.D
+    return {
+        "architectures": ["SetDLMForDiffusionLM"], "model_type": "setdlm", "auto_map": AUTO_MAP,
+        "vocab_size": padded_vocab, "tokenizer_vocab_size": mc.vocab_size or tok.vocab_size,
+        "hidden_size": mc.hidden_size, "num_hidden_layers": mc.num_layers,
+        "num_attention_heads": mc.num_attention_heads,
+        "num_key_value_heads": mc.num_query_groups or mc.num_attention_heads,
+        "intermediate_size": mc.ffn_hidden_size or 4 * mc.hidden_size, "hidden_act": mc.activation,
+        "normalization": mc.normalization, "norm_eps": 1e-5, "attention_bias": mc.add_bias_linear,
+        "head_bias": mc.head_bias, "tie_word_embeddings": mc.tie_embeddings, "rope_theta": float(mc.rotary_base),
+        "rotary_percent": mc.rotary_percent, "max_position_embeddings": mc.max_position_embeddings,
+        "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad, "mask_token_id": tok.mask,
+        "torch_dtype": "float32",
+        "method": {"objective": oc.name, "D": oc.D, "S_max": s_max, "block_size": oc.block_size, "k": oc.k,
+                   "b": oc.b, "keep_clean_bos": oc.keep_clean_bos, "eos_last": oc.eos_last,
+                   "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps, "mask_token_id": tok.mask,
+                   "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
+                   "seq_length": cfg.data.seq_length},
+        "setdiff_mega": to_dict(cfg),
+    }
+
+
+def is_hf_export(path: Path) -> bool:
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        return False
+    try:
+        return json.loads(f.read_text()).get("model_type") == "setdlm"
+    except json.JSONDecodeError:
+        raise CheckpointError(f"'{f}' is not valid JSON") from None
+
+
+def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Write the Hugging Face directory of a native checkpoint (weights in fp32, bit-exact)."""
+    from safetensors.torch import save_file
+
+    from .io import resolve_checkpoint
+    from .native import load_model
+
+    ck, state = resolve_checkpoint(checkpoint)
+    model, _, tok, cfg = load_model(ck)
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = native_to_hf(model.state_dict(), cfg.model)
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "setdiff-mega"})
+    meta = {**hf_config(cfg, tok, model.padded_vocab_size), "setdiff_mega_step": int(state.get("step", 0))}
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2))
+    tok.save(tmp / "tokenizer.json")
+    special = {"bos_token": tok.token(tok.bos), "eos_token": tok.token(tok.eos), "pad_token": tok.token(tok.pad),
+               "mask_token": tok.token(tok.mask)}
+    (tmp / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.max_position_embeddings,
+         **special}, indent=2))
+    (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
+    code = Path(__file__).resolve().parent.parent / "hf"
+    for f in CODE_FILES:
+        shutil.copyfile(code / f, tmp / f)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def read_export(path: str | Path):
+    """(RunConfig, Tokenizer, weights) of an exported directory."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from setdiff_mega.config import from_dict
+    from setdiff_mega.data.tokenizer import Tokenizer
+
+    p = Path(path)
+    meta = json.loads((p / "config.json").read_text())
+    if not meta.get("setdiff_mega"):
+        raise CheckpointError(f"'{p / 'config.json'}' lacks the 'setdiff_mega' training config; it was not "
+                              f"written by tools/convert_checkpoint.py")
+    cfg = from_dict(meta["setdiff_mega"])
+    f = p / "model.safetensors"
+    if not f.is_file():
+        raise CheckpointError(f"'{f}' is missing")
+    try:
+        weights = load_file(str(f))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"'{f}' is truncated or unreadable ({e})") from None
+    try:
+        tok = Tokenizer.from_file(p / "tokenizer.json")
+    except (FileNotFoundError, ValueError) as e:
+        raise CheckpointError(f"'{p / 'tokenizer.json'}': {e}") from None
+    return cfg, tok, weights
+
+
+def load_into(model, weights: dict, path: Path, mc) -> None:
+    """Load exported ``weights`` into a single-process native model built from ModelConfig ``mc``."""
+    src = f"'{Path(path) / 'model.safetensors'}'"
+    model.load_state_dict(hf_to_native(weights, model.state_dict(), mc, src))
+
+
+def import_export(hf_dir: str | Path, save_dir: str | Path, step: int | None = None) -> Path:
+    """An exported directory -> a weights-only native checkpoint under ``save_dir`` (returns its dir)."""
+    from .native import load_model, save_model_checkpoint
+
+    model, _, tok, cfg = load_model(hf_dir)
+    meta = json.loads((Path(hf_dir) / "config.json").read_text())
+    step = int(meta.get("setdiff_mega_step", 0)) if step is None else step
+    return save_model_checkpoint(save_dir, step, model, cfg, tok, state={"imported_from": str(hf_dir)})
+
+
+__all__ = ["export", "import_export", "read_export", "is_hf_export", "native_to_hf", "hf_to_native",
+           "hf_config", "load_into"]

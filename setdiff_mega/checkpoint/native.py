@@ -1,0 +1,150 @@
+"""Native checkpoints as models: load for inference / fine-tuning, save weights-only checkpoints.
+
+``load_model(path)`` accepts a run directory, a ``checkpoints/`` directory, one ``step_*`` directory
+(all: the native format of :mod:`.io`) or an exported Hugging Face directory (:mod:`.hf`), and returns
+``(model, objective, tokenizer, config)`` for the current process's TP / PP layout (one process:
+the whole model). ``save_model_checkpoint`` writes a weights-only native checkpoint (same layout and
+publication protocol as training checkpoints, without optimizer or data position): the Hugging Face
+importer and tests use it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .io import CheckpointError, prepare_staging, publish, resolve_checkpoint
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def checkpoint_config(ck: Path):
+    from setdiff_mega.config import ConfigError, load_config
+
+    try:
+        return load_config(ck / "config.yaml", check=False)
+    except (ConfigError, FileNotFoundError) as e:
+        raise CheckpointError(f"'{ck / 'config.yaml'}': {e}") from None
+
+
+def checkpoint_tokenizer(ck: Path):
+    from setdiff_mega.data.tokenizer import Tokenizer
+
+    try:
+        return Tokenizer.from_file(ck / "tokenizer.json")
+    except (FileNotFoundError, ValueError) as e:
+        raise CheckpointError(f"checkpoint tokenizer '{ck / 'tokenizer.json'}': {e}") from None
+
+
+def check_model_config(saved, wanted, source: str) -> None:
+    """The architecture fields that decide tensor shapes must agree; name the first difference."""
+    fields = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+              "normalization", "activation", "add_bias_linear", "head_bias", "tie_embeddings",
+              "make_vocab_size_divisible_by")
+    for f in fields:
+        a, b = getattr(saved, f), getattr(wanted, f)
+        if a != b:
+            raise CheckpointError(f"{source} was trained with model.{f}={a!r}, this run has model.{f}={b!r}; "
+                                  f"set model.{f}={a!r} (or start from another checkpoint)")
+
+
+def load_weights(model, path: str | Path, model_config=None) -> Path:
+    """Collective: load a native checkpoint's weights into ``model`` (any TP / PP layout); returns its dir."""
+    from .sharded import load_sharded
+
+    ck, _ = resolve_checkpoint(path)
+    if model_config is not None:
+        check_model_config(checkpoint_config(ck).model, model_config, f"checkpoint '{ck}'")
+    load_sharded(ck / "dist", model)
+    return ck
+
+
+def save_model_checkpoint(save_dir: str | Path, step: int, model, config, tokenizer,
+                          state: dict | None = None, keep_last: int = 0) -> Path:
+    """Collective: a weights-only native checkpoint of ``model`` (published like a training checkpoint)."""
+    import torch.distributed as dist
+
+    from setdiff_mega.config import dump_yaml
+
+    from .sharded import save_sharded
+
+    tmp = prepare_staging(save_dir, step) if _rank() == 0 else None
+    _barrier()
+    if tmp is None:
+        from .io import staging_dir
+
+        tmp = staging_dir(save_dir, step)
+    save_sharded(tmp / "dist", model)
+    _barrier()
+    final = tmp.with_name(tmp.name[: -len(".tmp")])
+    if _rank() == 0:
+        from megatron.core import parallel_state as ps
+
+        dump_yaml(config, tmp / "config.yaml")
+        tokenizer.save(tmp / "tokenizer.json")
+        layout = {"world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                  "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+                  "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+                  "data_parallel_size": ps.get_data_parallel_world_size()}
+        final = publish(tmp, {"step": step, "kind": "weights", **layout, **(state or {})}, keep_last=keep_last)
+    _barrier()
+    return final
+
+
+def load_model(path: str | Path, model_overrides: dict | None = None):
+    """(model, objective, tokenizer, config) from a native checkpoint or a Hugging Face export.
+
+    ``model_overrides`` replaces ModelConfig fields that do not change the weights (e.g.
+    ``attention_backend``).
+    """
+    import dataclasses
+
+    from setdiff_mega.model import build_model
+    from setdiff_mega.parallel import initialize
+    from setdiff_mega.training.trainer import objective_from_config
+
+    from . import hf
+
+    p = Path(path)
+    if hf.is_hf_export(p):
+        cfg, tok, weights = hf.read_export(p)
+        initialize(seed=cfg.train.seed)
+        if model_overrides:
+            cfg.model = dataclasses.replace(cfg.model, **model_overrides)
+        model = build_model(cfg.model, cfg.model.vocab_size or tok.vocab_size)
+        hf.load_into(model, weights, p, cfg.model)
+    else:
+        ck, _ = resolve_checkpoint(p)
+        cfg = checkpoint_config(ck)
+        tok = checkpoint_tokenizer(ck)
+        initialize(seed=cfg.train.seed)      # no-op when the caller already set up parallel state
+        if model_overrides:
+            cfg.model = dataclasses.replace(cfg.model, **model_overrides)
+        model = build_model(cfg.model, cfg.model.vocab_size or tok.vocab_size)
+        from .sharded import load_sharded
+
+        load_sharded(ck / "dist", model)
+    model.eval()
+    model.tokenizer_hash = tok.hash          # generation refuses any other tokenizer
+    return model, objective_from_config(cfg, tok), tok, cfg
+
+
+def full_state_dict(path: str | Path) -> dict:
+    """The single-process (TP = PP = 1) state dict of a checkpoint, in this (single) process."""
+    model = load_model(path)[0]
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+__all__ = ["load_model", "load_weights", "save_model_checkpoint", "full_state_dict", "checkpoint_config",
+           "checkpoint_tokenizer", "check_model_config"]

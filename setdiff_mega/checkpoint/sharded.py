@@ -1,0 +1,123 @@
+"""Model and optimizer state through megatron-core's distributed checkpointing (``torch_dist`` format).
+
+Every rank contributes its own shards: ``model.sharded_state_dict()`` describes each local tensor as a
+slice of a *global* tensor (TP: the partition dimension; PP: the global layer index), and the AdamW
+moments ``exp_avg`` / ``exp_avg_sq`` get the sharding of their parameter
+(``optimizer.state.<key>.<param key>``). Loading asks for the slices the *current* layout needs, so a
+checkpoint written with one (TP, PP, DP) layout loads into any other: resharding is a property of the
+format, not a conversion step.
+
+The AdamW step counter (a scalar per parameter, equal for all of them) is stored once, in the common
+(non-sharded) part, and restored as the same float32 tensor, so a resumed optimizer is bit-identical.
+Before loading, the checkpoint's tensor metadata is compared with the model's global shapes, so a
+different model size or vocabulary fails with the tensor's name and both shapes instead of a trace
+from inside torch.distributed.checkpoint.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import torch
+
+from .io import CheckpointError
+
+
+def _optim_params(optimizer):
+    return itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups)
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter an (all-zero) AdamW state, the template a sharded load fills in."""
+    for p in _optim_params(optimizer):
+        if p not in optimizer.state or not optimizer.state[p]:
+            optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)}
+
+
+def optimizer_sharded_state_dict(optimizer: torch.optim.Optimizer, model_ssd: dict) -> dict:
+    """The optimizer's state dict with every per-parameter tensor sharded like its parameter."""
+    from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
+                                                            optim_state_to_sharding_state)
+
+    osd = optimizer.state_dict()
+    steps = {float(s["step"]) for s in osd["state"].values() if "step" in s}
+    if len(steps) > 1:
+        raise CheckpointError(f"the optimizer's parameters are at different steps {sorted(steps)[:4]}; "
+                              f"cannot store one step counter")
+    id_map = get_param_id_to_sharded_param_map(model_ssd, _optim_params(optimizer))
+    optim_state_to_sharding_state(osd, id_map, exclude_keys=("step",))
+    osd["adam_step"] = steps.pop() if steps else 0.0
+    return osd
+
+
+def _tensor_shapes(ssd: dict) -> dict:
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    return {v.key: tuple(v.global_shape) for v in nested_values(ssd) if isinstance(v, ShardedTensor)}
+
+
+def check_compatible(ssd: dict, path: Path, what: str = "model") -> None:
+    """Raise a CheckpointError naming the tensor when the checkpoint at ``path`` cannot fill ``ssd``."""
+    from megatron.core import dist_checkpointing
+
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(f"'{path}' is not a complete distributed checkpoint (no '.metadata' file)")
+    try:
+        saved = {k: tuple(v.global_shape) for k, v in dist_checkpointing.load_tensors_metadata(str(path)).items()}
+    except Exception as e:
+        raise CheckpointError(f"'{path / '.metadata'}' is unreadable ({type(e).__name__}: {e})") from None
+    for key, shape in _tensor_shapes(ssd).items():
+        if key not in saved:
+            raise CheckpointError(f"'{path}' has no tensor '{key}' that this {what} needs: the checkpoint is of a "
+                                  f"different architecture (layers, normalization, activation or bias settings)")
+        if saved[key] != shape:
+            hint = (" (the vocabulary differs: rebuild with the checkpoint's tokenizer / model.vocab_size)"
+                    if key.startswith(("embedding.word_embeddings", "output_layer")) else
+                    " (a different model size)")
+            raise CheckpointError(f"'{path}': tensor '{key}' has global shape {saved[key]}, this {what} expects "
+                                  f"{shape}{hint}")
+
+
+def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Collective: write ``model`` (and ``optimizer``) shards of every rank into ``path``."""
+    from megatron.core import dist_checkpointing
+
+    path.mkdir(parents=True, exist_ok=True)
+    ssd = {"model": model.sharded_state_dict()}
+    if optimizer is not None:
+        ssd["optimizer"] = optimizer_sharded_state_dict(optimizer, ssd["model"])
+    dist_checkpointing.save(ssd, str(path))
+
+
+def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Collective: fill this rank's shards of ``model`` (and ``optimizer``) from ``path``."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    model_ssd = model.sharded_state_dict()
+    check_compatible(model_ssd, path)
+    request = {"model": model_ssd}
+    if optimizer is not None:
+        init_optimizer_state(optimizer)
+        request["optimizer"] = optimizer_sharded_state_dict(optimizer, model.sharded_state_dict())
+    try:
+        loaded = dist_checkpointing.load(request, str(path), strict=StrictHandling.LOG_UNEXPECTED)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        what = "model and optimizer" if optimizer is not None else "model"
+        raise CheckpointError(f"could not read the {what} from '{path}' ({type(e).__name__}: {e}); a shard file "
+                              f"is missing or truncated; use an earlier checkpoint") from None
+    model.load_state_dict(loaded["model"])
+    if optimizer is not None:
+        osd = loaded["optimizer"]
+        step = torch.tensor(float(osd.pop("adam_step")))
+        for st in osd["state"].values():
+            st["step"] = step.clone()
+        optimizer.load_state_dict(osd)
+
+
+__all__ = ["save_sharded", "load_sharded", "check_compatible", "init_optimizer_state",
+           "optimizer_sharded_state_dict"]

@@ -1,0 +1,226 @@
+"""Training checkpoints: save (every N steps, at the end, on SIGTERM / SIGUSR1), resume exactly.
+
+What a training checkpoint holds (directory layout and publication protocol: :mod:`setdiff_mega.checkpoint.io`):
+
+* weights (+ AdamW moments when the project optimizer is used) as megatron-core distributed-checkpoint
+  shards of every rank (``dist/``), loadable into any (TP, PP, DP) layout;
+* with DeepSpeed ZeRO, the engine's own optimizer / gradient-partition shards (``zero/``, DeepSpeed's
+  checkpoint API; they need the same DP size to load) next to the portable weights in ``dist/``;
+* every rank's RNG states (torch CPU / CUDA, megatron-core's model-parallel tracker, python, numpy);
+* ``state.json``: step, consumed samples (the data position: sample ``i`` and its noise depend only on
+  ``i`` and the seeds), the parallel layout, the last validation loss.
+
+Resume is exact because everything the next step depends on is restored: parameters and optimizer
+moments bit for bit, the AdamW step counter, the learning rate (a pure function of the step), the data
+stream (restarted at ``consumed_samples``), per-sample noise (a function of the sample index), RNGs.
+
+Signals: SIGTERM (what schedulers send before a kill) and SIGUSR1 (Slurm's ``--signal``) set a flag;
+at the end of the current step all ranks agree (an all-reduce, since a signal may reach only some
+ranks), save, and leave the loop cleanly.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from setdiff_mega.checkpoint.io import (CheckpointError, checkpoints_root, latest_checkpoint, prepare_staging,
+                                        publish, read_state, resolve_checkpoint, staging_dir)
+from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config
+from setdiff_mega.checkpoint.sharded import load_sharded, save_sharded
+
+FAULT_ENV = "SETDIFF_MEGA_FAULT"     # "kill_in_save:<step>": rank 0 dies by SIGKILL inside that save (tests)
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def rng_state() -> dict:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+             "mcore_tracker": get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    get_cuda_rng_tracker().set_states(state["mcore_tracker"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ExitSignals:
+    """SIGTERM / SIGUSR1 -> a flag checked (and agreed on by all ranks) at step boundaries."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.received: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if self.enabled:
+            try:
+                for s in self.SIGNALS:
+                    self._previous[s] = signal.signal(s, self._handler)
+            except ValueError:           # not the main thread: leave signal handling to the caller
+                self.enabled = False
+        return self
+
+    def _handler(self, signum, frame):
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous.clear()
+
+    def agreed(self) -> str | None:
+        """Name of the signal if any rank received one (collective when there are several ranks)."""
+        if not self.enabled:
+            return None
+        flag = torch.tensor([float(self.received or 0)])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return signal.Signals(int(flag.item())).name if flag.item() else None
+
+
+class Checkpointer:
+    """Saves and restores the complete training state of one run (every rank calls every method)."""
+
+    def __init__(self, cfg, tokenizer, model, optimizer, engine=None, log=print):
+        self.cfg, self.tok, self.model, self.optimizer, self.engine = cfg, tokenizer, model, optimizer, engine
+        self.log = log
+        self.save_dir = Path(cfg.train.save_dir)
+        self.zero = cfg.train.zero_stage
+
+    @property
+    def optimizer_kind(self) -> str:
+        return f"deepspeed_zero{self.zero}" if self.engine is not None else "adamw"
+
+    # -- saving ---------------------------------------------------------------------------------------
+    def save(self, step: int, consumed: int, metrics: dict) -> Path:
+        from megatron.core import parallel_state as ps
+
+        from setdiff_mega.config import dump_yaml
+
+        rank, world = _world()
+        tmp = prepare_staging(self.save_dir, step) if rank == 0 else staging_dir(self.save_dir, step)
+        _barrier()
+        if self.engine is None:
+            save_sharded(tmp / "dist", self.model, self.optimizer)
+        else:
+            self._save_zero(tmp)
+        (tmp / "rng").mkdir(exist_ok=True)
+        torch.save(rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
+        _barrier()
+        final = tmp.with_name(tmp.name[: -len(".tmp")])
+        if rank == 0:
+            if os.environ.get(FAULT_ENV, "") == f"kill_in_save:{step}":
+                os.kill(os.getpid(), signal.SIGKILL)          # simulated crash: shards written, not published
+            dump_yaml(self.cfg, tmp / "config.yaml")
+            self.tok.save(tmp / "tokenizer.json")
+            tc = self.cfg.train
+            state = {"step": step, "kind": "training", "consumed_samples": consumed, **metrics,
+                     "optimizer": self.optimizer_kind, "world_size": world,
+                     "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+                     "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+                     "data_parallel_size": ps.get_data_parallel_world_size(), "zero_stage": self.zero,
+                     "global_batch_samples": tc.micro_batch_size * tc.grad_accum_steps
+                     * ps.get_data_parallel_world_size(), "seed": tc.seed}
+            final = publish(tmp, state, keep_last=tc.keep_last)
+        _barrier()
+        return final
+
+    def _save_zero(self, tmp: Path) -> None:
+        from setdiff_mega.parallel.zero import import_deepspeed
+
+        if self.zero == 3:         # parameters are partitioned: gather them for the portable copy
+            with import_deepspeed().zero.GatheredParameters(list(self.model.parameters())):
+                save_sharded(tmp / "dist", self.model)
+        else:
+            save_sharded(tmp / "dist", self.model)
+        self.engine.save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
+
+    # -- resuming -------------------------------------------------------------------------------------
+    def find(self) -> tuple[Path, dict] | None:
+        """The checkpoint ``train.resume`` names (auto: newest complete one in save_dir, or None)."""
+        want = self.cfg.train.resume
+        if want in (None, "", "none"):
+            return None
+        if want == "auto":
+            ck = latest_checkpoint(checkpoints_root(self.save_dir))
+            if ck is None:
+                return None
+            return ck, read_state(ck)
+        return resolve_checkpoint(want)
+
+    def load_weights(self, found: tuple[Path, dict]) -> None:
+        """Before the optimizer / engine exist: the weights (any layout) after checking the architecture."""
+        ck, state = found
+        check_model_config(checkpoint_config(ck).model, self.cfg.model, f"checkpoint '{ck}'")
+        if state.get("kind") != "training":
+            raise CheckpointError(f"'{ck}' is a weights-only checkpoint (no optimizer or data position); "
+                                  f"start from it with train.init_from={ck} instead of train.resume")
+        load_sharded(ck / "dist", self.model)
+
+    def load_training_state(self, found: tuple[Path, dict]) -> dict:
+        """After the optimizer / engine exist: optimizer, RNG; returns step, consumed samples, metrics."""
+        from megatron.core import parallel_state as ps
+
+        ck, state = found
+        rank, world = _world()
+        saved_kind = state.get("optimizer")
+        if self.cfg.train.resume_optimizer:
+            if saved_kind != self.optimizer_kind:
+                raise CheckpointError(f"'{ck}' holds a {saved_kind} optimizer state, this run uses "
+                                      f"{self.optimizer_kind}; keep train.zero_stage={state.get('zero_stage')} or "
+                                      f"set train.resume_optimizer=false to resume the weights only")
+            if self.engine is None:
+                load_sharded(ck / "dist", self.model, self.optimizer)
+            else:
+                dp = ps.get_data_parallel_world_size()
+                if state.get("data_parallel_size") != dp:
+                    raise CheckpointError(f"'{ck / 'zero'}' holds ZeRO shards for DP={state.get('data_parallel_size')}, "
+                                          f"this run has DP={dp}; use the same world size / TP / PP, or set "
+                                          f"train.resume_optimizer=false to resume the weights only")
+                path, _ = self.engine.load_checkpoint(str(ck / "zero"), tag="state", load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False, load_module_strict=True)
+                if path is None:
+                    raise CheckpointError(f"DeepSpeed could not load '{ck / 'zero'}' (missing or truncated shards)")
+        rng_file = ck / "rng" / f"rank_{rank:05d}.pt"
+        if state.get("world_size") == world and rng_file.is_file():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        else:
+            self.log(f"note: '{ck}' was saved with {state.get('world_size')} ranks, this run has {world}: RNG "
+                     f"states start fresh (data order and noise are unaffected)")
+        if state.get("global_batch_samples") not in (None, self.cfg.train.micro_batch_size
+                                                     * self.cfg.train.grad_accum_steps
+                                                     * ps.get_data_parallel_world_size()):
+            self.log(f"note: the global batch changed ({state['global_batch_samples']} samples per step when "
+                     f"saved); training continues at sample {state['consumed_samples']}")
+        return state
+
+
+__all__ = ["Checkpointer", "ExitSignals", "rng_state", "set_rng_state", "FAULT_ENV"]

@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Convert between the native training checkpoint and the Hugging Face inference format.
+
+    # native (a run dir, checkpoints/ dir or step dir; any TP/PP layout) -> Hugging Face directory
+    python tools/convert_checkpoint.py to-hf runs/tiny_cpu exported/tiny_setdlm
+    # Hugging Face directory -> a weights-only native checkpoint (train.init_from / generate / evaluate)
+    python tools/convert_checkpoint.py from-hf exported/tiny_setdlm runs/from_hf [--step N]
+
+The export holds config.json (architecture, the training method and the full training config),
+model.safetensors (fp32, bit-exact), the tokenizer and the modelling code, so that
+
+    transformers.AutoModel.from_pretrained(dir, trust_remote_code=True)
+
+loads it and computes the native model's logits. Converting back gives bit-identical parameters.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from setdiff_mega.cli import run_cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="direction", required=True)
+    a = sub.add_parser("to-hf", help="native checkpoint -> Hugging Face directory")
+    a.add_argument("checkpoint")
+    a.add_argument("out_dir")
+    b = sub.add_parser("from-hf", help="Hugging Face directory -> native weights-only checkpoint")
+    b.add_argument("hf_dir")
+    b.add_argument("save_dir", help="run directory; the checkpoint goes to <save_dir>/checkpoints/step_N")
+    b.add_argument("--step", type=int, default=None, help="step number to record (default: the exported one)")
+    args = p.parse_args(argv)
+    from setdiff_mega.checkpoint import hf
+
+    if args.direction == "to-hf":
+        out = hf.export(args.checkpoint, args.out_dir)
+        print(f"exported {args.checkpoint} -> {out} (load with AutoModel.from_pretrained('{out}', "
+              f"trust_remote_code=True))")
+    else:
+        if not hf.is_hf_export(Path(args.hf_dir)):
+            raise FileNotFoundError(f"'{args.hf_dir}' is not an exported setdiff-mega directory (no config.json "
+                                    f"with model_type 'setdlm')")
+        out = hf.import_export(args.hf_dir, args.save_dir, args.step)
+        print(f"imported {args.hf_dir} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
