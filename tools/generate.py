@@ -6,6 +6,10 @@
     python tools/generate.py --checkpoint runs/tiny_cpu --file prompts.jsonl --out results.jsonl
     echo "Once upon" | python tools/generate.py --checkpoint runs/tiny_cpu --file -
     python tools/generate.py --checkpoint runs/tiny_cpu --demo data/embedded/tasks    # the README's samples
+    python tools/generate.py --checkpoint exported/tiny_setdlm --prompt "Once"   # a Hugging Face export
+
+--checkpoint takes a native checkpoint (run, checkpoints/ or step directory) or a directory written by
+``tools/convert_checkpoint.py to-hf``; the sampler is rebuilt from the method recorded in either.
 
 Prompts: --prompt (repeatable), --file (.txt: one prompt per line; .jsonl: {"prompt": ...} or
 {"prefix", "suffix", "span"} per line; '-' reads lines from stdin). A prompt may contain <|mask|>
@@ -62,7 +66,7 @@ def read_requests(args) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="run directory, checkpoints/ directory or step directory")
+    p.add_argument("--checkpoint", required=True, help="run directory, checkpoints/ directory, step directory or Hugging Face export")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--file", help="prompts file (.txt / .jsonl) or '-' for stdin")
     p.add_argument("--demo", metavar="TASK_DIR", help="three demo requests (unconditional, math, infill) "

@@ -36,10 +36,13 @@ def native_tensors(ck: Path) -> dict:
     from setdiff_mega.parallel import initialize
 
     initialize()
+    import torch
+
     try:
-        return dist_checkpointing.load_plain_tensors(str(ck / "dist"))
+        loaded = dist_checkpointing.load_plain_tensors(str(ck / "dist"))
     except Exception as e:
         raise CheckpointError(f"could not read the tensors of '{ck / 'dist'}' ({type(e).__name__}: {e})") from None
+    return {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}      # not the common (scalar) state
 
 
 def main(argv=None) -> int:

@@ -51,15 +51,29 @@ def optimizer_sharded_state_dict(optimizer: torch.optim.Optimizer, model_ssd: di
     return osd
 
 
-def _tensor_shapes(ssd: dict) -> dict:
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+def _tensor_shapes(ssd) -> dict:
+    """key -> global shape of every ShardedTensor in ``ssd`` (factories, e.g. SwiGLU's split fc1 under TP,
+    are built to see the tensors they will write)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
-    return {v.key: tuple(v.global_shape) for v in nested_values(ssd) if isinstance(v, ShardedTensor)}
+    out = {}
+    stack = [ssd]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, ShardedTensorFactory):
+            stack.append(v.build())
+        elif isinstance(v, ShardedTensor):
+            out[v.key] = tuple(v.global_shape)
+    return out
 
 
-def check_compatible(ssd: dict, path: Path, what: str = "model") -> None:
-    """Raise a CheckpointError naming the tensor when the checkpoint at ``path`` cannot fill ``ssd``."""
+def check_compatible(ssd: dict, path: Path, what: str = "model", complete: bool = True) -> None:
+    """Raise a CheckpointError naming the tensor when the checkpoint at ``path`` cannot fill ``ssd``
+    or (``complete``: ``ssd`` is a whole model, not one pipeline stage) holds weights it would ignore."""
     from megatron.core import dist_checkpointing
 
     if not (path / ".metadata").is_file():
@@ -68,16 +82,52 @@ def check_compatible(ssd: dict, path: Path, what: str = "model") -> None:
         saved = {k: tuple(v.global_shape) for k, v in dist_checkpointing.load_tensors_metadata(str(path)).items()}
     except Exception as e:
         raise CheckpointError(f"'{path / '.metadata'}' is unreadable ({type(e).__name__}: {e})") from None
-    for key, shape in _tensor_shapes(ssd).items():
+    wanted = _tensor_shapes(ssd)
+    for key, shape in sorted(wanted.items()):
         if key not in saved:
             raise CheckpointError(f"'{path}' has no tensor '{key}' that this {what} needs: the checkpoint is of a "
                                   f"different architecture (layers, normalization, activation or bias settings)")
         if saved[key] != shape:
+            vocab_axis = key.startswith(("embedding.word_embeddings", "output_layer"))
             hint = (" (the vocabulary differs: rebuild with the checkpoint's tokenizer / model.vocab_size)"
-                    if key.startswith(("embedding.word_embeddings", "output_layer")) else
-                    " (a different model size)")
+                    if vocab_axis and saved[key][0] != shape[0] else
+                    " (a different model size: layers, hidden size, heads or FFN width)")
             raise CheckpointError(f"'{path}': tensor '{key}' has global shape {saved[key]}, this {what} expects "
                                   f"{shape}{hint}")
+    unused = sorted(k for k in saved if not k.startswith("optimizer.") and k not in wanted)
+    if complete and unused:
+        raise CheckpointError(f"'{path}' has weights this {what} does not have ({', '.join(unused[:3])}"
+                              f"{' ...' if len(unused) > 3 else ''}): the checkpoint is of a different architecture")
+
+
+def start_writer_service() -> None:
+    """Start megatron-core's checkpoint-writer helper process now, immune to SIGTERM / SIGUSR1.
+
+    ``dist_checkpointing.save`` collects its writers' results through a multiprocessing manager process
+    that it spawns on first use and keeps. Spawned with the default signal dispositions, that helper
+    would die with the SIGTERM that asks the trainer to save (``scancel``, ``kill`` of the job's
+    processes), and the save it was meant to allow would fail. Ignored dispositions survive ``exec``, so
+    the helper is started here (main thread, before training) with both signals ignored; it exits with
+    the trainer. Also moves its ~2 s start-up out of the first save. Tied to megatron-core 0.16.1's
+    ``filesystem_async._get_write_results_queue``; a no-op when that moves.
+    """
+    import signal
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+
+    start = getattr(fa, "_get_write_results_queue", None)
+    if start is None or getattr(fa, "_results_queue", None) is not None:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        start()
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        start()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -97,7 +147,7 @@ def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     model_ssd = model.sharded_state_dict()
-    check_compatible(model_ssd, path)
+    check_compatible(model_ssd, path, complete=bool(model.pre_process and model.post_process))
     request = {"model": model_ssd}
     if optimizer is not None:
         init_optimizer_state(optimizer)
@@ -119,5 +169,5 @@ def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
         optimizer.load_state_dict(osd)
 
 
-__all__ = ["save_sharded", "load_sharded", "check_compatible", "init_optimizer_state",
+__all__ = ["save_sharded", "load_sharded", "start_writer_service", "check_compatible", "init_optimizer_state",
            "optimizer_sharded_state_dict"]

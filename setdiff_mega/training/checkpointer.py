@@ -32,9 +32,9 @@ import torch.distributed as dist
 from setdiff_mega.checkpoint.io import (CheckpointError, checkpoints_root, latest_checkpoint, prepare_staging,
                                         publish, read_state, resolve_checkpoint, staging_dir)
 from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config
-from setdiff_mega.checkpoint.sharded import load_sharded, save_sharded
+from setdiff_mega.checkpoint.sharded import load_sharded, save_sharded, start_writer_service
 
-FAULT_ENV = "SETDIFF_MEGA_FAULT"     # "kill_in_save:<step>": rank 0 dies by SIGKILL inside that save (tests)
+FAULT_ENV = "SETDIFF_MEGA_FAULT"     # "kill_in_save:<step>": the job dies by SIGKILL inside that save (tests)
 
 
 def _world() -> tuple[int, int]:
@@ -46,6 +46,15 @@ def _world() -> tuple[int, int]:
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def _die() -> None:
+    """SIGKILL this rank and its helper processes (what a node failure or ``kill -9`` of the job does)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rng_state() -> dict:
@@ -114,6 +123,7 @@ class Checkpointer:
         self.log = log
         self.save_dir = Path(cfg.train.save_dir)
         self.zero = cfg.train.zero_stage
+        start_writer_service()
 
     @property
     def optimizer_kind(self) -> str:
@@ -134,11 +144,11 @@ class Checkpointer:
             self._save_zero(tmp)
         (tmp / "rng").mkdir(exist_ok=True)
         torch.save(rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
+        if os.environ.get(FAULT_ENV, "") == f"kill_in_save:{step}":
+            _die()                                   # simulated crash: shards written, never published
         _barrier()
         final = tmp.with_name(tmp.name[: -len(".tmp")])
         if rank == 0:
-            if os.environ.get(FAULT_ENV, "") == f"kill_in_save:{step}":
-                os.kill(os.getpid(), signal.SIGKILL)          # simulated crash: shards written, not published
             dump_yaml(self.cfg, tmp / "config.yaml")
             self.tok.save(tmp / "tokenizer.json")
             tc = self.cfg.train

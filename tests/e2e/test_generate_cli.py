@@ -80,3 +80,41 @@ def test_generate_api_all_samplers(trained_run, mcore):
         assert [r["infill"] for r in res] == [False, True, True]
         assert res[1]["num_tokens"] == 3 and res[2]["num_tokens"] == 2
         assert all(r["nfe"] >= 1 and r["tokens_per_s"] > 0 for r in res)
+
+
+def test_convert_inspect_and_generate_from_the_hugging_face_export(trained_run, tmp_path):
+    """tools/convert_checkpoint.py to-hf / from-hf, tools/inspect_checkpoint.py on both formats, and
+    tools/generate.py giving the same greedy text from the native checkpoint and the export."""
+    save, _ = trained_run
+    hf_dir = tmp_path / "hf"
+    r = _run(["tools/convert_checkpoint.py", "to-hf", str(save), str(hf_dir)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "modeling_setdlm.py"} <= {
+        p.name for p in hf_dir.iterdir()}
+    outs = []
+    for ck in (save, hf_dir):
+        r = _run(["tools/generate.py", "--checkpoint", str(ck), "--prompt", "Question:", "--max-new-tokens", "10"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append([line for line in r.stdout.splitlines() if not line.startswith("---")])
+    assert outs[0] == outs[1]
+
+    r = _run(["tools/inspect_checkpoint.py", str(save), "--json", str(tmp_path / "native.json")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    native = json.loads((tmp_path / "native.json").read_text())
+    assert native["step"] == 12 and native["kind"] == "training" and native["optimizer_tensors"] > 0
+    assert "step 12" in r.stdout and "output_layer.weight" in r.stdout
+    r = _run(["tools/inspect_checkpoint.py", str(hf_dir), "--json", str(tmp_path / "hf.json")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    exported = json.loads((tmp_path / "hf.json").read_text())
+    assert exported["format"] == "huggingface" and exported["step"] == 12
+    assert exported["parameters"] == native["parameters"]
+
+    r = _run(["tools/convert_checkpoint.py", "from-hf", str(hf_dir), str(tmp_path / "back")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _run(["tools/inspect_checkpoint.py", str(tmp_path / "back"), "--json", str(tmp_path / "back.json")])
+    back = json.loads((tmp_path / "back.json").read_text())
+    assert back["kind"] == "weights" and back["step"] == 12
+    strip = lambda rep: [(t["name"], t["sha256"]) for t in rep["tensors"]]  # noqa: E731
+    assert strip(back) == strip(native)                   # bit-identical weights after the round trip
+    r = _run(["tools/convert_checkpoint.py", "from-hf", str(save), str(tmp_path / "x")])
+    assert r.returncode == 2 and "is not an exported setdiff-mega directory" in r.stderr
