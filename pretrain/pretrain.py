@@ -35,7 +35,7 @@ def main(argv=None) -> int:
                "final_val_loss": round(result.final_val_loss, 4), "checkpoint": result.checkpoint,
                "sample_tokens_per_s": round(result.sample_tokens_per_s, 1),
                "processed_tokens_per_s": round(result.processed_tokens_per_s, 1),
-               "num_parameters": result.num_parameters}
+               "num_parameters": result.num_parameters, "stopped_by": result.stopped_by}
     if is_main_process():                     # one summary per job, not one per rank
         out = Path(cfg.train.save_dir) / "summary.json"
         out.write_text(json.dumps(summary, indent=2))

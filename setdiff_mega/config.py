@@ -106,6 +106,7 @@ class TrainConfig:
     num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
     init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout)
     zero_stage: int = 0                          # 0: project AdamW; 1/2/3: DeepSpeed ZeRO over the DP group
+    peak_tflops: Optional[float] = None          # per-device dense bf16 peak for MFU (None: known GPUs only)
 
 
 @dataclass
@@ -121,6 +122,8 @@ class LoggingConfig:
 class ParallelConfig:
     tensor_model_parallel_size: int = 1          # TP: splits heads / MLP / vocab over ranks
     pipeline_model_parallel_size: int = 1        # PP: splits layers over stages (megatron-core 1F1B)
+    virtual_pipeline_model_parallel_size: Optional[int] = None   # V >= 2: V model chunks per stage,
+                                                 # interleaved 1F1B (smaller pipeline bubble)
     sequence_parallel: bool = False              # SP (needs TP > 1): norms / dropout on sequence shards
                                                  # DP = world size / (TP * PP), from the launcher
 
@@ -357,6 +360,21 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
         raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
     if m.num_layers % pp:
         raise ConfigError(f"PP={pp} does not divide model.num_layers={m.num_layers} into equal stages")
+    vp = p.virtual_pipeline_model_parallel_size
+    if vp is not None:
+        tc = cfg.train
+        if vp < 2 or pp < 2:
+            raise ConfigError(f"parallel.virtual_pipeline_model_parallel_size={vp} needs V >= 2 and PP >= 2 (PP={pp}); "
+                              f"remove it for the plain 1F1B schedule")
+        if m.num_layers % (pp * vp):
+            raise ConfigError(f"PP={pp} x V={vp} = {pp * vp} model chunks do not divide model.num_layers="
+                              f"{m.num_layers}; choose V so that layers / (PP x V) is a whole number")
+        if tc.grad_accum_steps % pp:
+            raise ConfigError(f"the interleaved schedule runs micro-batches in groups of PP={pp}: "
+                              f"train.grad_accum_steps={tc.grad_accum_steps} must be a multiple of {pp}")
+        if tc.micro_batch_size % pp:
+            raise ConfigError(f"with interleaved stages, validation splits each micro-batch into PP={pp} parts: "
+                              f"train.micro_batch_size={tc.micro_batch_size} must be a multiple of {pp}")
     if cfg.train.keep_last < 0 or cfg.train.save_interval < 0:
         raise ConfigError(f"train.keep_last={cfg.train.keep_last} and train.save_interval={cfg.train.save_interval} "
                           f"must be >= 0 (0 = keep all / save only at the end)")

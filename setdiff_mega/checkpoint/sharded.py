@@ -160,7 +160,7 @@ def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
         what = "model and optimizer" if optimizer is not None else "model"
         raise CheckpointError(f"could not read the {what} from '{path}' ({type(e).__name__}: {e}); a shard file "
                               f"is missing or truncated; use an earlier checkpoint") from None
-    model.load_state_dict(loaded["model"])
+    model.load_sharded_state(loaded["model"])
     if optimizer is not None:
         osd = loaded["optimizer"]
         step = torch.tensor(float(osd.pop("adam_step")))

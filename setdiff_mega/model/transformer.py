@@ -43,7 +43,7 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> 
 
 
 def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
-                       sequence_parallel: bool = False) -> TransformerConfig:
+                       sequence_parallel: bool = False, vp: int | None = None) -> TransformerConfig:
     """megatron-core TransformerConfig from a :class:`setdiff_mega.config.ModelConfig`."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     swiglu = mc.activation == "swiglu"
@@ -57,6 +57,7 @@ def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=dtype, bf16=precision == "bf16", pipeline_dtype=dtype,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel and tp > 1,
+        virtual_pipeline_model_parallel_size=vp,
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
     )
@@ -69,7 +70,7 @@ class SetDiffusionTransformer(MegatronModule):
                  make_vocab_size_divisible_by: int = 128, max_position_embeddings: int = 4096,
                  rotary_base: int = 10000, rotary_percent: float = 1.0, head_bias: bool = True,
                  zero_init_head: bool = True, tie_embeddings: bool = False,
-                 pre_process: bool = True, post_process: bool = True):
+                 pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None):
         super().__init__(config=config)
         if spec is None:
             spec, _ = layer_spec("auto", "sdpa", config.normalization)
@@ -87,8 +88,9 @@ class SetDiffusionTransformer(MegatronModule):
                                                     scatter_to_sequence_parallel=True)
         self.rope = PerSampleRotary(config.kv_channels, rotary_percent, rotary_base,
                                     initial_positions=max_position_embeddings)
+        self.vp_stage = vp_stage
         self.decoder = TransformerBlock(config=config, spec=spec, pre_process=pre_process,
-                                        post_process=post_process)
+                                        post_process=post_process, vp_stage=vp_stage)
         if post_process:
             if tie_embeddings and not pre_process:
                 raise ValueError("tie_embeddings needs the embedding and the head on the same pipeline stage")
@@ -159,6 +161,10 @@ class SetDiffusionTransformer(MegatronModule):
             for c in cores:
                 c.kv_cache = None
 
+    def load_sharded_state(self, state: dict) -> None:
+        """Inverse of ``sharded_state_dict()`` once a checkpoint has filled it in."""
+        self.load_state_dict(state)
+
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings and self.pre_process:
@@ -166,29 +172,69 @@ class SetDiffusionTransformer(MegatronModule):
         return n
 
 
-def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bool | None = None,
-                post_process: bool | None = None, sequence_parallel: bool = False) -> SetDiffusionTransformer:
-    """Build this rank's part of the model (its TP shard and PP stage); mcore's parallel state must be set."""
-    from megatron.core import parallel_state as ps
+class ModelChunks(torch.nn.ModuleList):
+    """The V model chunks one rank holds under interleaved pipeline parallelism (virtual stages).
 
-    pre_process = ps.is_pipeline_first_stage() if pre_process is None else pre_process
-    post_process = ps.is_pipeline_last_stage() if post_process is None else post_process
+    Chunk v of pipeline rank r holds global layers ``(v * PP + r) * n + [0, n)`` (n = layers / (PP x V)); the
+    embedding sits in chunk 0 of rank 0 and the head in chunk V-1 of the last rank. megatron-core's
+    interleaved schedule runs the list; parameters, gradients and checkpoints see all chunks (each chunk's
+    sharded state dict uses global layer indices, so the checkpoint is the same as any other layout's).
+    """
+
+    def __init__(self, chunks):
+        super().__init__(chunks)
+        first = chunks[0]
+        self.config, self.vocab_size, self.padded_vocab_size = first.config, first.vocab_size, first.padded_vocab_size
+        self.pre_process = any(c.pre_process for c in chunks)
+        self.post_process = any(c.post_process for c in chunks)
+
+    @property
+    def chunks(self) -> list:
+        return list(self)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        return {f"chunk{i}": c.sharded_state_dict(prefix, sharded_offsets, metadata) for i, c in enumerate(self)}
+
+    def load_sharded_state(self, state: dict) -> None:
+        for i, c in enumerate(self):
+            c.load_state_dict(state[f"chunk{i}"])
+
+
+def model_chunks(model) -> list:
+    """The list of modules a pipeline schedule runs: the chunks, or the model itself."""
+    return model.chunks if isinstance(model, ModelChunks) else [model]
+
+
+def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bool | None = None,
+                post_process: bool | None = None, sequence_parallel: bool = False):
+    """Build this rank's part of the model (its TP shard and PP stage, or its V chunks under interleaved
+    pipeline parallelism: a :class:`ModelChunks`); mcore's parallel state must be set."""
+    from megatron.core import parallel_state as ps
 
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
-    cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp, sequence_parallel=sequence_parallel)
+    vp = ps.get_virtual_pipeline_model_parallel_world_size()
+    cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp, sequence_parallel=sequence_parallel, vp=vp)
     sp = sequence_parallel and tp > 1
     spec, impl = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization, sequence_parallel=sp)
     if sp and impl == "local":
-        spec = block_spec(spec, cfg.num_layers // pp, True)
-    model = SetDiffusionTransformer(
-        cfg, vocab_size, spec=spec, make_vocab_size_divisible_by=mc.make_vocab_size_divisible_by,
-        max_position_embeddings=mc.max_position_embeddings, rotary_base=mc.rotary_base,
-        rotary_percent=mc.rotary_percent, head_bias=mc.head_bias, zero_init_head=mc.zero_init_head,
-        tie_embeddings=mc.tie_embeddings, pre_process=pre_process, post_process=post_process)
-    if torch.cuda.is_available():
-        model = model.cuda()
-    return model
+        spec = block_spec(spec, cfg.num_layers // (pp * (vp or 1)), True)
+
+    def chunk(vp_stage):
+        pre = ps.is_pipeline_first_stage(ignore_virtual=vp is None, vp_stage=vp_stage)
+        post = ps.is_pipeline_last_stage(ignore_virtual=vp is None, vp_stage=vp_stage)
+        model = SetDiffusionTransformer(
+            cfg, vocab_size, spec=spec, make_vocab_size_divisible_by=mc.make_vocab_size_divisible_by,
+            max_position_embeddings=mc.max_position_embeddings, rotary_base=mc.rotary_base,
+            rotary_percent=mc.rotary_percent, head_bias=mc.head_bias, zero_init_head=mc.zero_init_head,
+            tie_embeddings=mc.tie_embeddings, pre_process=pre if pre_process is None else pre_process,
+            post_process=post if post_process is None else post_process, vp_stage=vp_stage)
+        return model.cuda() if torch.cuda.is_available() else model
+
+    if vp is None:
+        return chunk(None)
+    return ModelChunks([chunk(v) for v in range(vp)])
 
 
-__all__ = ["SetDiffusionTransformer", "build_model", "transformer_config", "padded_vocab_size"]
+__all__ = ["SetDiffusionTransformer", "ModelChunks", "model_chunks", "build_model", "transformer_config",
+           "padded_vocab_size"]

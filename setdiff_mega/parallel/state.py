@@ -54,7 +54,8 @@ def discover_launcher_env(env=None) -> dict | None:
 
 
 def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-               seed: int = 1234, backend: str | None = None) -> DistributedEnv:
+               seed: int = 1234, backend: str | None = None,
+               virtual_pipeline_model_parallel_size: int | None = None) -> DistributedEnv:
     """Initialise torch.distributed (if needed), mcore parallel state and the model-parallel RNG."""
     from setdiff_mega.model import mcore_cpu
 
@@ -80,7 +81,8 @@ def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not divisible by TP*PP = {tp}*{pp} = {tp * pp}")
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size)
     model_parallel_cuda_manual_seed(seed)
     return DistributedEnv(rank=dist.get_rank(), world_size=world,
                           local_rank=int(os.environ.get("LOCAL_RANK", 0)), backend=backend)

@@ -189,7 +189,16 @@ class Checkpointer:
     def load_weights(self, found: tuple[Path, dict]) -> None:
         """Before the optimizer / engine exist: the weights (any layout) after checking the architecture."""
         ck, state = found
-        check_model_config(checkpoint_config(ck).model, self.cfg.model, f"checkpoint '{ck}'")
+        saved = checkpoint_config(ck)
+        check_model_config(saved.model, self.cfg.model, f"checkpoint '{ck}'")
+        for section, name in (("objective", "name"), ("objective", "D"), ("objective", "S_max"),
+                              ("objective", "block_size"), ("data", "seq_length")):
+            a, b = getattr(getattr(saved, section), name), getattr(getattr(self.cfg, section), name)
+            if a != b:
+                raise CheckpointError(f"checkpoint '{ck}' (train.resume={self.cfg.train.resume}) was trained with "
+                                      f"{section}.{name}={a!r}, this run has {b!r}: to continue it keep {a!r}; for a "
+                                      f"new run use another train.save_dir (or train.resume=none), and "
+                                      f"train.init_from={ck} to start from its weights")
         if state.get("kind") != "training":
             raise CheckpointError(f"'{ck}' is a weights-only checkpoint (no optimizer or data position); "
                                   f"start from it with train.init_from={ck} instead of train.resume")

@@ -1,8 +1,9 @@
 """Forward / backward / gradient bookkeeping for any (TP, PP, DP) layout.
 
 * PP = 1: micro-batches run through the (optionally DDP-wrapped) model, loss / n_micro each.
-* PP > 1: megatron-core's pipeline schedule (1F1B) runs the micro-batches; losses live on the last
-  stage and are broadcast over the pipeline group so every rank logs and checks the same number.
+* PP > 1: megatron-core's pipeline schedule (1F1B, or interleaved 1F1B over the V model chunks of
+  each rank when virtual stages are set) runs the micro-batches; losses live on the last stage and are
+  broadcast over the pipeline group so every rank logs and checks the same number.
 * Gradients: DDP averages over the data-parallel group for PP = 1; for PP > 1 they are averaged here
   with one flat all-reduce per step (:func:`allreduce_dp_grads`).
 * Clipping (:func:`clip_grad_norm`): the global L2 norm sums squared gradients over every TP / PP shard,
@@ -21,6 +22,7 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast):
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from setdiff_mega.model import mcore_cpu
+    from setdiff_mega.model.transformer import model_chunks
 
     def forward_step(data_iterator, model):
         inp = next(data_iterator)
@@ -33,8 +35,11 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast):
         return out, loss_func
 
     T, B = micro[0].tokens.shape[1], micro[0].tokens.shape[0]
+    chunks = model_chunks(model)
+    # interleaved: every chunk consumes the micro-batches in order from its own iterator
+    data = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
     with mcore_cpu.cuda_redirect(), autocast():
-        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+        out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=chunks,
                                           num_microbatches=len(micro), seq_length=T, micro_batch_size=B,
                                           decoder_seq_length=T, forward_only=forward_only)
     stats = torch.zeros(3, dtype=torch.float64)
@@ -64,17 +69,20 @@ def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
 
 
 @torch.no_grad()
-def evaluate_batch(model, objective, inp, autocast) -> tuple[float, float, float]:
-    """(loss, nll_sum, num_tokens) of one batch on every rank, for any pipeline size."""
+def evaluate_batch(model, objective, micro: list, autocast) -> tuple[float, float]:
+    """(nll_sum, num_tokens) over the micro-batches ``micro`` on every rank, for any pipeline layout."""
     from megatron.core import parallel_state as ps
 
     if ps.get_pipeline_model_parallel_world_size() > 1:
-        s = _schedule_run(model, objective, [inp], True, autocast)
-        return float(s[0]), float(s[1]), float(s[2])
-    with autocast():
-        logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
-    loss, st = objective.loss(logits, inp)
-    return loss.item(), float(st["nll_sum"]), float(st["num_tokens"])
+        s = _schedule_run(model, objective, micro, True, autocast)
+        return float(s[1]), float(s[2])
+    nll = n = 0.0
+    for inp in micro:
+        with autocast():
+            logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+        _, st = objective.loss(logits, inp)
+        nll, n = nll + float(st["nll_sum"]), n + float(st["num_tokens"])
+    return nll, n
 
 
 def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:

@@ -13,7 +13,8 @@ checkpoints; a non-finite loss on any rank stops every rank. One optimizer step 
     clip grad norm -> NaN/Inf check (stops with a message, no update applied) -> AdamW step
 
 Throughput is reported both as sample tokens/s (L per sample) and processed tokens/s (the model
-processes 2L tokens per sample for SetDLM and BD3LM). Validation uses a fixed noise generator and a
+processes 2L tokens per sample for SetDLM and BD3LM), plus model TFLOP/s per device and, on a GPU with a
+known (or configured, ``train.peak_tflops``) bf16 peak, MFU (:mod:`.flops`). Validation uses a fixed noise generator and a
 fixed set of batches, so validation losses at different steps are comparable. ``precision=bf16``
 runs the forward under CPU/GPU autocast with fp32 master weights.
 """
@@ -104,10 +105,16 @@ def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 
     dp_rank = ps.get_data_parallel_rank() if ps.model_parallel_is_initialized() else 0
     sums = torch.zeros(2, dtype=torch.float64)
     it = batches(dataset, mbs, dp_rank * mbs, dp * mbs, bos_eos=bos_eos)
+    # interleaved pipeline stages need >= PP micro-batches per schedule run: split each batch into PP parts
+    parts = ps.get_pipeline_model_parallel_world_size() \
+        if ps.model_parallel_is_initialized() and ps.get_virtual_pipeline_model_parallel_world_size() else 1
     for _ in range(iters):
         batch = next(it)
-        inp = build_inputs_per_sample(objective, batch["tokens"], batch["sample_ids"], seed, training=False)
-        _, s, n = evaluate_batch(model, objective, inp, lambda: autocast_context(cfg.train.precision))
+        ids = batch["sample_ids"]
+        step = len(ids) // parts
+        micro = [build_inputs_per_sample(objective, batch["tokens"][j:j + step], ids[j:j + step], seed,
+                                         training=False) for j in range(0, len(ids), step)]
+        s, n = evaluate_batch(model, objective, micro, lambda: autocast_context(cfg.train.precision))
         sums += torch.tensor([s, n], dtype=torch.float64)
     if dp > 1:
         dist.all_reduce(sums, group=ps.get_data_parallel_group())
@@ -127,6 +134,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     from setdiff_mega.parallel import initialize
 
     from .checkpointer import Checkpointer, ExitSignals
+    from .flops import flops_per_sample, peak_flops
     from .loggers import MetricLogger, plot_loss_curve
     from .optim import build_optimizer, lr_at, set_lr
     from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
@@ -142,7 +150,9 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         if info["max_token_id"] >= vocab:
             check_dataset(p, vocab)                    # raises the vocabulary-mismatch error
     pc = cfg.parallel
-    env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed)
+    validate_layout(cfg)                               # sizes against the model, before any process group
+    env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed,
+                     virtual_pipeline_model_parallel_size=pc.virtual_pipeline_model_parallel_size)
     validate_layout(cfg, env.world_size)
     main = env.rank == 0
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
@@ -186,6 +196,8 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         start_step, consumed = int(resumed["step"]), int(resumed["consumed_samples"])
     n_params = _total_parameters(model)
     L = dc.seq_length
+    sample_flops = flops_per_sample(cfg.model, model.padded_vocab_size, objective.name, L)
+    peak = peak_flops(tc.peak_tflops)
     proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
     save_dir = Path(tc.save_dir)
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
@@ -253,8 +265,12 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 if done % tc.log_interval == 0 or done == tc.train_steps:
                     dt = time.perf_counter() - t_window
                     sample_tps, proc_tps = tok_window / dt, proc_window / dt
-                    logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm),
-                                "perf/sample_tokens_per_s": sample_tps, "perf/processed_tokens_per_s": proc_tps,
+                    tflops = sample_tps / L * sample_flops / env.world_size / 1e12      # per device
+                    perf = {"perf/sample_tokens_per_s": sample_tps, "perf/processed_tokens_per_s": proc_tps,
+                            "perf/model_tflops_per_device": tflops}
+                    if peak:
+                        perf["perf/mfu"] = tflops * 1e12 / peak
+                    logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm), **perf,
                                 "data/consumed_samples": consumed}, done)
                     t_window, tok_window, proc_window = time.perf_counter(), 0, 0
                 logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{sample_tps:,.0f}"})

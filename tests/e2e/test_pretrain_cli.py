@@ -45,9 +45,12 @@ def test_baselines_train_in_process(data_dir, tmp_path, mcore, objective):
 
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml", [*TINY, "train.train_steps=8", f"objective.name={objective}",
                                                         f"data.path={data_dir / 'corpus'}",
-                                                        f"train.save_dir={tmp_path}", "train.lr=3e-3"])
+                                                        f"train.save_dir={tmp_path}", "train.lr=3e-3",
+                                                        "train.peak_tflops=1.0"])
     res = train(cfg, log=lambda *a: None)
     assert res.final_val_loss < res.initial_val_loss
+    perf = [r for r in res.history if "perf/mfu" in r][-1]          # MFU against the configured peak
+    assert perf["perf/mfu"] == pytest.approx(perf["perf/model_tflops_per_device"] / 1.0) and perf["perf/mfu"] > 0
     ratio = res.processed_tokens_per_s / res.sample_tokens_per_s
     assert ratio == pytest.approx({"ar": 31 / 32, "mdlm": 1.0, "bd3lm": 2.0}[objective], rel=1e-6)
 
@@ -125,3 +128,20 @@ def test_dataset_written_by_megatron_builder_trains(data_dir, tmp_path, mcore):
                                                         f"train.save_dir={tmp_path / 'run'}", "train.lr=3e-3"])
     res = train(cfg, log=lambda *a: None)
     assert res.final_val_loss < res.initial_val_loss
+
+
+def test_rerun_continues_and_a_changed_run_is_refused(trained_run, data_dir):
+    """train.resume=auto: the same command on a finished run has nothing to train; another objective or
+    model size in the same save_dir stops with the difference and the fix."""
+    save, _ = trained_run
+    base = ["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=12",
+            f"data.path={data_dir / 'corpus'}", f"train.save_dir={save}", "train.save_interval=5"]
+    r = _run(base)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "is already at train.train_steps=12: nothing to train" in r.stdout + r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["final_step"] == 12
+    r = _run(base + ["objective.name=ar"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "was trained with objective.name='setdlm', this run has 'ar'" in r.stderr and "train.init_from=" in r.stderr
+    r = _run(base + ["model.hidden_size=64"])
+    assert r.returncode == 2 and "was trained with model.hidden_size=32, this run has model.hidden_size=64" in r.stderr

@@ -154,3 +154,22 @@ def test_cuda_redirect_is_scoped(mcore):
         z = torch.zeros(2, device="cuda")            # an mcore-style literal works inside the scope
         assert z.device.type == "cpu" and z.type() == "torch.cuda.FloatTensor"
     assert torch.zeros(1).type() == "torch.FloatTensor"   # and nothing leaks outside it
+
+
+@pytest.mark.parametrize("over", [dict(), dict(activation="swiglu", num_query_groups=2, add_bias_linear=True),
+                                  dict(normalization="RMSNorm", ffn_hidden_size=48)])
+def test_flop_count_uses_the_real_parameter_count(mcore, over):
+    """The analytic body parameter count (the 6 * T * P term of the MFU) equals the built model's."""
+    from setdiff_mega.config import ModelConfig
+    from setdiff_mega.model import build_model
+    from setdiff_mega.training.flops import body_parameters, flops_per_sample, peak_flops, processed_positions
+
+    mc = ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, **over)
+    model = build_model(mc, 61)
+    assert body_parameters(mc) == sum(p.numel() for p in model.decoder.layers.parameters())
+    assert processed_positions("setdlm", 16) == (32, 16) and processed_positions("ar", 16) == (15, 15)
+    f = flops_per_sample(mc, model.padded_vocab_size, "setdlm", 16)
+    assert f == 6 * 32 * body_parameters(mc) + 6 * 16 * 32 * model.padded_vocab_size + 12 * 3 * 32 * 32 * 32
+    assert peak_flops(100.0) == 1e14
+    if not torch.cuda.is_available():
+        assert peak_flops() is None

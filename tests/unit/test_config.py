@@ -64,6 +64,13 @@ def test_defaults_are_valid():
      r"TP=2 does not divide the 1 KV groups"),
     (["parallel.pipeline_model_parallel_size=8"], r"PP=8 is larger than model.num_layers=4"),
     (["parallel.pipeline_model_parallel_size=3"], r"PP=3 does not divide model.num_layers=4"),
+    (["parallel.virtual_pipeline_model_parallel_size=2"], r"virtual_pipeline_model_parallel_size=2 needs V >= 2 "
+                                                           r"and PP >= 2 \(PP=1\)"),
+    (["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=4"],
+     r"PP=2 x V=4 = 8 model chunks do not divide model.num_layers=4"),
+    (["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2",
+      "train.grad_accum_steps=3"], r"train.grad_accum_steps=3 must be a multiple of 2"),
+    (["train.keep_last=-1"], r"train.keep_last=-1 and train.save_interval=0 must be >= 0"),
 ])
 def test_impossible_layouts_fail_with_the_sizes(overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):

@@ -1,0 +1,72 @@
+"""Model FLOPs per training sample for each objective, and model FLOPs utilisation (MFU).
+
+Counted for one L-token sample, forward + backward (3x the forward), with T processed positions
+(AR: L - 1; MDLM: L; BD3LM and SetDLM: 2L) and N positions that need logits (AR, MDLM: T; BD3LM,
+SetDLM: the L noisy positions only, the head is sliced):
+
+    linear   = 6 * T * P_body                    P_body: parameters of the transformer layers
+    head     = 6 * N * H * V_padded              (the embedding lookup is free)
+    attention = 12 * layers * H * T^2            scores and weighted values over all T x T pairs
+
+Attention is counted dense (T^2) for every objective: the set-causal, block and causal masks are run
+by dense kernels unless a structured backend skips the masked blocks, so this is the work the
+hardware does; it is the convention of Megatron-LM's MFU for causal models as well. MFU divides the
+achieved model FLOP/s by the accelerator's dense bf16 peak.
+"""
+from __future__ import annotations
+
+import torch
+
+# dense bf16 peak TFLOP/s per device (no sparsity)
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
+               "B200": 2250.0, "GH200": 989.0}
+
+
+def processed_positions(objective: str, L: int) -> tuple[int, int]:
+    """(T positions the model processes, N positions that get logits) per L-token sample."""
+    if objective == "ar":
+        return L - 1, L - 1
+    if objective == "mdlm":
+        return L, L
+    return 2 * L, L
+
+
+def body_parameters(mc) -> int:
+    """Parameters of the transformer layers (attention, MLP, norms), from the model config."""
+    h = mc.hidden_size
+    heads = mc.num_attention_heads
+    groups = mc.num_query_groups or heads
+    d = h // heads
+    ffn = mc.ffn_hidden_size or 4 * h
+    bias = 1 if mc.add_bias_linear else 0
+    qkv = h * (heads + 2 * groups) * d + bias * (heads + 2 * groups) * d
+    proj = heads * d * h + bias * h
+    fc1 = h * ffn * (2 if mc.activation == "swiglu" else 1) + bias * ffn * (2 if mc.activation == "swiglu" else 1)
+    fc2 = ffn * h + bias * h
+    norms = 2 * h * (2 if mc.normalization == "LayerNorm" else 1)
+    return mc.num_layers * (qkv + proj + fc1 + fc2 + norms)
+
+
+def flops_per_sample(mc, padded_vocab: int, objective: str, L: int) -> float:
+    """Model FLOPs (forward + backward) of one L-token training sample."""
+    T, N = processed_positions(objective, L)
+    linear = 6.0 * T * body_parameters(mc)
+    head = 6.0 * N * mc.hidden_size * padded_vocab
+    attention = 12.0 * mc.num_layers * mc.hidden_size * T * T
+    return linear + head + attention
+
+
+def peak_flops(override_tflops: float | None = None) -> float | None:
+    """Dense bf16 peak FLOP/s of this process's device (None on CPU or an unknown GPU)."""
+    if override_tflops:
+        return override_tflops * 1e12
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_TFLOPS[key] * 1e12
+    return None
+
+
+__all__ = ["flops_per_sample", "processed_positions", "body_parameters", "peak_flops", "PEAK_TFLOPS"]
