@@ -221,8 +221,9 @@ class Checkpointer:
             else:
                 dp = ps.get_data_parallel_world_size()
                 if state.get("data_parallel_size") != dp:
-                    raise CheckpointError(f"'{ck / 'zero'}' holds ZeRO shards for DP={state.get('data_parallel_size')}, "
-                                          f"this run has DP={dp}; use the same world size / TP / PP, or set "
+                    raise CheckpointError(f"'{ck / 'zero'}' holds ZeRO shards for DP="
+                                          f"{state.get('data_parallel_size')}, this run has DP={dp}; use the same "
+                                          f"world size / TP / PP, or set "
                                           f"train.resume_optimizer=false to resume the weights only")
                 path, _ = self.engine.load_checkpoint(str(ck / "zero"), tag="state", load_optimizer_states=True,
                                                       load_lr_scheduler_states=False, load_module_strict=True)

@@ -13,10 +13,11 @@ checkpoints; a non-finite loss on any rank stops every rank. One optimizer step 
     clip grad norm -> NaN/Inf check (stops with a message, no update applied) -> AdamW step
 
 Throughput is reported both as sample tokens/s (L per sample) and processed tokens/s (the model
-processes 2L tokens per sample for SetDLM and BD3LM), plus model TFLOP/s per device and, on a GPU with a
-known (or configured, ``train.peak_tflops``) bf16 peak, MFU (:mod:`.flops`). Validation uses a fixed noise generator and a
-fixed set of batches, so validation losses at different steps are comparable. ``precision=bf16``
-runs the forward under CPU/GPU autocast with fp32 master weights.
+processes 2L tokens per sample for SetDLM and BD3LM), plus model TFLOP/s per device and, on a GPU with
+a known (or configured, ``train.peak_tflops``) bf16 peak, MFU (:mod:`.flops`). Validation uses a fixed
+noise generator and a fixed set of batches, so validation losses at different steps are comparable.
+``precision=bf16`` runs the forward under CPU/GPU autocast with fp32 master weights. Saving, exact
+resume (``train.resume=auto``) and SIGTERM / SIGUSR1 handling are in :mod:`.checkpointer`.
 """
 from __future__ import annotations
 
@@ -240,8 +241,8 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 for _ in range(tc.grad_accum_steps):
                     batch = next(stream)
                     tokens = batch["tokens"]
-                    micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], noise_seed + step_epoch(
-                        batch["sample_index"], len(train_ds))))
+                    seed = noise_seed + step_epoch(batch["sample_index"], len(train_ds))
+                    micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], seed))
                     consumed += tokens.shape[0] * dp
                     tok_window += tokens.numel() * dp
                     proc_window += tokens.shape[0] * proc_per_sample * dp
