@@ -1,0 +1,1 @@
+"""Evaluation: likelihoods, embedded tasks, scaling-law sweeps and fits, the lm-eval adapter."""

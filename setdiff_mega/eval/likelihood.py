@@ -1,0 +1,126 @@
+"""Per-sequence negative log-likelihoods for every objective (the numbers behind perplexity and lm-eval).
+
+For clean tokens x [B, L] with optional ``context`` (given, never scored) and ``padding`` [B, L] (bool),
+:func:`sequence_nll` returns, per sequence, ``nll`` [B] (nats, summed over the scored tokens) and ``count``
+[B] (the number of scored tokens):
+
+* AR: the exact -log p(x_target | x_<) (teacher forcing; position 0 is never predicted).
+* SetDLM: the any-order bound for one sampled order from the staggered prior, -log p(x | sigma); with
+  ``samples = K`` orders, the mean over K (``nll``) and the tighter -log mean_k p(x | sigma_k) (``nll_lme``;
+  both are upper bounds of -log p(x) in expectation). With ``keep_clean_bos``, BOS is not scored (method.md P7).
+* MDLM / BD3LM: the NELBO, sum over targets of 1/t * masked NLL for t ~ U[eps, 1] (per block for BD3LM),
+  averaged over K draws of t and of the mask (an upper bound of -log p(x)).
+
+Noise for row i and draw k comes from a generator seeded by (seed, row_ids[i], k), so results are
+reproducible and do not depend on batching (text: the chunk's index within its document; a dataset:
+the sample index). All scores use fp32 log-softmax with the MASK class excluded.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from setdiff_mega.diffusion import build_objective
+from setdiff_mega.diffusion.objectives import masked_token_nll
+
+
+def elbo_objective(objective):
+    """The same objective with 1/t ELBO weights (MDLM / BD3LM); others are returned unchanged."""
+    if objective.name not in ("mdlm", "bd3lm") or getattr(objective, "loss_weighting", "") == "elbo":
+        return objective
+    kw = {"block_size": objective.block_size} if objective.name == "bd3lm" else {}
+    t_eps = getattr(getattr(objective, "schedule", None), "eps", 1e-3)
+    return build_objective(objective.name, objective.mask_id, loss_weighting="elbo", t_eps=t_eps, **kw)
+
+
+@torch.no_grad()
+def sequence_nll(model, objective, tokens: torch.Tensor, context: torch.Tensor | None = None,
+                 padding: torch.Tensor | None = None, samples: int = 1, seed: int = 0, row_ids=None,
+                 autocast=None, greedy: bool = False) -> dict:
+    """{'nll': [B], 'count': [B], 'nll_lme': [B]} in float64 (see the module docstring); with ``greedy``,
+    also 'greedy' [B] (bool): every scored token is the argmax of its prediction in the first draw."""
+    import contextlib
+
+    obj = elbo_objective(objective)
+    B, L = tokens.shape
+    row_ids = list(range(B)) if row_ids is None else list(row_ids)
+    context = torch.zeros_like(tokens, dtype=torch.bool) if context is None else context.bool()
+    padding = torch.zeros_like(tokens, dtype=torch.bool) if padding is None else padding.bool()
+    target = ~(context | padding)
+    draws = []
+    count = None
+    is_greedy = []
+    for k in range(max(1, samples) if obj.name != "ar" else 1):
+        rows = []
+        for i in range(B):
+            g = torch.Generator(device=tokens.device).manual_seed(
+                (int(seed) * 1_000_003 + int(row_ids[i]) * 7919 + k) % (2 ** 63))
+            inp = obj.build_inputs(tokens[i:i + 1], context=context[i:i + 1], padding=padding[i:i + 1], generator=g,
+                                   training=False)
+            with (autocast() if autocast else contextlib.nullcontext()):
+                logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+            nll = masked_token_nll(logits, inp.targets, obj.mask_id).double()
+            m = inp.loss_mask.double()
+            w = m if inp.weights is None else m * inp.weights.double()
+            rows.append((nll * w).sum(-1))
+            if k == 0 and greedy:
+                lg = logits.float().index_fill(-1, torch.tensor([obj.mask_id], device=logits.device), float("-inf"))
+                hit = (lg.argmax(-1) == inp.targets) | ~inp.loss_mask
+                is_greedy.append(bool(hit.all()))
+            if k == 0:
+                n = target[i:i + 1].sum(-1).double() if inp.weights is not None else m.sum(-1)
+                count = n if count is None else torch.cat([count, n])
+        draws.append(torch.cat(rows))
+    d = torch.stack(draws)                                        # [K, B]
+    lme = -(torch.logsumexp(-d, 0) - math.log(d.shape[0]))
+    out = {"nll": d.mean(0), "nll_lme": lme, "count": count}
+    if greedy:
+        out["greedy"] = torch.tensor(is_greedy)
+    return out
+
+
+def chunk_documents(docs: list[list[int]], L: int, bos: int, eos: int) -> tuple[list[list[int]], list[int]]:
+    """Documents as ``[BOS] tokens [EOS]`` cut into pieces of at most L tokens (the last one shorter):
+    (pieces, index of each piece within its document). Pieces after the first start mid-document; they
+    are scored independently."""
+    out, ids = [], []
+    for d in docs:
+        seq = [bos, *d, eos]
+        for j, i in enumerate(range(0, len(seq), L)):
+            if len(seq[i:i + L]) > 1:
+                out.append(seq[i:i + L])
+                ids.append(j)
+    return out, ids
+
+
+def pad_batch(seqs: list[list[int]], L: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to L: (tokens [B, L], padding [B, L])."""
+    tokens = torch.full((len(seqs), L), pad, dtype=torch.long)
+    padding = torch.ones(len(seqs), L, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.tensor(s[:L])
+        padding[i, :len(s)] = False
+    return tokens, padding
+
+
+def text_nll(model, objective, tokenizer, texts: list[str], L: int, samples: int = 1, seed: int = 0,
+             batch_size: int = 8, progress=None) -> dict:
+    """Token-weighted NLL and perplexity of raw texts (chunked to L like training data)."""
+    chunks, ids = chunk_documents([tokenizer.encode(t) for t in texts], L, tokenizer.bos, tokenizer.eos)
+    total = total_lme = n = 0.0
+    for j in range(0, len(chunks), batch_size):
+        tokens, padding = pad_batch(chunks[j:j + batch_size], L, tokenizer.pad)
+        r = sequence_nll(model, objective, tokens, padding=padding, samples=samples, seed=seed,
+                         row_ids=ids[j:j + batch_size])
+        total += float(r["nll"].sum())
+        total_lme += float(r["nll_lme"].sum())
+        n += float(r["count"].sum())
+        if progress:
+            progress(len(chunks[j:j + batch_size]))
+    nll = total / max(n, 1.0)
+    return {"nll_per_token": nll, "ppl": math.exp(min(nll, 50)), "nll_per_token_lme": total_lme / max(n, 1.0),
+            "tokens": int(n), "sequences": len(chunks), "nll_sum": total}
+
+
+__all__ = ["sequence_nll", "text_nll", "chunk_documents", "pad_batch", "elbo_objective"]

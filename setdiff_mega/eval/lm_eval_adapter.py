@@ -1,0 +1,142 @@
+"""lm-evaluation-harness adapter: run the harness's tasks on a setdiff-mega checkpoint.
+
+    from setdiff_mega.eval.lm_eval_adapter import SetDiffLM      # registers model name "setdiff"
+    import lm_eval
+    lm_eval.simple_evaluate(model=SetDiffLM(checkpoint="runs/tiny_cpu"), tasks=["..."])
+    # or: python tools/lm_eval_harness.py --model_args checkpoint=runs/tiny_cpu --tasks ... (harness CLI flags)
+
+Requests (the harness's three kinds), for a context c and continuation y (token ids; the context
+starts with BOS and is cut from the left so that c + y fits the model's length L):
+
+* ``loglikelihood(c, y)``: -NLL of y given c from :func:`setdiff_mega.eval.likelihood.sequence_nll`: exact
+  for AR, the any-order bound with the context pinned for SetDLM (mean over ``orders`` sampled orders),
+  the NELBO for MDLM / BD3LM. ``is_greedy``: every continuation token is the argmax of its prediction (AR:
+  teacher forcing; SetDLM: under the first sampled order; MDLM / BD3LM: in the first noise draw, at the
+  positions it masked).
+* ``loglikelihood_rolling(s)``: the string as ``[BOS] s [EOS]`` chunked to L, summed: the same numbers as
+  ``tools/evaluate.py --text`` on that string.
+* ``generate_until(c, {until, max_gen_toks})``: the model's own sampler (SetDLM sets, AR tokens, BD3LM
+  blocks), greedy, cut at the first stop string.
+
+The harness is an optional extra (``pip install -e .[eval]``); this module imports it lazily.
+"""
+from __future__ import annotations
+
+import torch
+
+from .likelihood import chunk_documents, pad_batch, sequence_nll
+
+
+def _base_class():
+    try:
+        from lm_eval.api.model import LM
+    except ImportError as e:           # pragma: no cover - exercised only without the extra
+        raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install -e '.[eval]'") from e
+    return LM
+
+
+class SetDiffLMCore:
+    """Scoring and generation on a loaded checkpoint, independent of the harness's classes."""
+
+    def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, tau: float = 0.9,
+                 window: int | None = None, max_gen_toks: int = 64, batch_size: int = 8):
+        from setdiff_mega.checkpoint import load_model
+
+        self.model, self.objective, self.tok, self.cfg = load_model(checkpoint)
+        self.L = self.cfg.data.seq_length
+        self.orders, self.seed, self.tau, self.window = int(orders), int(seed), float(tau), window
+        self.max_gen_toks, self.batch_size = int(max_gen_toks), int(batch_size)
+
+    def _score(self, ctx: list[int], cont: list[int]) -> tuple[float, bool]:
+        keep = max(1, self.L - len(cont))
+        if len(cont) >= self.L:
+            raise ValueError(f"continuation of {len(cont)} tokens does not fit the model's length {self.L}")
+        ctx = ctx[-keep:]
+        seq = ctx + cont
+        n = len(seq)
+        T = n if self.objective.name == "ar" else self.L
+        tokens, padding = pad_batch([seq], T, self.tok.pad)
+        context = torch.zeros_like(padding)
+        context[0, :len(ctx)] = True
+        r = sequence_nll(self.model, self.objective, tokens, context=context, padding=padding,
+                         samples=self.orders, seed=self.seed, greedy=True)
+        return -float(r["nll"][0]), bool(r["greedy"][0])
+
+    def loglikelihood(self, pairs: list[tuple[str, str]]) -> list[tuple[float, bool]]:
+        out = []
+        for c, y in pairs:                    # the same noise for every request: scores are comparable
+            out.append(self._score([self.tok.bos, *self.tok.encode(c)], self.tok.encode(y)))
+        return out
+
+    def loglikelihood_rolling(self, texts: list[str]) -> list[float]:
+        out = []
+        for s in texts:
+            chunks, ids = chunk_documents([self.tok.encode(s)], self.L, self.tok.bos, self.tok.eos)
+            tokens, padding = pad_batch(chunks, self.L, self.tok.pad)
+            r = sequence_nll(self.model, self.objective, tokens, padding=padding, samples=self.orders,
+                             seed=self.seed, row_ids=ids)
+            out.append(-float(r["nll"].sum()))
+        return out
+
+    def generate_until(self, requests: list[tuple[str, dict]]) -> list[str]:
+        from setdiff_mega.inference import GenerationConfig, generate
+
+        o = self.cfg.objective
+        out = []
+        for ctx, kw in requests:
+            until = kw.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            gc = GenerationConfig(max_new_tokens=int(kw.get("max_gen_toks", self.max_gen_toks)),
+                                  window=self.window or o.D, tau=self.tau,
+                                  block_size=o.block_size if o.name == "bd3lm" else 32, stop_strings=tuple(until))
+            ids = self.tok.encode(ctx)
+            room = self.L - gc.max_new_tokens - 1
+            if len(ids) > room:                       # keep the end of a long context
+                ctx = self.tok.decode(ids[-max(room, 1):])
+            text = generate(self.model, self.tok, o.name, [ctx], gc, context=self.L, batch_size=1)[0]["text"]
+            for s in until:
+                if s and s in text:
+                    text = text[:text.index(s)]
+            out.append(text)
+        return out
+
+
+def make_lm_class():
+    """The harness model class (created on first use so that importing this module needs no harness)."""
+    LM = _base_class()
+    from lm_eval.api.registry import register_model
+
+    class SetDiffLM(LM):
+        """lm-eval model ``setdiff``: model_args ``checkpoint=...,orders=1,seed=0,tau=0.9,max_gen_toks=64``."""
+
+        def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, tau: float = 0.9, window=None,
+                     max_gen_toks: int = 64, batch_size: int = 8, **_):
+            super().__init__()
+            self.core = SetDiffLMCore(checkpoint, int(orders), int(seed), float(tau),
+                                      int(window) if window else None, int(max_gen_toks), int(batch_size))
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return self.core.loglikelihood([r.args for r in requests])
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return self.core.loglikelihood_rolling([r.args[0] for r in requests])
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return self.core.generate_until([r.args for r in requests])
+
+    return register_model("setdiff")(SetDiffLM)
+
+
+_CLASS = None
+
+
+def __getattr__(name):
+    global _CLASS
+    if name == "SetDiffLM":
+        if _CLASS is None:
+            _CLASS = make_lm_class()
+        return _CLASS
+    raise AttributeError(name)
+
+
+__all__ = ["SetDiffLM", "SetDiffLMCore", "make_lm_class"]

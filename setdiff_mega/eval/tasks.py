@@ -1,0 +1,128 @@
+"""The embedded tasks: math exact match and story infilling, decoded with a model's own sampler.
+
+* math (``tasks/math.jsonl``): prompt ``"Question: {question}\\nAnswer:"``; the answer is the number after
+  the last ``####`` of the generation (or, without one, its last number); exact match against ``answer``.
+* stories (``tasks/stories.jsonl``): the middle sentence of a five-sentence story is masked with its
+  true token length (oracle span, as in the paper's infilling evaluation); exact match and ROUGE-L F1
+  of the infilled sentence. ``left_only`` gives the sampler only the prefix (what an AR model can use)
+  and decodes the same number of tokens, for the infilling comparison.
+
+Examples that do not fit the model's context are skipped and counted (``skipped_too_long``). Every
+task result also reports tokens/s, NFE (model calls) and tokens per step of the decoding.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> str | None:
+    """The number after the last '####', else the last number in the text; commas removed."""
+    tail = text.rsplit("####", 1)[1] if "####" in text else text
+    nums = _NUM.findall(tail)
+    if not nums:
+        return None
+    return (nums[0] if "####" in text else nums[-1]).replace(",", "").rstrip(".")
+
+
+def _lcs(a: list, b: list) -> int:
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l(pred: str, ref: str) -> float:
+    """ROUGE-L F1 over lower-cased word tokens."""
+    p, r = re.findall(r"\w+", pred.lower()), re.findall(r"\w+", ref.lower())
+    if not p or not r:
+        return float(p == r)
+    lcs = _lcs(p, r)
+    if lcs == 0:
+        return 0.0
+    prec, rec = lcs / len(p), lcs / len(r)
+    return 2 * prec * rec / (prec + rec)
+
+
+def load_task(task_dir: str | Path, name: str, limit: int | None = None) -> list[dict]:
+    f = Path(task_dir) / f"{name}.jsonl"
+    if not f.is_file():
+        raise FileNotFoundError(f"'{f}' does not exist; run tools/prepare_data.py --embedded first (or pass "
+                                f"--tasks DIR)")
+    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    return rows[:limit] if limit else rows
+
+
+def _speed(results: list[dict]) -> dict:
+    toks = sum(r["num_tokens"] for r in results)
+    secs = sum({r["seconds"] for r in results}) or 1e-9          # rows of one batch share its time
+    steps = sum(r["steps"] for r in results) or 1
+    return {"tokens_per_s": toks / secs, "nfe": sum(r["nfe"] for r in results) / max(len(results), 1),
+            "tokens_per_step": toks / steps, "generated_tokens": toks}
+
+
+def math_accuracy(model, tok, method: str, rows: list[dict], gc, context: int, batch_size: int = 8,
+                  progress=None) -> dict:
+    from setdiff_mega.inference import generate
+
+    prompts = [(r, f"Question: {r['question']}\nAnswer:") for r in rows]
+    kept = [(r, q) for r, q in prompts if len(tok.encode(q)) + 2 <= context]    # BOS + at least one new token
+    if progress and len(kept) < len(rows):
+        progress(len(rows) - len(kept))
+    rows, reqs = [r for r, _ in kept], [q for _, q in kept]
+    out = generate(model, tok, method, reqs, gc, context=context, batch_size=batch_size, progress=progress) \
+        if reqs else []
+    correct = [extract_answer(o["text"]) == str(r["answer"]).replace(",", "") for o, r in zip(out, rows)]
+    return {"task": "math", "n": len(rows), "skipped_too_long": len(prompts) - len(rows),
+            "accuracy": sum(correct) / max(len(rows), 1), **_speed(out),
+            "examples": [{"question": r["question"], "answer": r["answer"], "generated": o["text"],
+                          "correct": c} for r, o, c in list(zip(rows, out, correct))[:3]]}
+
+
+def story_infill(model, tok, method: str, rows: list[dict], gc, context: int, batch_size: int = 8,
+                 left_only: bool = False, progress=None) -> dict:
+    import dataclasses
+
+    from setdiff_mega.inference import generate
+
+    reqs, refs, kept = [], [], []
+    for r in rows:
+        s = r["sentences"]
+        prefix, middle, suffix = " ".join(s[:2]), " " + s[2], " " + " ".join(s[3:])
+        span = len(tok.encode(middle))
+        need = len(tok.encode(prefix)) + span + 2 + (0 if left_only else len(tok.encode(suffix)))
+        if need > context:                       # does not fit the model's context
+            if progress:
+                progress(1)
+            continue
+        kept.append(r)
+        refs.append(middle.strip())
+        reqs.append(prefix if left_only else {"prefix": prefix, "suffix": suffix, "span": span})
+    skipped, rows = len(rows) - len(kept), kept
+    if left_only:      # continue the prefix for exactly the span's length (what a left-to-right model sees)
+        out = []
+        for q, r in zip(reqs, rows):
+            span = len(tok.encode(" " + r["sentences"][2]))
+            g = dataclasses.replace(gc, max_new_tokens=span, stop_at_eos=False)
+            out += generate(model, tok, method, [q], g, context=context, batch_size=1)
+            if progress:
+                progress(1)
+        preds = [o["text"] for o in out]
+    else:
+        out = generate(model, tok, method, reqs, gc, context=context, batch_size=batch_size, progress=progress) \
+            if reqs else []
+        preds = [o["text"] for o in out]
+    em = [p.strip() == ref for p, ref in zip(preds, refs)]
+    rl = [rouge_l(p, ref) for p, ref in zip(preds, refs)]
+    return {"task": "story_infill" + ("_left_only" if left_only else ""), "n": len(rows), "skipped_too_long": skipped,
+            "exact_match": sum(em) / max(len(rows), 1), "rouge_l": sum(rl) / max(len(rows), 1), **_speed(out),
+            "examples": [{"reference": ref, "generated": p} for ref, p in list(zip(refs, preds))[:3]]}
+
+
+__all__ = ["extract_answer", "rouge_l", "load_task", "math_accuracy", "story_infill"]

@@ -1,0 +1,114 @@
+"""tools/evaluate.py and the lm-evaluation-harness adapter on a briefly trained tiny model."""
+import json
+import random
+
+import pytest
+
+from .conftest import ROOT, TINY, _run
+
+
+@pytest.fixture(scope="module", params=["setdlm", "ar"])
+def trained(request, data_dir, tmp_path_factory, mcore):
+    from setdiff_mega.config import load_config
+    from setdiff_mega.training import train
+
+    save = tmp_path_factory.mktemp(f"eval_{request.param}")
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", [*TINY, "train.train_steps=400", "train.lr=5e-3",
+                                                        f"objective.name={request.param}", "objective.D=2",
+                                                        f"data.path={data_dir / 'corpus'}", f"train.save_dir={save}",
+                                                        "train.eval_interval=0", "model.hidden_size=64"])
+    train(cfg, log=lambda *a: None)
+    return save, request.param
+
+
+def _stories(data_dir, n):
+    rows = [json.loads(x) for x in (data_dir / "tasks" / "stories.jsonl").read_text().splitlines()[:n]]
+    return rows
+
+
+def test_loglikelihood_ranks_correct_continuations_and_agrees_with_evaluate(trained, data_dir, tmp_path):
+    from setdiff_mega.eval.lm_eval_adapter import SetDiffLMCore
+
+    save, objective = trained
+    core = SetDiffLMCore(str(save), orders=2)
+    rows = _stories(data_dir, 6)
+    pairs, corrupted = [], []
+    rng = random.Random(0)
+    for r in rows:
+        ctx, cont = r["sentences"][0], " " + r["sentences"][1]
+        words = cont.split()
+        rng.shuffle(words)
+        pairs.append((ctx, cont))
+        corrupted.append((ctx, " " + " ".join(words)))
+    good, bad = core.loglikelihood(pairs), core.loglikelihood(corrupted)
+    assert all(g[0] > b[0] for g, b in zip(good, bad)), (good, bad)
+    assert all(g[0] < 0 for g in good)
+
+    # loglikelihood_rolling == -(tools/evaluate.py --text NLL sum) on the same text
+    texts = [" ".join(r["sentences"]) for r in rows[:3]]
+    f = tmp_path / "held.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "eval.json"
+    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--text", str(f), "--no-tasks", "--orders", "2",
+              "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    lk = json.loads(out.read_text())["likelihood"]
+    rolling = core.loglikelihood_rolling(texts)
+    assert -sum(rolling) == pytest.approx(lk["nll_sum"], rel=1e-9)
+    assert f"{objective} | NLL" in r.stdout
+
+
+def test_lm_eval_harness_runs_a_local_task(trained, tmp_path):
+    """A local multiple-choice task (no downloads) through lm_eval.simple_evaluate."""
+    pytest.importorskip("lm_eval")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from setdiff_mega.eval.lm_eval_adapter import SetDiffLM
+
+    save, _ = trained
+    docs = [{"context": "Question: Sam has 3 apples. Then she buys 2 more. How many apples does Sam have now?\n"
+                        "Answer:", "choices": [" Sam starts with 3 apples.", " zebra quantum lattice"], "label": 0},
+            {"context": "Ava was a baker who lived in a small town.", "choices": [" One day", " ### ###"], "label": 0}]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tiny_mc.yaml").write_text(f"""task: setdiff_tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+""")
+    model = SetDiffLM(checkpoint=str(save))
+    res = lm_eval.simple_evaluate(model=model, tasks=["setdiff_tiny_mc"],
+                                  task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
+    acc = res["results"]["setdiff_tiny_mc"]["acc,none"]
+    assert 0.0 <= acc <= 1.0
+    text = model.core.generate_until([("Question: Sam has 3 apples.\nAnswer:", {"until": ["\n"], "max_gen_toks": 8})])
+    assert len(text) == 1 and "\n" not in text[0]
+
+
+def test_evaluate_cli_tasks_and_likelihood(trained_run, tmp_path):
+    save, _ = trained_run
+    out = tmp_path / "e.json"
+    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--limit", "3", "--max-sequences", "8",
+              "--max-new-tokens", "12", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["likelihood"]["sequences"] == 8 and rep["likelihood"]["ppl"] > 1
+    # L = 32: the math prompts do not fit and are skipped (counted); the short stories are infilled
+    assert rep["math"]["n"] + rep["math"]["skipped_too_long"] == 3 and 0 <= rep["math"]["accuracy"] <= 1
+    assert rep["infill"]["n"] + rep["infill"]["skipped_too_long"] == 3 and 0 <= rep["infill"]["rouge_l"] <= 1
+    assert rep["infill_left_only"]["task"] == "story_infill_left_only"
+    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--text", "/nonexistent.txt", "--no-tasks"])
+    assert r.returncode == 2 and "'/nonexistent.txt' does not exist" in r.stderr

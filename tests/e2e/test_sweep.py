@@ -1,0 +1,67 @@
+"""tools/sweep.py end to end on a tiny grid: runs, results CSV, re-invocation skips finished runs, emit mode,
+collect with too few runs for a fit, and the plot."""
+import csv
+import json
+
+import yaml
+
+from .conftest import ROOT, _run
+
+
+def _grid(tmp_path, data_dir, **extra):
+    grid = {"name": "t", "out_dir": str(tmp_path / "sweep"), "base_config": "configs/tiny_cpu.yaml",
+            "overrides": [f"data.path={data_dir / 'corpus'}", "data.seq_length=32", "train.eval_interval=0",
+                          "train.eval_iters=1", "train.log_interval=1", "train.warmup_steps=1",
+                          "logging.wandb=disabled", "logging.progress=false"],
+            "objectives": ["ar"], "seeds": [0],
+            "models": [{"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2},
+                       {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2}],
+            "tokens": [256], "global_batch_size": 4, "micro_batch_size": 2, "budget_flops": 1e12, **extra}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def test_sweep_runs_collects_and_skips_finished_runs(data_dir, tmp_path):
+    grid = _grid(tmp_path, data_dir)
+    r = _run(["tools/sweep.py", str(grid), "--bootstrap", "5"])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "2 run(s) trained, 0 already finished" in r.stdout
+    out = tmp_path / "sweep"
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert len(rows) == 2 and {row["objective"] for row in rows} == {"ar"}
+    assert all(int(row["D"]) == 2 * 4 * 32 and float(row["flops"]) > 0 for row in rows)   # 2 steps of 4 x 32
+    assert int(rows[0]["N"]) < int(rows[1]["N"])
+    fits = json.loads((out / "fit.json").read_text())
+    assert "at least 5" in fits["ar"]["error"]
+    assert (out / "scaling.png").stat().st_size > 1000
+    summaries = sorted(out.glob("runs/*/summary.json"))
+    stamps = [p.stat().st_mtime_ns for p in summaries]
+
+    r = _run(["tools/sweep.py", str(grid), "--bootstrap", "5"])              # idempotent
+    assert r.returncode == 0 and "skipping 2 finished run(s)" in r.stderr + r.stdout
+    assert "0 run(s) trained, 2 already finished" in r.stdout
+    assert [p.stat().st_mtime_ns for p in summaries] == stamps
+
+    r = _run(["tools/sweep.py", str(_grid(tmp_path, data_dir, tokens=[256, 512])), "--mode", "emit"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [x for x in (out / "commands.sh").read_text().splitlines() if x and not x.startswith("#")]
+    assert len(lines) == 2 and all(x.startswith("bash launch.sh --nproc-per-node 1 --") for x in lines)
+    assert "train.train_steps=4" in lines[0] and "--array=0-1" in (out / "sweep.sbatch").read_text()
+
+
+def test_isoflop_grid_gives_each_model_the_tokens_of_its_budget(data_dir, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from setdiff_mega.eval import sweep
+
+    grid = sweep.load_grid(_grid(tmp_path, data_dir, tokens=None))
+    grid.pop("tokens")
+    grid["isoflop"] = [1e10]
+    runs = sweep.expand(grid)
+    assert len(runs) == 2
+    fpt = [sweep.flops_per_token(grid, r.model, "ar") for r in runs]
+    for r, f in zip(runs, fpt):                   # the rounded-up step count covers the budget
+        assert 1e10 <= r.tokens * f < 1e10 + 4 * 32 * f
+    assert runs[0].tokens > runs[1].tokens        # the smaller model trains on more tokens

@@ -1,0 +1,74 @@
+#!/usr/bin/env python
+"""Scaling-law sweeps: run a grid of trainings, collect the losses, fit L(N, D), plot the frontier.
+
+    python tools/sweep.py configs/sweeps/tiny.yaml                  # run (skip finished, resume interrupted),
+                                                                    # then collect + fit + plot
+    python tools/sweep.py configs/sweeps/tiny.yaml --mode emit      # commands.sh + sweep.sbatch for a cluster
+    python tools/sweep.py configs/sweeps/tiny.yaml --mode collect   # CSV + fit + PNG from finished runs
+    python tools/sweep.py configs/sweeps/tiny.yaml --list           # the runs and whether they are done
+
+Outputs in the grid's out_dir: results.csv, fit.json (per objective: E, A, B, alpha, beta with 90%
+bootstrap intervals, FLOPs per parameter-token, compute-optimal N and D for budget_flops), scaling.png.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from setdiff_mega.cli import run_cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("grid", help="sweep grid YAML")
+    p.add_argument("--mode", choices=("run", "emit", "collect"), default="run")
+    p.add_argument("--list", action="store_true", help="list the runs and exit")
+    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals")
+    args = p.parse_args(argv)
+    from setdiff_mega.eval import sweep
+
+    grid = sweep.load_grid(args.grid)
+    runs = sweep.expand(grid)
+    out = Path(grid["out_dir"])
+    if args.list:
+        for r in runs:
+            print(f"{'done' if sweep.finished(grid, r) else 'todo'}  {r.name}  ({r.steps} steps, {r.tokens} tokens)")
+        return 0
+    if args.mode == "emit":
+        cmds, sbatch = sweep.emit(grid, runs)
+        print(f"wrote {cmds} and {sbatch}: sbatch {sbatch}")
+        return 0
+    if args.mode == "run":
+        res = sweep.run_local(grid, runs)
+        print(f"sweep {grid['name']}: {res['ran']} run(s) trained, {res['skipped']} already finished"
+              + (f", {len(res['failed'])} failed: {res['failed']}" if res["failed"] else ""))
+    rows = sweep.collect(grid, runs)
+    if not rows:
+        print("no finished runs to collect yet")
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    sweep.write_csv(rows, out / "results.csv")
+    fits = sweep.fit_all(rows, grid.get("budget_flops"), n_boot=args.bootstrap)
+    (out / "fit.json").write_text(json.dumps(fits, indent=2))
+    sweep.plot(rows, fits, out / "scaling.png", f"sweep {grid['name']}")
+    print(f"{len(rows)} runs -> {out / 'results.csv'}, {out / 'fit.json'}, {out / 'scaling.png'}")
+    for obj, f in fits.items():
+        if "error" in f:
+            print(f"  {obj}: {f['error']}")
+            continue
+        ft, ci = f["fit"], f["ci90"]
+        line = (f"  {obj}: L = {ft['E']:.3f} + {ft['A']:.3g}/N^{ft['alpha']:.3f} + {ft['B']:.3g}/D^{ft['beta']:.3f}"
+                f"  (alpha 90% CI {ci['alpha'][0]:.2f}-{ci['alpha'][1]:.2f}, beta {ci['beta'][0]:.2f}-"
+                f"{ci['beta'][1]:.2f})")
+        if "optimal" in f:
+            o = f["optimal"]
+            line += (f"; at {f['budget_flops']:.1e} FLOPs: N_opt={o['N']:.3g}, D_opt={o['D']:.3g} "
+                     f"({o['tokens_per_param']:.1f} tokens/param), loss {o['loss']:.3f}")
+        print(line)
+    return 0 if args.mode != "run" or not res["failed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
