@@ -69,6 +69,14 @@ def load_grid(path: str | Path) -> dict:
     if ("tokens" in grid) == ("isoflop" in grid):
         raise SweepError(f"sweep grid '{p}' needs exactly one of 'tokens' (per-run token budgets) or 'isoflop' "
                          f"(FLOP budgets)")
+    try:      # YAML 1.1 reads 1.0e14 (no sign in the exponent) as a string
+        for key in ("tokens", "isoflop"):
+            if key in grid and grid[key] is not None:
+                grid[key] = [float(x) for x in grid[key]]
+        if grid.get("budget_flops") is not None:
+            grid["budget_flops"] = float(grid["budget_flops"])
+    except (TypeError, ValueError) as e:
+        raise SweepError(f"sweep grid '{p}': token / FLOP budgets must be numbers ({e})") from None
     grid.setdefault("out_dir", f"runs/sweeps/{grid['name']}")
     grid.setdefault("seeds", [0])
     grid.setdefault("overrides", [])

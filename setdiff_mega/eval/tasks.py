@@ -2,6 +2,7 @@
 
 * math (``tasks/math.jsonl``): prompt ``"Question: {question}\\nAnswer:"``; the answer is the number after
   the last ``####`` of the generation (or, without one, its last number); exact match against ``answer``.
+  ``step_accuracy``: the fraction of the generated arithmetic steps ``a op b = c`` that are correct.
 * stories (``tasks/stories.jsonl``): the middle sentence of a five-sentence story is masked with its
   true token length (oracle span, as in the paper's infilling evaluation); exact match and ROUGE-L F1
   of the infilled sentence. ``left_only`` gives the sampler only the prefix (what an AR model can use)
@@ -26,6 +27,17 @@ def extract_answer(text: str) -> str | None:
     if not nums:
         return None
     return (nums[0] if "####" in text else nums[-1]).replace(",", "").rstrip(".")
+
+
+_EQ = re.compile(r"(-?\d+)\s*([-+*x])\s*(-?\d+)\s*=\s*(-?\d+)")
+
+
+def equation_counts(text: str) -> tuple[int, int]:
+    """(correct, total) arithmetic steps ``a op b = c`` in a generated solution: partial credit that
+    separates models too small to get whole answers right."""
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "x": lambda a, b: a * b}
+    eqs = _EQ.findall(text)
+    return sum(ops[o](int(a), int(b)) == int(c) for a, o, b, c in eqs), len(eqs)
 
 
 def _lcs(a: list, b: list) -> int:
@@ -79,8 +91,10 @@ def math_accuracy(model, tok, method: str, rows: list[dict], gc, context: int, b
     out = generate(model, tok, method, reqs, gc, context=context, batch_size=batch_size, progress=progress) \
         if reqs else []
     correct = [extract_answer(o["text"]) == str(r["answer"]).replace(",", "") for o, r in zip(out, rows)]
+    eq = [equation_counts(o["text"]) for o in out]
     return {"task": "math", "n": len(rows), "skipped_too_long": len(prompts) - len(rows),
-            "accuracy": sum(correct) / max(len(rows), 1), **_speed(out),
+            "accuracy": sum(correct) / max(len(rows), 1),
+            "step_accuracy": sum(c for c, _ in eq) / max(sum(t for _, t in eq), 1), **_speed(out),
             "examples": [{"question": r["question"], "answer": r["answer"], "generated": o["text"],
                           "correct": c} for r, o, c in list(zip(rows, out, correct))[:3]]}
 
@@ -125,4 +139,4 @@ def story_infill(model, tok, method: str, rows: list[dict], gc, context: int, ba
             "examples": [{"reference": ref, "generated": p} for ref, p in list(zip(refs, preds))[:3]]}
 
 
-__all__ = ["extract_answer", "rouge_l", "load_task", "math_accuracy", "story_infill"]
+__all__ = ["extract_answer", "equation_counts", "rouge_l", "load_task", "math_accuracy", "story_infill"]
