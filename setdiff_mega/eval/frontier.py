@@ -18,13 +18,14 @@ accuracy.
 """
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .sweep import write_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,16 +162,6 @@ def summarise(points: list[dict]) -> dict:
             entry["setdlm_fastest_at_least_as_accurate"] = None
         out[metric] = entry
     return out
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    keys = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
 
 
 def plot(points: list[dict], path: Path, title: str = "") -> Path:

@@ -17,7 +17,8 @@ Grid file (see ``configs/sweeps/tiny.yaml``)::
     data_parallel_size: 1             # processes per run (emit mode launches them with launch.sh)
     budget_flops: 1.0e15              # report the compute-optimal N and D for this budget
 
-A run's name encodes objective, model, tokens and seed; it is finished when its ``summary.json``
+Every run gets its own resolved ``config.yaml`` in its directory (what the launch commands use). A
+run's name encodes objective, model, tokens and seed; it is finished when its ``summary.json``
 reaches its step count. ``run`` skips finished runs and resumes interrupted ones (the trainer's
 ``train.resume=auto``), so re-invoking a sweep is cheap and safe. ``emit`` writes ``commands.sh`` (one
 ``launch.sh`` line per run) and ``sweep.sbatch`` (a Slurm array over those lines) instead of running.
@@ -156,8 +157,20 @@ def finished(grid, run: Run) -> dict | None:
     return s if s.get("final_step") == run.steps and not s.get("stopped_by") else None
 
 
+def write_config(grid, run: Run) -> Path:
+    """The run's fully resolved config (base + sweep overrides + run overrides) as YAML in its directory."""
+    from setdiff_mega.config import dump_yaml, load_config
+
+    base = grid["base_config"]
+    cfg = load_config(ROOT / base if not Path(base).is_absolute() else base, [*grid["overrides"], *run.overrides])
+    d = run_dir(grid, run)
+    d.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, d / "config.yaml")
+    return d / "config.yaml"
+
+
 def command(grid, run: Run, launcher: bool = False) -> list[str]:
-    base = ["--config", str(grid["base_config"]), *grid["overrides"], *run.overrides]
+    base = ["--config", str(write_config(grid, run))]
     if launcher or grid["data_parallel_size"] > 1:
         return ["bash", "launch.sh", "--nproc-per-node", str(grid["data_parallel_size"]), "--", *base]
     return [sys.executable, "pretrain/pretrain.py", *base]
@@ -307,5 +320,5 @@ def plot(rows: list[dict], fits: dict, path: Path, title: str = "") -> Path:
     return path
 
 
-__all__ = ["load_grid", "expand", "run_local", "emit", "collect", "fit_all", "plot", "write_csv", "Run",
+__all__ = ["load_grid", "expand", "write_config", "run_local", "emit", "collect", "fit_all", "plot", "write_csv", "Run",
            "SweepError", "flops_per_token"]

@@ -77,6 +77,20 @@ def _run(tiny_data, save_dir, world, *args):
     return out
 
 
+def _assert_matches(ref, out, val=True):
+    """Every rank logged the single-process losses / gradient norms (global norm across shards), the same
+    validation loss and parameter count, and the checkpoint holds the single-process weights."""
+    for o in out:
+        assert o["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+        assert o["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
+        if val:
+            assert o["val"] == pytest.approx(ref["val"], rel=1e-4)
+        assert o["params"] == ref["params"]
+    assert set(ref["weights"]) == set(out[0]["weights"])
+    for k, v in ref["weights"].items():
+        torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+
+
 @pytest.mark.parametrize("tp,pp,objective", [(2, 1, "setdlm"), (1, 2, "setdlm"), (2, 1, "bd3lm"), (1, 1, "setdlm")])
 def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, objective):
     """(1, 1) on two ranks is DP = 2 with half the micro-batch: the same global batch and noise as DP = 1."""
@@ -85,16 +99,7 @@ def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, o
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init)[0]
     mbs = 2 if tp * pp == 1 else 4
     out = _run(tiny_data, tmp_path / "par", 2, tp, pp, objective, init, mbs)
-    for r in (0, 1):
-        assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)          # every rank logs the same losses
-        assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)        # global norm across shards
-        assert out[r]["val"] == pytest.approx(ref["val"], rel=1e-4)
-        assert out[r]["params"] == ref["params"]
-    w_ref, w_par = ref["weights"], out[0]["weights"]
-    assert set(w_ref) == set(w_par)
-    for k, v in w_ref.items():
-        if isinstance(v, torch.Tensor):
-            torch.testing.assert_close(w_par[k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+    _assert_matches(ref, out)
 
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
@@ -105,12 +110,7 @@ def test_zero_data_parallel_matches_single_process(tiny_data, tmp_path, zero):
     init = tmp_path / "init"
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
     out = _run(tiny_data, tmp_path / "zero", 2, 1, 1, "setdlm", init, 2, zero)
-    for r in (0, 1):
-        assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
-        assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
-    for k, v in ref["weights"].items():
-        if isinstance(v, torch.Tensor):
-            torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+    _assert_matches(ref, out, val=False)
 
 
 @pytest.mark.parametrize("objective", ["setdlm", "mdlm"])
@@ -120,13 +120,7 @@ def test_sequence_parallel_training_matches_single_process(tiny_data, tmp_path, 
     init = tmp_path / "init"
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init)[0]
     out = _run(tiny_data, tmp_path / "sp", 2, 2, 1, objective, init, 4, 0, True)
-    for r in (0, 1):
-        assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
-        assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
-        assert out[r]["val"] == pytest.approx(ref["val"], rel=1e-4)
-    for k, v in ref["weights"].items():
-        if isinstance(v, torch.Tensor):
-            torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+    _assert_matches(ref, out)
 
 
 def test_tensor_and_data_parallel_together(tiny_data, tmp_path):
@@ -135,13 +129,7 @@ def test_tensor_and_data_parallel_together(tiny_data, tmp_path):
     init = tmp_path / "init"
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
     out = _run(tiny_data, tmp_path / "tpdp", 4, 2, 1, "setdlm", init, 2)
-    for r in range(4):
-        assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
-        assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
-        assert out[r]["val"] == pytest.approx(ref["val"], rel=1e-4)
-    for k, v in ref["weights"].items():
-        if isinstance(v, torch.Tensor):
-            torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+    _assert_matches(ref, out)
 
 
 def _train_resume(rank, world, data_dir, save_dir, zero, resume, steps=STEPS, extra=()):
@@ -183,10 +171,4 @@ def test_interleaved_pipeline_matches_single_process(tiny_data, tmp_path):
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, layers)[0]
     out = _run(tiny_data, tmp_path / "vp", 2, 1, 2, "setdlm", init, 4, 0, False,
                layers + ["parallel.virtual_pipeline_model_parallel_size=2"])
-    for r in (0, 1):
-        assert out[r]["loss"] == pytest.approx(ref["loss"], rel=1e-4)
-        assert out[r]["gnorm"] == pytest.approx(ref["gnorm"], rel=1e-4)
-        assert out[r]["val"] == pytest.approx(ref["val"], rel=1e-4)
-        assert out[r]["params"] == ref["params"]
-    for k, v in ref["weights"].items():
-        torch.testing.assert_close(out[0]["weights"][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+    _assert_matches(ref, out)

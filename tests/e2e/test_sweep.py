@@ -46,8 +46,10 @@ def test_sweep_runs_collects_and_skips_finished_runs(data_dir, tmp_path):
     r = _run(["tools/sweep.py", str(_grid(tmp_path, data_dir, tokens=[256, 512])), "--mode", "emit"])
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [x for x in (out / "commands.sh").read_text().splitlines() if x and not x.startswith("#")]
-    assert len(lines) == 2 and all(x.startswith("bash launch.sh --nproc-per-node 1 --") for x in lines)
-    assert "train.train_steps=4" in lines[0] and "--array=0-1" in (out / "sweep.sbatch").read_text()
+    assert len(lines) == 2 and all(x.startswith("bash launch.sh --nproc-per-node 1 -- --config ") for x in lines)
+    cfg = yaml.safe_load(open(lines[0].split("--config ")[1].strip()))       # one resolved config per run
+    assert cfg["train"]["train_steps"] == 4 and cfg["objective"]["name"] == "ar"
+    assert "--array=0-1" in (out / "sweep.sbatch").read_text()
 
 
 def test_isoflop_grid_gives_each_model_the_tokens_of_its_budget(data_dir, tmp_path):
