@@ -350,11 +350,13 @@ def step_epoch(sample_index: int, n: int) -> int:
 
 
 def _total_parameters(model) -> int:
-    """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once)."""
+    """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once; under
+    ZeRO-3 a partitioned parameter's full size is its ``ds_numel``)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    n = torch.tensor([sum(p.numel() for p in model.parameters() if param_is_not_tensor_parallel_duplicate(p))])
+    n = torch.tensor([sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
+                          if param_is_not_tensor_parallel_duplicate(p))])
     group = ps.get_model_parallel_group()
     if torch.distributed.get_world_size(group) > 1:
         torch.distributed.all_reduce(n, group=group)
