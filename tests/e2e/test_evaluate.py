@@ -98,11 +98,11 @@ metric_list:
     assert len(text) == 1 and "\n" not in text[0]
 
 
-def test_evaluate_cli_tasks_and_likelihood(trained_run, tmp_path):
+def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     save, _ = trained_run
     out = tmp_path / "e.json"
     r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--limit", "3", "--max-sequences", "8",
-              "--max-new-tokens", "12", "--out", str(out)])
+              "--max-new-tokens", "12", "--tasks", str(data_dir / "tasks"), "--out", str(out)])
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(out.read_text())
     assert rep["likelihood"]["sequences"] == 8 and rep["likelihood"]["ppl"] > 1
@@ -112,3 +112,5 @@ def test_evaluate_cli_tasks_and_likelihood(trained_run, tmp_path):
     assert rep["infill_left_only"]["task"] == "story_infill_left_only"
     r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--text", "/nonexistent.txt", "--no-tasks"])
     assert r.returncode == 2 and "'/nonexistent.txt' does not exist" in r.stderr
+    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--tasks", str(tmp_path / "none")])
+    assert r.returncode == 2 and "run tools/prepare_data.py --embedded first" in r.stderr
