@@ -25,7 +25,8 @@ dk_n[r] = dS_r * scale * q_n[r], dv_n[r] = p_r dO_r.
 Pinned context and right padding need no mask here: pinned tokens take the first ranks, padding the last,
 so a real token's row never reaches a padding key; padding rows produce finite values nobody reads.
 The kernel is PyTorch's fused flash attention for CPU (``aten._scaled_dot_product_flash_attention_for_cpu``
-and its backward); on GPU the CUDA flash / efficient kernels take its place (issue 8).
+and its backward). Other devices run :func:`setcausal_attention_math`, the same decomposition with plain
+differentiable ops, until the GPU kernels are wired in (issue 8).
 """
 from __future__ import annotations
 
@@ -35,17 +36,28 @@ import torch
 
 
 def _flash_fwd(q, k, v, scale):
-    if q.is_cuda:     # pragma: no cover - GPU path, exercised by the GPU check script
-        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=scale)
-        return out[0], out[1]
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
 
 
 def _flash_bwd(dout, q, k, v, out, lse, scale):
-    if q.is_cuda:     # pragma: no cover
-        raise NotImplementedError("the CUDA backward of the decomposed set-causal attention comes with issue 8")
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         dout.contiguous(), q, k, v, out, lse, 0.0, True, scale=scale)
+
+
+def setcausal_attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The same decomposition with plain differentiable ops (any device, autograd backward): the
+    strictly-causal part's log-sum-exp comes from explicit L x L scores. Used off CPU until the fused GPU
+    kernels are wired in (issue 8), and as a second reference in the tests."""
+    L = q.shape[2] // 2
+    qc, qn, kc, kn, vc, vn = q[:, :, :L], q[:, :, L:], k[:, :, :L], k[:, :, L:], v[:, :, :L], v[:, :, L:]
+    strictly_earlier = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1)
+    oc = torch.nn.functional.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale)
+    scores = (qn.float() @ kc.float().transpose(-1, -2)) * scale                   # [B, H, L, L]
+    scores = scores.masked_fill(~strictly_earlier, float("-inf"))
+    s_self = (qn.float() * kn.float()).sum(-1, keepdim=True) * scale
+    lse = torch.logsumexp(torch.cat([scores, s_self], -1), -1, keepdim=True)
+    on = torch.exp(scores - lse) @ vc.float() + torch.exp(s_self - lse) * vn.float()
+    return torch.cat([oc, on.to(q.dtype)], dim=2)
 
 
 class SetCausalAttention(torch.autograd.Function):
@@ -105,7 +117,9 @@ def setcausal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     if q.shape[2] % 2:
         raise ValueError(f"set-causal attention needs the 2L layout (an even length), got {q.shape[2]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if q.device.type != "cpu":
+        return setcausal_attention_math(q, k, v, scale)
     return SetCausalAttention.apply(q, k, v, scale)
 
 
-__all__ = ["setcausal_attention", "SetCausalAttention"]
+__all__ = ["setcausal_attention", "setcausal_attention_math", "SetCausalAttention"]

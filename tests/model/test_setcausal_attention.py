@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from setdiff_mega.diffusion.masks import setcausal_mask
-from setdiff_mega.model.setcausal import setcausal_attention
+from setdiff_mega.model.setcausal import setcausal_attention, setcausal_attention_math
 
 
 def _inputs(B=2, H=3, L=9, d=16, seed=0, dtype=torch.float32):
@@ -61,3 +61,15 @@ def test_odd_length_is_refused():
     q = torch.zeros(1, 1, 5, 4)
     with pytest.raises(ValueError, match="needs the 2L layout"):
         setcausal_attention(q, q, q)
+
+
+def test_portable_math_decomposition_equals_the_dense_reference():
+    """The plain-ops path (used off CPU) computes the same outputs and gradients."""
+    L = 7
+    q, k, v = _inputs(L=L, seed=5)
+    out = setcausal_attention_math(q, k, v, 0.25)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=setcausal_mask(L), scale=0.25)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
