@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .io import CheckpointError, prepare_staging, publish, resolve_checkpoint
+from .io import CheckpointError, prepare_staging, publish, resolve_checkpoint, staging_dir
 
 
 def _barrier() -> None:
@@ -70,36 +70,43 @@ def load_weights(model, path: str | Path, model_config=None) -> Path:
     return ck
 
 
-def save_model_checkpoint(save_dir: str | Path, step: int, model, config, tokenizer,
-                          state: dict | None = None, keep_last: int = 0) -> Path:
-    """Collective: a weights-only native checkpoint of ``model`` (published like a training checkpoint)."""
+def layout_state() -> dict:
+    """This process group's parallel layout, as recorded in state.json."""
     import torch.distributed as dist
+    from megatron.core import parallel_state as ps
 
+    return {"world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+            "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+            "data_parallel_size": ps.get_data_parallel_world_size()}
+
+
+def staged_save(save_dir: str | Path, step: int, write_shards, config, tokenizer, state: dict,
+                keep_last: int) -> Path:
+    """Collective save protocol: rank 0 prepares ``step_N.tmp/``, every rank runs ``write_shards(tmp)``,
+    then rank 0 adds config and tokenizer and publishes (state.json with the layout last)."""
     from setdiff_mega.config import dump_yaml
 
-    from .sharded import save_sharded
-
-    tmp = prepare_staging(save_dir, step) if _rank() == 0 else None
+    tmp = prepare_staging(save_dir, step) if _rank() == 0 else staging_dir(save_dir, step)
     _barrier()
-    if tmp is None:
-        from .io import staging_dir
-
-        tmp = staging_dir(save_dir, step)
-    save_sharded(tmp / "dist", model)
+    write_shards(tmp)
     _barrier()
     final = tmp.with_name(tmp.name[: -len(".tmp")])
     if _rank() == 0:
-        from megatron.core import parallel_state as ps
-
         dump_yaml(config, tmp / "config.yaml")
         tokenizer.save(tmp / "tokenizer.json")
-        layout = {"world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                  "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
-                  "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
-                  "data_parallel_size": ps.get_data_parallel_world_size()}
-        final = publish(tmp, {"step": step, "kind": "weights", **layout, **(state or {})}, keep_last=keep_last)
+        final = publish(tmp, {"step": step, **layout_state(), **state}, keep_last=keep_last)
     _barrier()
     return final
+
+
+def save_model_checkpoint(save_dir: str | Path, step: int, model, config, tokenizer,
+                          state: dict | None = None, keep_last: int = 0) -> Path:
+    """Collective: a weights-only native checkpoint of ``model`` (published like a training checkpoint)."""
+    from .sharded import save_sharded
+
+    return staged_save(save_dir, step, lambda tmp: save_sharded(tmp / "dist", model), config, tokenizer,
+                       {"kind": "weights", **(state or {})}, keep_last)
 
 
 def load_model(path: str | Path, model_overrides: dict | None = None):

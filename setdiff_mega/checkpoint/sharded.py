@@ -151,7 +151,7 @@ def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
     request = {"model": model_ssd}
     if optimizer is not None:
         init_optimizer_state(optimizer)
-        request["optimizer"] = optimizer_sharded_state_dict(optimizer, model.sharded_state_dict())
+        request["optimizer"] = optimizer_sharded_state_dict(optimizer, model_ssd)
     try:
         loaded = dist_checkpointing.load(request, str(path), strict=StrictHandling.LOG_UNEXPECTED)
     except CheckpointError:

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from setdiff_mega.checkpoint.io import (CheckpointError, checkpoints_root, latest_checkpoint, prepare_staging,
-                                        publish, read_state, resolve_checkpoint, staging_dir)
-from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config
+from setdiff_mega.checkpoint.io import (CheckpointError, checkpoints_root, latest_checkpoint, read_state,
+                                        resolve_checkpoint)
+from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config, staged_save
 from setdiff_mega.checkpoint.sharded import load_sharded, save_sharded, start_writer_service
 
 FAULT_ENV = "SETDIFF_MEGA_FAULT"     # "kill_in_save:<step>": the job dies by SIGKILL inside that save (tests)
@@ -41,11 +41,6 @@ def _world() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def _die() -> None:
@@ -133,35 +128,24 @@ class Checkpointer:
     def save(self, step: int, consumed: int, metrics: dict) -> Path:
         from megatron.core import parallel_state as ps
 
-        from setdiff_mega.config import dump_yaml
+        rank, _ = _world()
 
-        rank, world = _world()
-        tmp = prepare_staging(self.save_dir, step) if rank == 0 else staging_dir(self.save_dir, step)
-        _barrier()
-        if self.engine is None:
-            save_sharded(tmp / "dist", self.model, self.optimizer)
-        else:
-            self._save_zero(tmp)
-        (tmp / "rng").mkdir(exist_ok=True)
-        torch.save(rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
-        if os.environ.get(FAULT_ENV, "") == f"kill_in_save:{step}":
-            _die()                                   # simulated crash: shards written, never published
-        _barrier()
-        final = tmp.with_name(tmp.name[: -len(".tmp")])
-        if rank == 0:
-            dump_yaml(self.cfg, tmp / "config.yaml")
-            self.tok.save(tmp / "tokenizer.json")
-            tc = self.cfg.train
-            state = {"step": step, "kind": "training", "consumed_samples": consumed, **metrics,
-                     "optimizer": self.optimizer_kind, "world_size": world,
-                     "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
-                     "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
-                     "data_parallel_size": ps.get_data_parallel_world_size(), "zero_stage": self.zero,
-                     "global_batch_samples": tc.micro_batch_size * tc.grad_accum_steps
-                     * ps.get_data_parallel_world_size(), "seed": tc.seed}
-            final = publish(tmp, state, keep_last=tc.keep_last)
-        _barrier()
-        return final
+        def write_shards(tmp: Path) -> None:
+            if self.engine is None:
+                save_sharded(tmp / "dist", self.model, self.optimizer)
+            else:
+                self._save_zero(tmp)
+            (tmp / "rng").mkdir(exist_ok=True)
+            torch.save(rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
+            if os.environ.get(FAULT_ENV, "") == f"kill_in_save:{step}":
+                _die()                               # simulated crash: shards written, never published
+
+        tc = self.cfg.train
+        state = {"kind": "training", "consumed_samples": consumed, **metrics, "optimizer": self.optimizer_kind,
+                 "zero_stage": self.zero, "seed": tc.seed,
+                 "global_batch_samples": tc.micro_batch_size * tc.grad_accum_steps
+                 * ps.get_data_parallel_world_size()}
+        return staged_save(self.save_dir, step, write_shards, self.cfg, self.tok, state, tc.keep_last)
 
     def _save_zero(self, tmp: Path) -> None:
         from setdiff_mega.parallel.zero import import_deepspeed
