@@ -25,7 +25,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing setdiff-mega and its pinned dependencies into .venv (one time, ~2 min)"
   # (the filter hides pip's notices about absent local index folders on the project machines)
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,mpi,eval]" \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,mpi,eval,fp8]" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   echo "$want" > "$stamp"
 fi

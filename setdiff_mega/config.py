@@ -48,8 +48,11 @@ class ModelConfig:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     init_method_std: float = 0.02
-    attention_backend: str = "sdpa"              # sdpa | local
+    attention_backend: str = "sdpa"              # sdpa (dense-mask reference) | flex (FlexAttention, GPU
+                                                 # training) | setcausal (mask-free decomposition) | local
     transformer_impl: str = "auto"               # auto | local | transformer_engine
+    fp8: str = "none"                            # none | te (Transformer Engine) | torchao (float8 linears, TP=1)
+    fp8_recipe: str = "tensorwise"               # tensorwise (current scaling) | delayed (te) | rowwise (torchao)
 
 
 @dataclass
@@ -273,8 +276,21 @@ def validate(cfg: RunConfig) -> RunConfig:
     _choice(o.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
     _choice(m.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
     _choice(m.activation, ("gelu", "swiglu"), "model.activation")
-    _choice(m.attention_backend, ("sdpa", "local"), "model.attention_backend")
+    _choice(m.attention_backend, ("sdpa", "flex", "setcausal", "local"), "model.attention_backend")
     _choice(m.transformer_impl, ("auto", "local", "transformer_engine"), "model.transformer_impl")
+    _choice(m.fp8, ("none", "te", "torchao"), "model.fp8")
+    _choice(m.fp8_recipe, ("tensorwise", "delayed", "rowwise"), "model.fp8_recipe")
+    if m.fp8 == "te" and m.transformer_impl == "local":
+        raise ConfigError("model.fp8=te needs Transformer Engine: set model.transformer_impl=transformer_engine "
+                          "(or auto), or use model.fp8=torchao with the local implementation")
+    if m.fp8 == "te" and m.fp8_recipe == "rowwise":
+        raise ConfigError("model.fp8_recipe=rowwise is torchao's; with model.fp8=te use tensorwise or delayed")
+    if m.fp8 == "torchao" and m.fp8_recipe == "delayed":
+        raise ConfigError("model.fp8_recipe=delayed is Transformer Engine's; with model.fp8=torchao use "
+                          "tensorwise or rowwise")
+    if m.fp8 == "torchao" and cfg.parallel.tensor_model_parallel_size > 1:
+        raise ConfigError("model.fp8=torchao runs with parallel.tensor_model_parallel_size=1 only; use "
+                          "model.fp8=te (Transformer Engine) for tensor parallelism")
     _choice(t.precision, ("fp32", "bf16"), "train.precision")
     _choice(t.lr_schedule, ("constant", "cosine", "linear", "wsd"), "train.lr_schedule")
     _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")

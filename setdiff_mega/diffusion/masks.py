@@ -18,8 +18,16 @@ BD3LM block mask with block size S over [x0 ; x_t] (block(p) = p // S):
     clean -> clean: block_k <= block_q;  noisy -> clean: block_k < block_q;
     noisy -> noisy: block_k == block_q;  clean -> noisy: never.
 With S = 1 it equals the set-causal mask.
+
+:class:`MaskPattern` names the structure of a mask (causal, full, two-stream block / set-causal, plus
+per-sample key padding) so attention kernels can skip the dense [T, T] tensor: FlexAttention builds a
+block mask from :meth:`MaskPattern.mask_mod`, the set-causal decomposition needs only the kind. Its
+:meth:`~MaskPattern.dense` is the dense mask built by the functions below, so the two cannot disagree.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -77,5 +85,107 @@ def with_key_padding(mask: torch.Tensor, valid: torch.Tensor | None) -> torch.Te
     return (mask & valid[:, None, :]) | (eye & ~valid[:, :, None])
 
 
-__all__ = ["causal_mask", "bidirectional_mask", "block_diffusion_mask", "setcausal_mask",
+PATTERN_KINDS = ("causal", "full", "two_stream")
+
+
+@dataclass(eq=False)
+class MaskPattern:
+    """The structure of an attention mask (True = allowed) over T positions.
+
+    * ``causal``: k <= q.   * ``full``: every pair.
+    * ``two_stream``: T = 2L, the BD3LM block mask with ``block_size`` S over [clean ; noisy]; S = 1 is the
+      static set-causal mask in rank space.
+    * ``key_valid`` [B, T] (optional): :func:`with_key_padding` on top (invalid keys hidden from every
+      query, an invalid query keeps itself).
+
+    ``cache`` holds what kernels derive from the pattern (a FlexAttention block mask, checks), so a
+    pattern built once per shape is analysed once, whatever the number of layers and steps.
+    """
+
+    kind: str
+    length: int
+    block_size: int = 1
+    key_valid: Optional[torch.Tensor] = None
+    cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if self.kind not in PATTERN_KINDS:
+            raise ValueError(f"unknown mask pattern {self.kind!r}; one of {PATTERN_KINDS}")
+        if self.kind == "two_stream" and (self.length % 2 or (self.length // 2) % self.block_size):
+            raise ValueError(f"two_stream pattern needs an even length whose half is a multiple of the block "
+                             f"size, got T={self.length}, S={self.block_size}")
+
+    @property
+    def is_setcausal(self) -> bool:
+        return self.kind == "two_stream" and self.block_size == 1
+
+    def with_padding(self, key_valid: torch.Tensor | None) -> "MaskPattern":
+        """The same structure with per-sample key validity [B, T] (None: unchanged)."""
+        if key_valid is None:
+            return self
+        return MaskPattern(self.kind, self.length, self.block_size, key_valid.bool())
+
+    def allowed(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Structure only (no padding), for broadcastable integer index tensors q, k."""
+        if self.kind == "causal":
+            return k <= q
+        if self.kind == "full":
+            return k == k
+        L, S = self.length // 2, self.block_size
+        qc, kc = q < L, k < L
+        bq, bk = (q % L) // S, (k % L) // S
+        return (qc & kc & (bk <= bq)) | (~qc & kc & (bk < bq)) | (~qc & ~kc & (bk == bq))
+
+    def mask_mod(self):
+        """FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of the whole pattern, padding included."""
+        valid = self.key_valid
+
+        def mod(b, h, q_idx, kv_idx):
+            ok = self.allowed(q_idx, kv_idx)
+            if valid is None:
+                return ok
+            return (ok & valid[b, kv_idx]) | ((q_idx == kv_idx) & ~valid[b, q_idx])
+        return mod
+
+    def dense(self, device=None) -> torch.Tensor:
+        """The dense mask [1|B, T, T] (what the objectives pass as ``attention_mask``)."""
+        T = self.length
+        if self.kind == "causal":
+            m = causal_mask(T, device)
+        elif self.kind == "full":
+            m = bidirectional_mask(T, device)
+        else:
+            m = block_diffusion_mask(T // 2, self.block_size, device)
+        if self.key_valid is None:
+            return m[None]
+        return with_key_padding(m, self.key_valid.to(m.device))
+
+    def valid_keys_first(self) -> bool:
+        """True if, within each stream, every valid position comes before every invalid one (right padding
+        in rank order): then no valid query of a causal / set-causal pattern can reach a padding key."""
+        if self.key_valid is None:
+            return True
+        streams = self.key_valid.view(self.key_valid.shape[0], 2 if self.kind == "two_stream" else 1, -1)
+        return not bool((streams[..., 1:] & ~streams[..., :-1]).any())
+
+
+def merge_patterns(patterns: list, batch_sizes: list[int]) -> Optional[MaskPattern]:
+    """The pattern of a batch concatenated from parts of ``batch_sizes`` rows (None if the parts differ in
+    structure or one has none)."""
+    first = patterns[0]
+    if first is None or any(p is None or (p.kind, p.length, p.block_size) != (first.kind, first.length,
+                                                                                first.block_size)
+                            for p in patterns):
+        return None
+    if all(p is first for p in patterns) and first.key_valid is None:
+        return first
+    if all(p.key_valid is None for p in patterns):
+        return MaskPattern(first.kind, first.length, first.block_size)
+    rows = [p.key_valid if p.key_valid is not None else torch.ones(n, p.length, dtype=torch.bool)
+            for p, n in zip(patterns, batch_sizes)]
+    dev = next(p.key_valid.device for p in patterns if p.key_valid is not None)
+    return first.with_padding(torch.cat([r.to(dev) for r in rows], 0))
+
+
+__all__ = ["MaskPattern", "merge_patterns", "causal_mask", "bidirectional_mask", "block_diffusion_mask", "setcausal_mask",
            "setcausal_mask_from_ranks", "with_key_padding"]

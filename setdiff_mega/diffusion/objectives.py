@@ -49,6 +49,12 @@ class ModelInputs:
     loss_mask: torch.Tensor         # [B, N] bool, rows that count in the loss
     weights: Optional[torch.Tensor] = None   # [B, N] float, per-token weights (ELBO mode)
     extras: dict = field(default_factory=dict)  # perm, t, ... (for inspection and tests)
+    attention_pattern: Optional[M.MaskPattern] = None   # the mask's structure (kernels may skip the mask)
+
+    def model_kwargs(self) -> dict:
+        """Keyword arguments of the model's forward."""
+        return {"tokens": self.tokens, "position_ids": self.position_ids, "attention_mask": self.attention_mask,
+                "logits_start": self.logits_start, "attention_pattern": self.attention_pattern}
 
     @property
     def num_processed_tokens(self) -> int:
@@ -92,6 +98,15 @@ class Objective(abc.ABC):
             self._static[key] = fn()
         return self._static[key]
 
+    def _mask(self, kind: str, T: int, dev, key_valid=None, block_size: int = 1):
+        """(dense mask [1|B, T, T], its :class:`~setdiff_mega.diffusion.masks.MaskPattern`); the static ones
+        are built once per shape, padded ones per batch (only when some key is invalid)."""
+        static = self._cached(("pattern", kind, T, block_size, dev), lambda: M.MaskPattern(kind, T, block_size))
+        if key_valid is None or bool(key_valid.all()):
+            return self._cached(("mask", kind, T, block_size, dev), lambda: static.dense(dev)), static
+        pattern = static.with_padding(key_valid)
+        return pattern.dense(dev), pattern
+
     def processed_length(self, L: int) -> int:
         """Tokens the model processes per L-token sample (for throughput and FLOP counts)."""
         return 2 * L if self.two_stream else L
@@ -130,12 +145,10 @@ class ARObjective(Objective):
         context, padding, target = _batch_masks(tokens, context, padding)
         B, L = tokens.shape
         dev = tokens.device
-        mask = self._cached(("causal", L - 1, dev), lambda: M.causal_mask(L - 1, dev).unsqueeze(0))
-        if padding.any():
-            mask = M.with_key_padding(mask[0], ~padding[:, :-1])
+        mask, pattern = self._mask("causal", L - 1, dev, ~padding[:, :-1])
         pos = torch.arange(L - 1, device=dev).expand(B, L - 1)
         return ModelInputs(tokens=tokens[:, :-1], position_ids=pos, attention_mask=mask,
-                           logits_start=0, targets=tokens[:, 1:], loss_mask=target[:, 1:])
+                           logits_start=0, targets=tokens[:, 1:], loss_mask=target[:, 1:], attention_pattern=pattern)
 
 
 class MDLMObjective(Objective):
@@ -155,15 +168,13 @@ class MDLMObjective(Objective):
         t = self.schedule.sample_t((B,), generator, dev)
         masked = (torch.rand(B, L, generator=generator, device=dev) < t[:, None]) & target
         xt = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
-        mask = self._cached(("full", L, dev), lambda: M.bidirectional_mask(L, dev).unsqueeze(0))
-        if padding.any():
-            mask = M.with_key_padding(mask[0], ~padding)
+        mask, pattern = self._mask("full", L, dev, ~padding)
         weights = None
         if self.loss_weighting == "elbo":
             weights = self.schedule.elbo_weight(t)[:, None].float().expand(B, L)
         return ModelInputs(tokens=xt, position_ids=torch.arange(L, device=dev).expand(B, L),
                            attention_mask=mask, logits_start=0, targets=tokens, loss_mask=masked,
-                           weights=weights, extras={"t": t, "num_targets": target.sum()})
+                           weights=weights, extras={"t": t, "num_targets": target.sum()}, attention_pattern=pattern)
 
 
 class BD3LMObjective(Objective):
@@ -206,9 +217,7 @@ class BD3LMObjective(Objective):
         dev = tokens.device
         masked, t = self._noise(target, generator)
         xt = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
-        mask = self._cached(("bd3", L, dev), lambda: M.block_diffusion_mask(L, self.block_size, dev)[None])
-        if padding.any():
-            mask = M.with_key_padding(mask[0], (~padding).repeat(1, 2))
+        mask, pattern = self._mask("two_stream", 2 * L, dev, (~padding).repeat(1, 2), self.block_size)
         pos = torch.arange(L, device=dev).repeat(2).expand(B, 2 * L)
         weights = None
         if self.loss_weighting == "elbo":
@@ -216,7 +225,7 @@ class BD3LMObjective(Objective):
             weights = self.schedule.elbo_weight(tb).float()
         return ModelInputs(tokens=torch.cat([tokens, xt], 1), position_ids=pos, attention_mask=mask,
                            logits_start=L, targets=tokens, loss_mask=masked, weights=weights,
-                           extras={"t": t, "num_targets": target.sum()})
+                           extras={"t": t, "num_targets": target.sum()}, attention_pattern=pattern)
 
 
 class SetDLMObjective(Objective):
@@ -263,16 +272,15 @@ class SetDLMObjective(Objective):
         x0p = permute(tokens, perm)
         tgt_p = permute(target, perm)
         xtp = torch.where(tgt_p, torch.full_like(x0p, self.mask_id), x0p)
-        mask = self._cached(("setcausal", L, dev), lambda: M.setcausal_mask(L, dev)[None])
-        if padding.any():
-            mask = M.with_key_padding(mask[0], (~permute(padding, perm)).repeat(1, 2))
+        # pinned context takes the first ranks and padding the last: the pattern stays the static set-causal one
+        mask, pattern = self._mask("two_stream", 2 * L, dev, (~permute(padding, perm)).repeat(1, 2))
         loss_mask = tgt_p
         if self.keep_clean_bos and not training:   # eval: BOS is not scored (method.md P7)
             loss_mask = loss_mask.clone()
             loss_mask[:, 0] = False
         return ModelInputs(tokens=torch.cat([x0p, xtp], 1), position_ids=perm.repeat(1, 2),
                            attention_mask=mask, logits_start=L, targets=x0p, loss_mask=loss_mask,
-                           extras={"perm": perm, "rank": invert(perm)})
+                           extras={"perm": perm, "rank": invert(perm)}, attention_pattern=pattern)
 
 
 def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
@@ -295,7 +303,8 @@ def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
                        attention_mask=mask, logits_start=first.logits_start,
                        targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
                        weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
-                       extras=extras)
+                       extras=extras, attention_pattern=M.merge_patterns([p.attention_pattern for p in parts],
+                                                                         [p.tokens.shape[0] for p in parts]))
 
 
 def build_inputs_per_sample(objective: Objective, tokens: torch.Tensor, sample_ids, seed: int,

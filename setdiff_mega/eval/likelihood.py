@@ -59,7 +59,7 @@ def sequence_nll(model, objective, tokens: torch.Tensor, context: torch.Tensor |
             inp = obj.build_inputs(tokens[i:i + 1], context=context[i:i + 1], padding=padding[i:i + 1], generator=g,
                                    training=False)
             with (autocast() if autocast else contextlib.nullcontext()):
-                logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+                logits = model(**inp.model_kwargs())
             nll = masked_token_nll(logits, inp.targets, obj.mask_id).double()
             m = inp.loss_mask.double()
             w = m if inp.weights is None else m * inp.weights.double()

@@ -4,13 +4,20 @@ megatron-core hands core attention q [s, b, h, d], k and v [s, b, g, d] (g = que
 and a bool ``attention_mask`` [b|1, 1, s, s] with **True = masked out**. The backends return the
 context [s, b, h*d]:
 
-* :class:`SDPACoreAttention` ("sdpa", default): ``torch.nn.functional.scaled_dot_product_attention``
-  with the arbitrary mask (on CPU about 23% faster than mcore's local DotProductAttention; on GPU it
-  picks PyTorch's mask-capable kernels).
-* mcore's own ``DotProductAttention`` ("local"), the unfused reference.
+* :class:`SDPACoreAttention` ("sdpa", default): the dense-mask reference,
+  ``torch.nn.functional.scaled_dot_product_attention`` with the arbitrary mask (on CPU about 23% faster
+  than mcore's local DotProductAttention; on GPU it picks PyTorch's mask-capable kernels). A mask whose
+  pattern is plain causal without padding runs SDPA's mask-free causal kernel (flash on GPU).
+* :class:`~setdiff_mega.model.flex.FlexCoreAttention` ("flex"): FlexAttention with a block mask built
+  once per pattern from its ``mask_mod`` (compiled on GPU; CPU runs forward only, no backward there).
+* :class:`~setdiff_mega.model.setcausal.SetCausalCoreAttention` ("setcausal"): the mask-free set-causal
+  decomposition for set-causal patterns, SDPA for every other mask.
+* the implementation's own core attention ("local": mcore ``DotProductAttention``, or TE's with the
+  Transformer Engine spec), the unfused reference.
 
-Every mask pattern (causal, bidirectional, block, set-causal, per-sample padding) is data: the backend
-never special-cases an objective. During decoding :class:`SDPACoreAttention` attends over a
+The structure of the mask comes from the pattern attached to the mask tensor by the model
+(``attention_mask.attention_pattern``, :class:`setdiff_mega.diffusion.masks.MaskPattern`); without one
+the mask is data: no backend special-cases an objective. During decoding :class:`SDPACoreAttention` attends over a
 :class:`~setdiff_mega.inference.cache.KVCache` of committed tokens followed by the current chunk; the
 mask then has shape [b, 1, s, C + s].
 """
@@ -48,19 +55,40 @@ class SDPACoreAttention(MegatronModule):
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention takes a boolean attention mask, not an additive attention bias")
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))   # [b, h, s, d]
-        keep = None if attention_mask is None else ~attention_mask
         s, b = query.shape[0], query.shape[1]
         if self.kv_cache is not None:     # decode step: keys = [cache ; chunk], keep [b, 1, s, C + s]
+            keep = None if attention_mask is None else ~attention_mask
             out = self.kv_cache.attend(self.cache_layer, q, k, v, keep, scale=self.softmax_scale,
                                        enable_gqa=self.heads != self.groups)
             return out.permute(2, 0, 1, 3).reshape(s, b, -1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=keep, dropout_p=self.dropout_p if self.training else 0.0,
-            is_causal=attention_mask is None, scale=self.softmax_scale,
-            enable_gqa=self.heads != self.groups)
+        pattern = mask_pattern(attention_mask)
+        out = self.attend(q, k, v, attention_mask, pattern)
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
+    @property
+    def active_dropout(self) -> float:
+        return self.dropout_p if self.training else 0.0
 
-ATTENTION_BACKENDS = ("sdpa", "local")
+    def attend(self, q, k, v, attention_mask, pattern):
+        """q [b, h, s, d], k / v [b, g, s, d], mcore mask (True = masked out) -> [b, h, s, d]."""
+        causal = attention_mask is None or (pattern is not None and pattern.kind == "causal"
+                                            and pattern.key_valid is None)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if causal else ~attention_mask, dropout_p=self.active_dropout,
+            is_causal=causal, scale=self.softmax_scale, enable_gqa=self.heads != self.groups)
 
-__all__ = ["SDPACoreAttention", "ATTENTION_BACKENDS"]
+
+def mask_pattern(attention_mask):
+    """The :class:`~setdiff_mega.diffusion.masks.MaskPattern` the model attached to this mask, or None."""
+    return getattr(attention_mask, "attention_pattern", None)
+
+
+def expand_groups(t, heads: int):
+    """[b, g, s, d] -> [b, heads, s, d] (query head i uses KV group i // (heads / g), as in SDPA's GQA)."""
+    g = t.shape[1]
+    return t if g == heads else t.repeat_interleave(heads // g, dim=1)
+
+
+ATTENTION_BACKENDS = ("sdpa", "flex", "setcausal", "local")
+
+__all__ = ["SDPACoreAttention", "ATTENTION_BACKENDS", "mask_pattern", "expand_groups"]

@@ -10,6 +10,10 @@ megatron-core assumes CUDA in a handful of places. On a CPU-only torch build it 
 4. :func:`cuda_redirect`, a scoped torch-function mode, rewrites ``device="cuda"`` factory arguments
    to CPU, makes ``Tensor.cuda()`` the identity and lets ``Tensor.type()`` report ``torch.cuda.*`` names
    (mcore optimizers assert it). Callers enter it around mcore's optimizer / pipeline schedules only.
+5. mcore's linear autograd functions restore *CUDA* autocast in their backward (``custom_bwd`` with
+   ``device_type="cuda"``); on CPU the backward of a bf16-autocast forward then multiplies a bf16 gradient by
+   an fp32 input and fails. Their forward now records the CPU autocast state and their backward runs under
+   it, which is what ``custom_bwd`` does on GPUs (``train.precision=bf16`` on CPU).
 
 Never applied on a GPU machine. :func:`check_targets` fails loudly if an mcore upgrade moves the
 patched symbols, so the shim cannot silently stop working.
@@ -111,8 +115,28 @@ def apply() -> bool:
         torch.cuda.manual_seed = lambda seed: None
         torch.cuda.manual_seed_all = lambda seed: None
         torch.cuda.synchronize = lambda *a, **k: None
+        from megatron.core.tensor_parallel import layers
+
+        for cls in (layers.LinearWithGradAccumulationAndAsyncCommunication, layers.LinearWithFrozenWeight):
+            _cpu_autocast_backward(cls)
         _STATE.update(applied=True)
         return True
+
+
+def _cpu_autocast_backward(cls) -> None:
+    """Run ``cls.backward`` under the CPU autocast state of its forward (custom_bwd, for the CPU)."""
+    fwd, bwd = cls.forward, cls.backward
+
+    def forward(ctx, *args, **kwargs):
+        ctx.cpu_autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+        return fwd(ctx, *args, **kwargs)
+
+    def backward(ctx, *grads):
+        enabled, dtype = getattr(ctx, "cpu_autocast", (False, torch.bfloat16))
+        with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+            return bwd(ctx, *grads)
+
+    cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
 
 
 @contextlib.contextmanager

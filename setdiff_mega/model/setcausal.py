@@ -24,9 +24,14 @@ dk_n[r] = dS_r * scale * q_n[r], dv_n[r] = p_r dO_r.
 
 Pinned context and right padding need no mask here: pinned tokens take the first ranks, padding the last,
 so a real token's row never reaches a padding key; padding rows produce finite values nobody reads.
-The kernel is PyTorch's fused flash attention for CPU (``aten._scaled_dot_product_flash_attention_for_cpu``
-and its backward). Other devices run :func:`setcausal_attention_math`, the same decomposition with plain
-differentiable ops, until the GPU kernels are wired in (issue 8).
+The kernels are PyTorch's fused flash attention: on CPU ``aten._scaled_dot_product_flash_attention_for_cpu``
+(any float dtype), on CUDA ``aten._scaled_dot_product_flash_attention`` (bf16 / fp16, head dim <= 256 and a
+multiple of 8), each with its backward. Other inputs (fp32 on CUDA, other devices) run
+:func:`setcausal_attention_math`, the same decomposition with plain differentiable ops.
+
+:class:`SetCausalCoreAttention` ("setcausal" backend) applies it inside the model when the mask's pattern is
+set-causal (two-stream, block size 1) with valid keys first in each stream; every other mask (AR, MDLM,
+BD3LM, KV-cached decoding) and attention dropout take the SDPA path of its base class.
 """
 from __future__ import annotations
 
@@ -34,20 +39,40 @@ import math
 
 import torch
 
+from .attention import SDPACoreAttention, expand_groups
+
+
+def kernel_supported(q: torch.Tensor) -> bool:
+    """True where a fused causal kernel with a log-sum-exp output and backward exists for ``q``."""
+    if q.device.type == "cpu":
+        return q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    d = q.shape[-1]
+    return q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16) and d <= 256 and d % 8 == 0
+
 
 def _flash_fwd(q, k, v, scale):
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+    """Causal attention -> (out [B, H, L, d], lse [B, H, L] fp32, what the backward needs besides)."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+        return out, lse, None
+    out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, True, False, scale=scale)
+    return out, lse, (cum_q, cum_k, max_q, max_k, seed, offset)
 
 
-def _flash_bwd(dout, q, k, v, out, lse, scale):
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout.contiguous(), q, k, v, out, lse, 0.0, True, scale=scale)
+def _flash_bwd(dout, q, k, v, out, lse, aux, scale):
+    if aux is None:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout.contiguous(), q, k, v, out, lse, 0.0, True, scale=scale)
+    cum_q, cum_k, max_q, max_k, seed, offset = aux
+    return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        dout.contiguous(), q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset, scale=scale)
 
 
 def setcausal_attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """The same decomposition with plain differentiable ops (any device, autograd backward): the
-    strictly-causal part's log-sum-exp comes from explicit L x L scores. Used off CPU until the fused GPU
-    kernels are wired in (issue 8), and as a second reference in the tests."""
+    strictly-causal part's log-sum-exp comes from explicit L x L scores. Used where no fused kernel takes
+    the inputs (:func:`kernel_supported`), and as a second reference in the tests."""
     L = q.shape[2] // 2
     qc, qn, kc, kn, vc, vn = q[:, :, :L], q[:, :, L:], k[:, :, :L], k[:, :, L:], v[:, :, :L], v[:, :, L:]
     strictly_earlier = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1)
@@ -69,13 +94,14 @@ class SetCausalAttention(torch.autograd.Function):
         qc, qn = q[:, :, :L].contiguous(), q[:, :, L:].contiguous()
         kc, kn = k[:, :, :L].contiguous(), k[:, :, L:].contiguous()
         vc, vn = v[:, :, :L].contiguous(), v[:, :, L:].contiguous()
-        oc, lse_c = _flash_fwd(qc, kc, vc, scale)
+        oc, lse_c, aux_c = _flash_fwd(qc, kc, vc, scale)
         s_self = (qn.float() * kn.float()).sum(-1) * scale                       # [B, H, L]
         lse_a = torch.full_like(s_self, float("-inf"))
         oa = torch.zeros_like(qn, dtype=torch.float32)
+        aux_a = None
         if L > 1:
-            o1, l1 = _flash_fwd(qn[:, :, 1:].contiguous(), kc[:, :, :-1].contiguous(), vc[:, :, :-1].contiguous(),
-                                scale)
+            o1, l1, aux_a = _flash_fwd(qn[:, :, 1:].contiguous(), kc[:, :, :-1].contiguous(),
+                                       vc[:, :, :-1].contiguous(), scale)
             oa[:, :, 1:], lse_a[:, :, 1:] = o1.float(), l1.float()
         m = torch.maximum(lse_a, s_self)
         wa, ws = torch.exp(lse_a - m), torch.exp(s_self - m)
@@ -83,7 +109,7 @@ class SetCausalAttention(torch.autograd.Function):
         on = ((wa[..., None] * oa + ws[..., None] * vn.float()) / z[..., None]).to(q.dtype)
         lse_n = m + torch.log(z)
         ctx.save_for_backward(qc, kc, vc, qn, kn, vn, oc, lse_c, on, lse_n.to(lse_c.dtype), s_self)
-        ctx.scale = scale
+        ctx.scale, ctx.aux_c, ctx.aux_a = scale, aux_c, aux_a
         return torch.cat([oc, on], dim=2)
 
     @staticmethod
@@ -92,13 +118,13 @@ class SetCausalAttention(torch.autograd.Function):
         scale = ctx.scale
         L = qc.shape[2]
         doc, don = dout[:, :, :L].contiguous(), dout[:, :, L:].contiguous()
-        dqc, dkc, dvc = _flash_bwd(doc, qc, kc, vc, oc, lse_c, scale)
+        dqc, dkc, dvc = _flash_bwd(doc, qc, kc, vc, oc, lse_c, ctx.aux_c, scale)
         dqn = torch.zeros_like(qn)
         dkc, dvc = dkc.clone(), dvc.clone()
         if L > 1:
             dq1, dk1, dv1 = _flash_bwd(don[:, :, 1:], qn[:, :, 1:].contiguous(), kc[:, :, :-1].contiguous(),
                                        vc[:, :, :-1].contiguous(), on[:, :, 1:].contiguous(),
-                                       lse_n[:, :, 1:].contiguous(), scale)
+                                       lse_n[:, :, 1:].contiguous(), ctx.aux_a, scale)
             dqn[:, :, 1:] += dq1
             dkc[:, :, :-1] += dk1
             dvc[:, :, :-1] += dv1
@@ -117,9 +143,29 @@ def setcausal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     if q.shape[2] % 2:
         raise ValueError(f"set-causal attention needs the 2L layout (an even length), got {q.shape[2]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if q.device.type != "cpu":
+    if not kernel_supported(q):
         return setcausal_attention_math(q, k, v, scale)
     return SetCausalAttention.apply(q, k, v, scale)
 
 
-__all__ = ["setcausal_attention", "setcausal_attention_math", "SetCausalAttention"]
+class SetCausalCoreAttention(SDPACoreAttention):
+    """Core attention ("setcausal" backend): the decomposition for set-causal patterns, SDPA otherwise."""
+
+    def attend(self, q, k, v, attention_mask, pattern):
+        if not self.decomposable(pattern, q) or self.active_dropout > 0:
+            return super().attend(q, k, v, attention_mask, pattern)
+        return setcausal_attention(q, expand_groups(k, q.shape[1]), expand_groups(v, q.shape[1]),
+                                   self.softmax_scale)
+
+    @staticmethod
+    def decomposable(pattern, q) -> bool:
+        """Set-causal over this input, with every stream's padding (if any) after its valid keys."""
+        if pattern is None or not pattern.is_setcausal or pattern.length != q.shape[2]:
+            return False
+        if "valid_keys_first" not in pattern.cache:
+            pattern.cache["valid_keys_first"] = pattern.valid_keys_first()
+        return pattern.cache["valid_keys_first"]
+
+
+__all__ = ["setcausal_attention", "setcausal_attention_math", "SetCausalAttention", "SetCausalCoreAttention",
+           "kernel_supported"]

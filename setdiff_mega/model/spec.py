@@ -3,12 +3,18 @@
 The layer is mcore's ``TransformerLayer``; only submodules are swapped through the spec:
 
 * ``local`` (CPU, and GPU without Transformer Engine): ``get_gpt_layer_local_spec`` with
-  ``attn_mask_type = arbitrary`` and the core attention chosen by ``attention_backend``
-  (``sdpa`` = :class:`~setdiff_mega.model.attention.SDPACoreAttention`, ``local`` = mcore's
-  ``DotProductAttention``).
-* ``transformer_engine`` (GPU with TE installed): ``get_gpt_layer_with_transformer_engine_spec`` with
-  the arbitrary mask (TE runs it in its unfused kernel; faster set-causal kernels are a separate
-  backend). TE is imported only here, lazily, and only when requested or auto-detected.
+  ``attn_mask_type = arbitrary``.
+* ``transformer_engine`` (GPU with TE installed): ``get_gpt_layer_with_transformer_engine_spec`` (TE's
+  fused norm + linear layers; FP8 through megatron-core's ``fp8`` / ``fp8_recipe`` config). TE is imported
+  only here, lazily, and only when requested or auto-detected.
+
+With either, ``attention_backend`` picks the core attention: ``sdpa`` (dense-mask reference,
+:class:`~setdiff_mega.model.attention.SDPACoreAttention`), ``flex`` (FlexAttention block mask,
+:class:`~setdiff_mega.model.flex.FlexCoreAttention`), ``setcausal`` (mask-free decomposition,
+:class:`~setdiff_mega.model.setcausal.SetCausalCoreAttention`) or ``local`` (the implementation's own:
+mcore ``DotProductAttention``, or TE's ``TEDotProductAttention``, which runs arbitrary masks unfused).
+``fp8="torchao"`` swaps the four linear layers of the local spec for
+:mod:`~setdiff_mega.model.fp8`'s float8 ones (torchao, TP = 1).
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import importlib.util
 import torch
 from megatron.core.transformer.enums import AttnMaskType
 
-from .attention import SDPACoreAttention
+from .attention import ATTENTION_BACKENDS, SDPACoreAttention
 
 
 class SequenceParallelNorm:
@@ -65,8 +71,26 @@ def resolve_impl(transformer_impl: str) -> str:
     return transformer_impl
 
 
+def core_attention_class(attention_backend: str):
+    """The core attention module of a backend name (None: keep the implementation's own)."""
+    if attention_backend == "sdpa":
+        return SDPACoreAttention
+    if attention_backend == "flex":
+        from .flex import FlexCoreAttention
+
+        return FlexCoreAttention
+    if attention_backend == "setcausal":
+        from .setcausal import SetCausalCoreAttention
+
+        return SetCausalCoreAttention
+    if attention_backend == "local":
+        return None
+    raise ValueError(f"unknown attention_backend {attention_backend!r}; use one of {', '.join(ATTENTION_BACKENDS)}")
+
+
 def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
-               normalization: str = "LayerNorm", sequence_parallel: bool = False):
+               normalization: str = "LayerNorm", sequence_parallel: bool = False, fp8: str = "none",
+               fp8_recipe: str = "tensorwise"):
     """Return (ModuleSpec, resolved_impl) for one transformer layer."""
     impl = resolve_impl(transformer_impl)
     if impl == "transformer_engine":
@@ -80,12 +104,18 @@ def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
         if sequence_parallel:
             spec.submodules.input_layernorm = SequenceParallelNorm
             spec.submodules.pre_mlp_layernorm = SequenceParallelNorm
-        if attention_backend == "sdpa":
-            spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
-        elif attention_backend != "local":
-            raise ValueError(f"unknown attention_backend {attention_backend!r}; use 'sdpa' or 'local'")
+    if fp8 == "torchao":
+        if impl == "transformer_engine":
+            raise ValueError("model.fp8=torchao swaps the local spec's linear layers; with Transformer Engine use "
+                             "model.fp8=te (or model.transformer_impl=local)")
+        from .fp8 import float8_linear_specs
+
+        float8_linear_specs(spec, fp8_recipe)
+    core = core_attention_class(attention_backend)
+    if core is not None:
+        spec.submodules.self_attention.submodules.core_attention = core
     spec.submodules.self_attention.params["attn_mask_type"] = AttnMaskType.arbitrary
     return spec, impl
 
 
-__all__ = ["SequenceParallelNorm", "block_spec", "layer_spec", "resolve_impl", "transformer_engine_available"]
+__all__ = ["SequenceParallelNorm", "block_spec", "layer_spec", "core_attention_class", "resolve_impl", "transformer_engine_available"]

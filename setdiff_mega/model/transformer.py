@@ -1,7 +1,13 @@
 """The set-diffusion transformer on megatron-core. It knows nothing about diffusion.
 
     logits = model(tokens [B, T], position_ids [B, T], attention_mask [1|B, T, T] (bool, True = allowed),
-                   logits_start=s)  ->  [B, T - s, V]
+                   logits_start=s, attention_pattern=None)  ->  [B, T - s, V]
+
+``attention_pattern`` (optional) names the mask's structure (causal, full, two-stream block / set-causal,
+key padding; :class:`setdiff_mega.diffusion.masks.MaskPattern`). It rides on the mask tensor handed to
+megatron-core (attribute ``attention_pattern``), so each core attention sees exactly the mask it describes;
+backends that can (FlexAttention, the set-causal decomposition, SDPA's causal kernel) use it instead of
+the dense mask. Given a pattern, ``attention_mask`` may be None (it is then built from the pattern).
 
 * Embedding: mcore ``LanguageModelEmbedding`` (vocab-parallel, no learned positions).
 * Positions: RoPE at the given per-sample ``position_ids`` (:mod:`.rope`); SetDLM passes the original
@@ -60,6 +66,7 @@ def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
         virtual_pipeline_model_parallel_size=vp,
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        **({"fp8": "hybrid", "fp8_recipe": mc.fp8_recipe} if getattr(mc, "fp8", "none") == "te" else {}),
     )
 
 
@@ -119,11 +126,15 @@ class SetDiffusionTransformer(MegatronModule):
         return ~attention_mask.bool()
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None, logits_start: int = 0) -> torch.Tensor:
+                attention_mask: torch.Tensor | None, logits_start: int = 0, attention_pattern=None) -> torch.Tensor:
         hidden = self.embedding(input_ids=tokens, position_ids=position_ids) if self.pre_process else None
         freqs = self.rope(position_ids)
-        hidden = self.decoder(hidden_states=hidden, attention_mask=self.to_mcore_mask(attention_mask),
-                              rotary_pos_emb=freqs)
+        if attention_mask is None and attention_pattern is not None:
+            attention_mask = attention_pattern.dense(position_ids.device)
+        mask = self.to_mcore_mask(attention_mask)
+        if mask is not None and attention_pattern is not None:
+            mask.attention_pattern = attention_pattern
+        hidden = self.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=freqs)
         if not self.post_process:
             return hidden
         if self.config.sequence_parallel:
@@ -216,7 +227,11 @@ def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bo
     vp = ps.get_virtual_pipeline_model_parallel_world_size()
     cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp, sequence_parallel=sequence_parallel, vp=vp)
     sp = sequence_parallel and tp > 1
-    spec, impl = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization, sequence_parallel=sp)
+    spec, impl = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization, sequence_parallel=sp,
+                            fp8=mc.fp8, fp8_recipe=mc.fp8_recipe)
+    if mc.fp8 == "te" and impl != "transformer_engine":
+        raise RuntimeError("model.fp8=te needs Transformer Engine on a CUDA GPU (pip install -e '.[gpu]'); "
+                           "without it use model.fp8=torchao")
     if sp and impl == "local":
         spec = block_spec(spec, cfg.num_layers // (pp * (vp or 1)), True)
 

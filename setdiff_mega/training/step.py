@@ -26,7 +26,7 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast):
 
     def forward_step(data_iterator, model):
         inp = next(data_iterator)
-        out = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+        out = model(**inp.model_kwargs())
 
         def loss_func(output):
             loss, st = objective.loss(output, inp)
@@ -61,7 +61,7 @@ def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
     for i, inp in enumerate(micro):
         sync = ddp is model or i == len(micro) - 1
         with autocast(), (contextlib.nullcontext() if sync else ddp.no_sync()):
-            logits = ddp(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+            logits = ddp(**inp.model_kwargs())
             loss, _ = objective.loss(logits, inp)
             (loss / len(micro)).backward()
         total += loss.item() / len(micro)
@@ -79,7 +79,7 @@ def evaluate_batch(model, objective, micro: list, autocast) -> tuple[float, floa
     nll = n = 0.0
     for inp in micro:
         with autocast():
-            logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+            logits = model(**inp.model_kwargs())
         _, st = objective.loss(logits, inp)
         nll, n = nll + float(st["nll_sum"]), n + float(st["num_tokens"])
     return nll, n

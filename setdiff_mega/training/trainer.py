@@ -7,8 +7,8 @@ checkpoints; a non-finite loss on any rank stops every rank. One optimizer step 
 ``grad_accum_steps`` micro-batches of ``micro_batch_size`` L-token samples per rank:
 
     for each micro-batch:  inputs = objective.build_inputs(tokens, generator)      # [B, T] etc.
-                           logits = model(inputs.tokens, inputs.position_ids, inputs.attention_mask,
-                                          inputs.logits_start)                      # [B, N, V]
+                           logits = model(**inputs.model_kwargs())          # [B, N, V]
+                           (tokens, position_ids, attention_mask + its pattern, logits_start)
                            loss   = objective.loss(logits, inputs) / grad_accum_steps; backward
     clip grad norm -> NaN/Inf check (stops with a message, no update applied) -> AdamW step
 
@@ -330,7 +330,7 @@ def _zero_step(engine, objective, micro, autocast):
     total = 0.0
     for inp in micro:
         with autocast():
-            logits = engine(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+            logits = engine(**inp.model_kwargs())
             loss, _ = objective.loss(logits, inp)
         bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0])
         dist.all_reduce(bad)

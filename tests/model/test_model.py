@@ -173,3 +173,23 @@ def test_flop_count_uses_the_real_parameter_count(mcore, over):
     assert peak_flops(100.0) == 1e14
     if not torch.cuda.is_available():
         assert peak_flops() is None
+
+
+def test_bf16_autocast_training_step_on_cpu(mcore):
+    """train.precision=bf16 on CPU: megatron-core's linear backward runs under the forward's CPU autocast
+    (mcore_cpu shim, item 5); gradients land in the fp32 master weights."""
+    from setdiff_mega.config import ModelConfig
+    from setdiff_mega.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, zero_init_head=False,
+                                    make_vocab_size_divisible_by=8), 61)
+    obj = SetDLMObjective(MASK_ID, D=4)
+    inp = obj.build_inputs(_x(), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(**inp.model_kwargs())
+    loss, _ = obj.loss(logits, inp)
+    loss.backward()
+    for p in model.parameters():
+        assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
+        assert torch.isfinite(p.grad).all()

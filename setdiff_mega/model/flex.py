@@ -1,0 +1,69 @@
+"""FlexAttention core attention ("flex"): the mask's structure as a block-sparse kernel.
+
+For q [b, h, s, d], k / v [b, g, s, d] and a mask that carries a
+:class:`~setdiff_mega.diffusion.masks.MaskPattern`, the block mask is built from the pattern's
+``mask_mod(b, h, q_idx, kv_idx)`` (structure AND key padding) by ``create_block_mask`` once per pattern and
+device and kept in ``pattern.cache``: a static pattern (no padding; the objectives build one per shape) is
+analysed once for the whole run, however many layers and steps use it. Fully masked 128 x 128 tiles are
+skipped, so the set-causal 2L x 2L mask costs about what its allowed pairs cost.
+
+On CUDA ``flex_attention`` is compiled (``torch.compile``, one kernel per shape, forward and backward); on
+CPU it runs eagerly and has **no backward** (PyTorch's limitation), so training on CPU with this backend is
+refused with a clear error; evaluation and inference on CPU work. Dropout and masks without a pattern
+(KV-cached decoding, hand-built masks) go to the dense SDPA path of :class:`SDPACoreAttention`.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .attention import SDPACoreAttention
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def block_mask_for(pattern, device: torch.device):
+    """The FlexAttention BlockMask of ``pattern`` on ``device`` (built once, cached on the pattern)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = ("flex_block_mask", str(device))
+    if key not in pattern.cache:
+        B = None if pattern.key_valid is None else pattern.key_valid.shape[0]
+        if pattern.key_valid is not None and pattern.key_valid.device != device:
+            pattern.key_valid = pattern.key_valid.to(device)
+        T = pattern.length
+        pattern.cache[key] = create_block_mask(pattern.mask_mod(), B, None, T, T, device=device)
+    return pattern.cache[key]
+
+
+def flex_attention(q, k, v, pattern, scale=None):
+    """q [b, h, T, d], k / v [b, g, T, d] under ``pattern`` -> [b, h, T, d]."""
+    from torch.nn.attention.flex_attention import flex_attention as eager_flex
+
+    if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("FlexAttention has no backward on CPU (a PyTorch limitation): train on CPU with "
+                           "model.attention_backend=setcausal or sdpa; flex runs forward-only here "
+                           "(evaluation, generation)")
+    fn = eager_flex if q.device.type == "cpu" else _compiled_flex_attention()
+    block_mask = block_mask_for(pattern, q.device)
+    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class FlexCoreAttention(SDPACoreAttention):
+    """Same interface as :class:`SDPACoreAttention`; patterned masks run FlexAttention."""
+
+    def attend(self, q, k, v, attention_mask, pattern):
+        if pattern is None or self.active_dropout > 0:
+            return super().attend(q, k, v, attention_mask, pattern)
+        if pattern.length != q.shape[2]:
+            raise ValueError(f"mask pattern covers {pattern.length} positions, the input has {q.shape[2]}")
+        return flex_attention(q, k, v, pattern, self.softmax_scale)
+
+
+__all__ = ["FlexCoreAttention", "flex_attention", "block_mask_for"]
