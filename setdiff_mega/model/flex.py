@@ -15,6 +15,7 @@ refused with a clear error; evaluation and inference on CPU work. Dropout and ma
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -59,7 +60,11 @@ class FlexCoreAttention(SDPACoreAttention):
     """Same interface as :class:`SDPACoreAttention`; patterned masks run FlexAttention."""
 
     def attend(self, q, k, v, attention_mask, pattern):
-        if pattern is None or self.active_dropout > 0:
+        if pattern is None:
+            return super().attend(q, k, v, attention_mask, pattern)
+        if self.active_dropout > 0:
+            warnings.warn("attention_backend=flex falls back to the dense-mask SDPA path: FlexAttention has no "
+                          "attention dropout (set model.attention_dropout=0 to use it)")
             return super().attend(q, k, v, attention_mask, pattern)
         if pattern.length != q.shape[2]:
             raise ValueError(f"mask pattern covers {pattern.length} positions, the input has {q.shape[2]}")

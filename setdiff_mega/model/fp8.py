@@ -76,28 +76,24 @@ def _check_tp1(layer):
                          "in the matmul it replaces); use model.fp8=te with Transformer Engine for TP > 1")
 
 
-class Float8ColumnParallelLinear(ColumnParallelLinear):
+class _Float8Matmuls:
+    """Mixin for megatron-core's parallel linears (TP = 1): the layer's matmul runs in float8."""
+
+    def __init__(self, *args, fp8_recipe: str = "tensorwise", **kwargs):
+        super().__init__(*args, **kwargs)
+        _check_tp1(self)
+        self._fp8 = _Float8Matmul(self.input_size, self.output_size, fp8_recipe)
+
+    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):
+        return self._fp8(input, weight, bias)
+
+
+class Float8ColumnParallelLinear(_Float8Matmuls, ColumnParallelLinear):
     """megatron-core ``ColumnParallelLinear`` (TP = 1) whose matmul runs in float8."""
 
-    def __init__(self, *args, fp8_recipe: str = "tensorwise", **kwargs):
-        super().__init__(*args, **kwargs)
-        _check_tp1(self)
-        self._fp8 = _Float8Matmul(self.input_size, self.output_size, fp8_recipe)
 
-    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):
-        return self._fp8(input, weight, bias)
-
-
-class Float8RowParallelLinear(RowParallelLinear):
+class Float8RowParallelLinear(_Float8Matmuls, RowParallelLinear):
     """megatron-core ``RowParallelLinear`` (TP = 1) whose matmul runs in float8."""
-
-    def __init__(self, *args, fp8_recipe: str = "tensorwise", **kwargs):
-        super().__init__(*args, **kwargs)
-        _check_tp1(self)
-        self._fp8 = _Float8Matmul(self.input_size, self.output_size, fp8_recipe)
-
-    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):
-        return self._fp8(input, weight, bias)
 
 
 def float8_linear_specs(spec, recipe: str):

@@ -30,14 +30,17 @@ multiple of 8), each with its backward. Other inputs (fp32 on CUDA, other device
 :func:`setcausal_attention_math`, the same decomposition with plain differentiable ops.
 
 :class:`SetCausalCoreAttention` ("setcausal" backend) applies it inside the model when the mask's pattern is
-set-causal (two-stream, block size 1) with valid keys first in each stream; every other mask (AR, MDLM,
-BD3LM, KV-cached decoding) and attention dropout take the SDPA path of its base class.
+set-causal (two-stream, block size 1) with valid keys first in each stream and a fused kernel takes the
+inputs; every other mask (AR, MDLM, BD3LM, KV-cached decoding), attention dropout and inputs without a
+kernel (fp32 on CUDA) take the SDPA path of its base class.
 """
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
+import torch.nn.functional as F
 
 from .attention import SDPACoreAttention, expand_groups
 
@@ -85,56 +88,85 @@ def setcausal_attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return torch.cat([oc, on.to(q.dtype)], dim=2)
 
 
+def _merge_self(o_a, lse_a, qn, kn, vn, scale: float):
+    """Merge the strictly-causal part (rows 1..L-1: o_a [B, H, L-1, d], lse_a [B, H, L-1]) with the self term.
+    Returns (out_n [B, H, L, d] in q's dtype, lse_n [B, H, L] fp32, s_self [B, H, L] fp32). Row 0 has
+    lse_a = -inf, so its output is v_n[0] exactly."""
+    s_self = (qn.float() * kn.float()).sum(-1) * scale
+    lse_a = F.pad(lse_a.float(), (1, 0), value=float("-inf"))
+    o_a = F.pad(o_a.float(), (0, 0, 1, 0))
+    m = torch.maximum(lse_a, s_self)
+    wa, ws = torch.exp(lse_a - m), torch.exp(s_self - m)
+    z = wa + ws
+    out = (wa[..., None] * o_a + ws[..., None] * vn.float()) / z[..., None]
+    return out.to(qn.dtype), m + torch.log(z), s_self
+
+
+def _self_grads(don, on, qn, kn, vn, s_self, lse_n, scale: float):
+    """Gradients of the self term: p = exp(s_self - lse_n), dS = p <dO, v_n - out_n>;
+    returns (dq_n part [fp32], dk_n, dv_n)."""
+    p = torch.exp(s_self - lse_n.float())
+    dfl = don.float()
+    ds = (p * (dfl * (vn.float() - on.float())).sum(-1) * scale)[..., None]
+    return ds * kn.float(), (ds * qn.float()).to(kn.dtype), (p[..., None] * dfl).to(vn.dtype)
+
+
+class _Fused:
+    """A pointwise helper, compiled into one kernel on CUDA (eager elsewhere, or if compiling fails)."""
+
+    def __init__(self, fn):
+        self.fn, self.compiled, self.failed = fn, None, False
+
+    def __call__(self, *args):
+        if not args[0].is_cuda or self.failed:
+            return self.fn(*args)
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn)
+        try:
+            return self.compiled(*args)
+        except Exception as e:        # noqa: BLE001 - a compiler problem must not stop training
+            warnings.warn(f"torch.compile of {self.fn.__name__} failed ({type(e).__name__}: {e}); running eagerly")
+            self.failed = True
+            return self.fn(*args)
+
+
+_merge_self_fused, _self_grads_fused = _Fused(_merge_self), _Fused(_self_grads)
+
+
 class SetCausalAttention(torch.autograd.Function):
-    """(q, k, v) [B, H, 2L, d] in rank space -> out [B, H, 2L, d] under the static set-causal pattern."""
+    """(q, k, v) [B, H, 2L, d] in rank space -> out [B, H, 2L, d] under the static set-causal pattern.
+    The halves are strided views (the kernels take any layout with a unit last stride): no copies."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale):
         L = q.shape[2] // 2
-        qc, qn = q[:, :, :L].contiguous(), q[:, :, L:].contiguous()
-        kc, kn = k[:, :, :L].contiguous(), k[:, :, L:].contiguous()
-        vc, vn = v[:, :, :L].contiguous(), v[:, :, L:].contiguous()
+        qc, qn, kc, kn, vc, vn = q[:, :, :L], q[:, :, L:], k[:, :, :L], k[:, :, L:], v[:, :, :L], v[:, :, L:]
         oc, lse_c, aux_c = _flash_fwd(qc, kc, vc, scale)
-        s_self = (qn.float() * kn.float()).sum(-1) * scale                       # [B, H, L]
-        lse_a = torch.full_like(s_self, float("-inf"))
-        oa = torch.zeros_like(qn, dtype=torch.float32)
-        aux_a = None
         if L > 1:
-            o1, l1, aux_a = _flash_fwd(qn[:, :, 1:].contiguous(), kc[:, :, :-1].contiguous(),
-                                       vc[:, :, :-1].contiguous(), scale)
-            oa[:, :, 1:], lse_a[:, :, 1:] = o1.float(), l1.float()
-        m = torch.maximum(lse_a, s_self)
-        wa, ws = torch.exp(lse_a - m), torch.exp(s_self - m)
-        z = wa + ws
-        on = ((wa[..., None] * oa + ws[..., None] * vn.float()) / z[..., None]).to(q.dtype)
-        lse_n = m + torch.log(z)
-        ctx.save_for_backward(qc, kc, vc, qn, kn, vn, oc, lse_c, on, lse_n.to(lse_c.dtype), s_self)
+            o_a, lse_a, aux_a = _flash_fwd(qn[:, :, 1:], kc[:, :, :-1], vc[:, :, :-1], scale)
+        else:
+            o_a, lse_a, aux_a = qn[:, :, :0], qn.new_empty(qn.shape[:2] + (0,), dtype=torch.float32), None
+        on, lse_n, s_self = _merge_self_fused(o_a, lse_a, qn, kn, vn, scale)
+        ctx.save_for_backward(q, k, v, oc, lse_c, on, lse_n, s_self)
         ctx.scale, ctx.aux_c, ctx.aux_a = scale, aux_c, aux_a
         return torch.cat([oc, on], dim=2)
 
     @staticmethod
     def backward(ctx, dout):
-        qc, kc, vc, qn, kn, vn, oc, lse_c, on, lse_n, s_self = ctx.saved_tensors
-        scale = ctx.scale
-        L = qc.shape[2]
-        doc, don = dout[:, :, :L].contiguous(), dout[:, :, L:].contiguous()
+        q, k, v, oc, lse_c, on, lse_n, s_self = ctx.saved_tensors
+        scale, L = ctx.scale, q.shape[2] // 2
+        qc, qn, kc, kn, vc, vn = q[:, :, :L], q[:, :, L:], k[:, :, :L], k[:, :, L:], v[:, :, :L], v[:, :, L:]
+        doc, don = dout[:, :, :L], dout[:, :, L:]
         dqc, dkc, dvc = _flash_bwd(doc, qc, kc, vc, oc, lse_c, ctx.aux_c, scale)
-        dqn = torch.zeros_like(qn)
-        dkc, dvc = dkc.clone(), dvc.clone()
-        if L > 1:
-            dq1, dk1, dv1 = _flash_bwd(don[:, :, 1:], qn[:, :, 1:].contiguous(), kc[:, :, :-1].contiguous(),
-                                       vc[:, :, :-1].contiguous(), on[:, :, 1:].contiguous(),
-                                       lse_n[:, :, 1:].contiguous(), ctx.aux_a, scale)
+        dqn, dkn, dvn = _self_grads_fused(don, on, qn, kn, vn, s_self, lse_n, scale)
+        if L > 1:   # the clean-key part, with the merged output and log-sum-exp (see the module docstring)
+            dq1, dk1, dv1 = _flash_bwd(don[:, :, 1:], qn[:, :, 1:], kc[:, :, :-1], vc[:, :, :-1],
+                                       on[:, :, 1:].contiguous(), lse_n[:, :, 1:].to(lse_c.dtype).contiguous(),
+                                       ctx.aux_a, scale)
             dqn[:, :, 1:] += dq1
             dkc[:, :, :-1] += dk1
             dvc[:, :, :-1] += dv1
-        p_self = torch.exp(s_self - lse_n.float())                                       # [B, H, L]
-        dfl, onf = don.float(), on.float()
-        ds = p_self * ((dfl * vn.float()).sum(-1) - (dfl * onf).sum(-1))
-        dqn = dqn + (ds[..., None] * scale * kn.float()).to(dqn.dtype)
-        dkn = (ds[..., None] * scale * qn.float()).to(kn.dtype)
-        dvn = (p_self[..., None] * dfl).to(vn.dtype)
-        return (torch.cat([dqc, dqn], 2), torch.cat([dkc, dkn], 2), torch.cat([dvc, dvn], 2), None)
+        return (torch.cat([dqc, dqn.to(q.dtype)], 2), torch.cat([dkc, dkn], 2), torch.cat([dvc, dvn], 2), None)
 
 
 def setcausal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None):
@@ -152,7 +184,12 @@ class SetCausalCoreAttention(SDPACoreAttention):
     """Core attention ("setcausal" backend): the decomposition for set-causal patterns, SDPA otherwise."""
 
     def attend(self, q, k, v, attention_mask, pattern):
-        if not self.decomposable(pattern, q) or self.active_dropout > 0:
+        if not self.decomposable(pattern, q):
+            return super().attend(q, k, v, attention_mask, pattern)
+        if self.active_dropout > 0 or not kernel_supported(q):
+            warnings.warn("attention_backend=setcausal falls back to the dense-mask SDPA path: attention dropout "
+                          "> 0 or no fused kernel for these inputs (CUDA needs bf16/fp16, head dim <= 256, a "
+                          "multiple of 8)")
             return super().attend(q, k, v, attention_mask, pattern)
         return setcausal_attention(q, expand_groups(k, q.shape[1]), expand_groups(v, q.shape[1]),
                                    self.softmax_scale)

@@ -19,7 +19,7 @@ def _err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.parametrize("L,d", [(1, 64), (17, 64), (256, 64), (1024, 128)])
+@pytest.mark.parametrize("L,d", [(16, 64), (100, 64), (256, 64), (1024, 128)])
 def test_backends_agree_in_bf16(L, d):
     from setdiff_mega.diffusion.masks import MaskPattern
     from setdiff_mega.model.flex import flex_attention

@@ -182,3 +182,13 @@ def test_generation_is_the_same_with_every_backend(mcore, use_cache):
             canvas = Canvas.from_prompts([[57, 1, 2, 3], [57, 9]], MASK_ID, 59, cfg.max_new_tokens)
             outs[name] = SetDLMSampler(model, MASK_ID, 59, 58, cfg).generate(canvas).tokens
     assert outs["setcausal"] == outs["sdpa"] and outs["flex"] == outs["sdpa"]
+
+
+def test_structured_backends_say_when_they_fall_back(mcore):
+    """Attention dropout: both structured backends run SDPA with the mask, and warn."""
+    mods = _models(["setcausal", "flex"], attention_dropout=0.1)
+    x, _, _ = _batch()
+    inp = SetDLMObjective(MASK_ID, D=3).build_inputs(x)
+    for name, model in mods.items():
+        with pytest.warns(UserWarning, match=f"attention_backend={name} falls back"):
+            model.train()(**inp.model_kwargs()).sum().backward()
