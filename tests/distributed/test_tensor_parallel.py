@@ -7,7 +7,7 @@ from .harness import run_ranks
 L, B, V, MASK = 12, 3, 61, 60
 
 
-def _forward_backward(rank, world, tp, objective_name):
+def _forward_backward(rank, world, tp, objective_name, backend="sdpa"):
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
@@ -19,14 +19,14 @@ def _forward_backward(rank, world, tp, objective_name):
     initialize(tensor_model_parallel_size=tp, seed=1234)
     torch.manual_seed(0)
     mc = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, zero_init_head=False,
-                     make_vocab_size_divisible_by=8, activation="swiglu")
+                     make_vocab_size_divisible_by=8, activation="swiglu", attention_backend=backend)
     model = build_model(mc, V)
     x = torch.randint(0, 58, (B, L), generator=torch.Generator().manual_seed(1))
     pad = torch.zeros(B, L, dtype=torch.bool)
     pad[0, -2:] = True
     obj = build_objective(objective_name, MASK, D=4, block_size=3)
     inp = obj.build_inputs(x, padding=pad, generator=torch.Generator().manual_seed(2))
-    logits = model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+    logits = model(**inp.model_kwargs())
     loss, _ = obj.loss(logits, inp)
     loss.backward()
     qkv = model.decoder.layers[0].self_attention.linear_qkv.weight          # column-parallel: [out / tp, in]
@@ -36,7 +36,7 @@ def _forward_backward(rank, world, tp, objective_name):
     norm = model.decoder.final_layernorm.weight.grad
     return {"tp_rank": ps.get_tensor_model_parallel_rank(), "logits": logits.detach(), "loss": loss.item(),
             "g_qkv": g_qkv.detach(), "g_fc2": g_fc2.detach(), "g_norm": norm.detach(),
-            "qkv_shape": tuple(qkv.shape)}
+            "qkv_shape": tuple(qkv.shape), "rows": inp.attention_pattern.key_valid[:, inp.logits_start:]}
 
 
 @pytest.mark.parametrize("objective_name", ["setdlm", "bd3lm", "ar"])
@@ -51,3 +51,18 @@ def test_tp2_matches_tp1(objective_name):
         torch.testing.assert_close(o["g_qkv"], ref["g_qkv"], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(o["g_fc2"], ref["g_fc2"], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(o["g_norm"], ref["g_norm"], rtol=1e-4, atol=1e-6)
+
+
+def test_tp2_setcausal_backend_matches_tp1_dense_reference():
+    """The mask-free set-causal attention on TP shards (2 of 4 heads, 1 of 2 KV groups per rank) gives the
+    single-process dense-mask logits (real rows), loss and gradients."""
+    ref = run_ranks(_forward_backward, world=1, args=(1, "setdlm", "sdpa"))[0]
+    out = run_ranks(_forward_backward, world=2, args=(2, "setdlm", "setcausal"))
+    rows = ref["rows"]
+    assert not rows.all()                                                  # the batch has padding
+    for r in (0, 1):
+        o = out[r]
+        assert o["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+        torch.testing.assert_close(o["logits"][rows], ref["logits"][rows], rtol=1e-5, atol=1e-5)
+        for k in ("g_qkv", "g_fc2", "g_norm"):
+            torch.testing.assert_close(o[k], ref[k], rtol=1e-4, atol=1e-6)
