@@ -26,7 +26,9 @@ Pinned context and right padding need no mask here: pinned tokens take the first
 so a real token's row never reaches a padding key; padding rows produce finite values nobody reads.
 The kernels are PyTorch's fused flash attention: on CPU ``aten._scaled_dot_product_flash_attention_for_cpu``
 (any float dtype), on CUDA ``aten._scaled_dot_product_flash_attention`` (bf16 / fp16, head dim <= 256 and a
-multiple of 8), each with its backward. Other inputs (fp32 on CUDA, other devices) run
+multiple of 8), each with its backward; the halves are passed as strided views (no copies), and the merge
+and the self-term gradients are pointwise helpers that ``torch.compile`` fuses into one kernel each on
+CUDA. For other inputs (fp32 on CUDA, other devices) :func:`setcausal_attention` runs
 :func:`setcausal_attention_math`, the same decomposition with plain differentiable ops.
 
 :class:`SetCausalCoreAttention` ("setcausal" backend) applies it inside the model when the mask's pattern is
