@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from .conftest import ROOT, TINY, _run
 
@@ -145,3 +146,29 @@ def test_rerun_continues_and_a_changed_run_is_refused(trained_run, data_dir):
     assert "was trained with objective.name='setdlm', this run has 'ar'" in r.stderr and "train.init_from=" in r.stderr
     r = _run(base + ["model.hidden_size=64"])
     assert r.returncode == 2 and "was trained with model.hidden_size=32, this run has model.hidden_size=64" in r.stderr
+
+
+def test_bf16_fp8_setcausal_training_and_interchangeable_checkpoint(data_dir, tmp_path, mcore):
+    """The GPU-path options train end to end on CPU (bf16 autocast, torchao FP8 emulated, mask-free set-causal
+    attention), and the checkpoint loads into a plain model: FP8 and the backend change nothing stored."""
+    pytest.importorskip("torchao")
+    from setdiff_mega.checkpoint import load_weights
+    from setdiff_mega.config import load_config
+    from setdiff_mega.data import Tokenizer
+    from setdiff_mega.model import build_model
+    from setdiff_mega.model.fp8 import float8_layers
+    from setdiff_mega.training import train
+
+    overrides = [*TINY, "train.train_steps=8", f"data.path={data_dir / 'corpus'}", f"train.save_dir={tmp_path}",
+                 "train.lr=3e-3", "train.precision=bf16", "model.fp8=torchao", "model.attention_backend=setcausal"]
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml", overrides)
+    res = train(cfg, log=lambda *a: None)
+    assert res.final_val_loss < res.initial_val_loss
+    vocab = Tokenizer.from_file(data_dir / "tokenizer.json").vocab_size
+    plain_cfg = load_config(ROOT / "configs/tiny_cpu.yaml", TINY).model
+    plain = build_model(plain_cfg, vocab)
+    assert not float8_layers(plain)
+    before = {k: v.clone() for k, v in plain.state_dict().items() if isinstance(v, torch.Tensor)}
+    load_weights(plain, res.checkpoint, plain_cfg)
+    changed = [k for k, v in plain.state_dict().items() if k in before and not torch.equal(v, before[k])]
+    assert len(changed) > 0.5 * len(before)
