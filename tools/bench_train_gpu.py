@@ -6,8 +6,9 @@
 For a ~350M-parameter model (24 x 1024, GPT-2 medium shape) at each L, in one run: AR with causal
 attention, SetDLM with each attention backend (dense-mask SDPA, FlexAttention, the mask-free set-causal
 decomposition), and with FP8 linears (torchao; Transformer Engine's FP8 where installed: ``--fp8 te``);
-then set-causal attention forward + backward against two causal calls of length L (the baseline measured
-in the same run). Writes bench_train.csv, bench_attention.csv, summary.json and mfu.png.
+and set-causal attention forward + backward against two causal calls of length L (the baseline measured
+in the same run; measured first, as it is quick). Writes bench_attention.csv, bench_train.csv (both row by
+row), summary.json and mfu.png.
 See :mod:`setdiff_mega.training.benchmark` for the definitions (MFU counts processed tokens).
 
 ``--device cpu --preset tiny`` runs the same code on a CPU in seconds (a smoke run; no MFU there).
@@ -70,6 +71,16 @@ def main(argv=None) -> int:
     print(f"device: {name}; torch {torch.__version__}; preset {args.preset}; "
           f"{args.tokens_per_step} processed tokens per step", file=sys.stderr)
 
+    attn = []
+    for L in args.seq_lengths:
+        batch = args.attention_batch or max(1, args.tokens_per_step // (2 * L))
+        for r in bench_attention(L, batch, device=device, warmup=args.warmup, iters=2 * args.iters):
+            attn.append(r)
+            tqdm.write(f"attention L={L:<5d} {r.backend:16s} " + (f"error: {r.error}" if r.error else
+                       f"{r.fwd_bwd_ms:8.2f} ms fwd+bwd  {r.ratio_vs_two_causal:5.2f}x two causal calls"),
+                       file=sys.stderr)
+        _write_csv(out / "bench_attention.csv", attn)
+
     rows = []
     jobs = [(s, L) for L in args.seq_lengths for s in settings]
     for (label, obj, backend, fp8), L in tqdm(jobs, desc="train-step settings", file=sys.stderr):
@@ -81,18 +92,8 @@ def main(argv=None) -> int:
                f"sample tok/s  {r.model_tflops:7.1f} TFLOP/s  MFU {100 * r.mfu:5.1f}% "
                f"(no-attn {100 * r.mfu_dense_only:5.1f}%)  loss {r.loss:.3f}")
         tqdm.write(f"L={L:<5d} {label:26s} B={r.batch:<3d} {msg}", file=sys.stderr)
+        _write_csv(out / "bench_train.csv", rows)          # after every setting: a timeout keeps what ran
 
-    attn = []
-    for L in args.seq_lengths:
-        batch = args.attention_batch or max(1, args.tokens_per_step // (2 * L))
-        for r in bench_attention(L, batch, device=device, warmup=args.warmup, iters=2 * args.iters):
-            attn.append(r)
-            tqdm.write(f"attention L={L:<5d} {r.backend:16s} " + (f"error: {r.error}" if r.error else
-                       f"{r.fwd_bwd_ms:8.2f} ms fwd+bwd  {r.ratio_vs_two_causal:5.2f}x two causal calls"),
-                       file=sys.stderr)
-
-    _write_csv(out / "bench_train.csv", rows)
-    _write_csv(out / "bench_attention.csv", attn)
     plot_mfu(rows, out / "mfu.png")
     ok = [r for r in rows if not r.error and r.objective == "setdlm"]
     best = max(ok, key=lambda r: r.processed_tok_s, default=None)
