@@ -34,10 +34,12 @@ CUDA. For other inputs (fp32 on CUDA, other devices) :func:`setcausal_attention`
 :class:`SetCausalCoreAttention` ("setcausal" backend) applies it inside the model when the mask's pattern is
 set-causal (two-stream, block size 1) with valid keys first in each stream and a fused kernel takes the
 inputs; every other mask (AR, MDLM, BD3LM, KV-cached decoding), attention dropout and inputs without a
-kernel (fp32 on CUDA) take the SDPA path of its base class.
+kernel (fp32 on CUDA) take the SDPA path of its base class. Before its first use on a device / dtype / head
+dim the fused path checks itself against the plain-ops decomposition (:func:`kernel_verified`).
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -182,6 +184,33 @@ def setcausal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     return SetCausalAttention.apply(q, k, v, scale)
 
 
+@functools.lru_cache(maxsize=None)
+def kernel_verified(device: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """One-time self-check of the fused path on this device / dtype / head dim: outputs and gradients of
+    :class:`SetCausalAttention` on a small random input against :func:`setcausal_attention_math` in fp32
+    (relative error < 1e-4 in fp32/fp64, < 3e-2 in bf16/fp16). A kernel that behaves differently on some
+    platform or PyTorch version then costs speed (the core attention falls back to the dense mask, with a
+    warning), never correctness."""
+    dev, scale = torch.device(device), 1.0 / math.sqrt(head_dim)
+    g = torch.Generator(device=dev).manual_seed(0)
+    base = [torch.randn(1, 2, 2 * 37, head_dim, device=dev, generator=g).to(dtype) for _ in range(4)]
+    with torch.enable_grad(), torch.autocast(dev.type, enabled=False):
+        x = [t.clone().requires_grad_() for t in base[:3]]
+        out = SetCausalAttention.apply(*x, scale)
+        got = [out, *torch.autograd.grad(out, x, base[3])]
+        r = [t.float().requires_grad_() for t in base[:3]]
+        ref = setcausal_attention_math(*r, scale)
+        want = [ref, *torch.autograd.grad(ref, r, base[3].float())]
+    errs = [((a.float() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
+    tol = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
+    if not all(e < tol for e in errs):       # NaN compares False: also a failure
+        warnings.warn(f"set-causal fused-kernel self-check failed on {device} / {dtype} / head dim {head_dim} "
+                      f"(relative errors out, dq, dk, dv: {', '.join(f'{e:.2e}' for e in errs)}); "
+                      f"attention_backend=setcausal uses the dense-mask path here")
+        return False
+    return True
+
+
 class SetCausalCoreAttention(SDPACoreAttention):
     """Core attention ("setcausal" backend): the decomposition for set-causal patterns, SDPA otherwise."""
 
@@ -192,6 +221,8 @@ class SetCausalCoreAttention(SDPACoreAttention):
             warnings.warn("attention_backend=setcausal falls back to the dense-mask SDPA path: attention dropout "
                           "> 0 or no fused kernel for these inputs (CUDA needs bf16/fp16, head dim <= 256, a "
                           "multiple of 8)")
+            return super().attend(q, k, v, attention_mask, pattern)
+        if not kernel_verified(str(q.device), q.dtype, q.shape[-1]):
             return super().attend(q, k, v, attention_mask, pattern)
         return setcausal_attention(q, expand_groups(k, q.shape[1]), expand_groups(v, q.shape[1]),
                                    self.softmax_scale)
@@ -207,4 +238,4 @@ class SetCausalCoreAttention(SDPACoreAttention):
 
 
 __all__ = ["setcausal_attention", "setcausal_attention_math", "SetCausalAttention", "SetCausalCoreAttention",
-           "kernel_supported"]
+           "kernel_supported", "kernel_verified"]

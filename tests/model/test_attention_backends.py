@@ -192,3 +192,25 @@ def test_structured_backends_say_when_they_fall_back(mcore):
     for name, model in mods.items():
         with pytest.warns(UserWarning, match=f"attention_backend={name} falls back"):
             model.train()(**inp.model_kwargs()).sum().backward()
+
+
+def test_fused_path_self_check_guards_correctness(mcore, monkeypatch):
+    """The one-time self-check passes for the real kernels, and a kernel that misbehaves (simulated: a
+    perturbed log-sum-exp) is caught: the backend warns and runs the dense path, with reference results."""
+    from setdiff_mega.model import setcausal
+
+    setcausal.kernel_verified.cache_clear()
+    assert setcausal.kernel_verified("cpu", torch.float32, 16)
+    assert setcausal.kernel_verified("cpu", torch.bfloat16, 64)
+    real = setcausal._flash_fwd
+    monkeypatch.setattr(setcausal, "_flash_fwd", lambda *a: (lambda o, lse, aux: (o, lse + 0.5, aux))(*real(*a)))
+    setcausal.kernel_verified.cache_clear()
+    mods = _models(["sdpa", "setcausal"])
+    x, context, padding = _batch()
+    obj = SetDLMObjective(MASK_ID, D=3)
+    inp = obj.build_inputs(x, context=context, padding=padding, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="self-check failed"):
+        got = mods["setcausal"](**inp.model_kwargs())
+    ref = mods["sdpa"](**inp.model_kwargs())
+    assert torch.equal(got, ref)
+    setcausal.kernel_verified.cache_clear()
