@@ -14,7 +14,6 @@ See :mod:`setdiff_mega.training.benchmark` for the definitions (MFU counts proce
 ``--device cpu --preset tiny`` runs the same code on a CPU in seconds (a smoke run; no MFU there).
 """
 import argparse
-import csv
 import dataclasses
 import json
 import sys
@@ -26,11 +25,9 @@ from setdiff_mega.cli import run_cli  # noqa: E402
 
 
 def _write_csv(path, rows):
-    rows = [dataclasses.asdict(r) for r in rows]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    from setdiff_mega.eval.sweep import write_csv
+
+    write_csv([dataclasses.asdict(r) for r in rows], path)
 
 
 def main(argv=None) -> int:

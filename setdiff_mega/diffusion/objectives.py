@@ -98,10 +98,12 @@ class Objective(abc.ABC):
             self._static[key] = fn()
         return self._static[key]
 
-    def _mask(self, kind: str, T: int, dev, key_valid=None, block_size: int = 1):
-        """(dense mask [1|B, T, T], its :class:`~setdiff_mega.diffusion.masks.MaskPattern`); the static ones
-        are built once per shape, padded ones per batch (only when some key is invalid)."""
+    def _mask(self, kind: str, T: int, dev, padding, key_valid_of, block_size: int = 1):
+        """(dense mask [1|B, T, T], its :class:`~setdiff_mega.diffusion.masks.MaskPattern`): the static ones
+        are built once per shape; with padding, ``key_valid_of(padding)`` gives the valid keys [B, T] and the
+        mask is per batch (unless every key is valid)."""
         static = self._cached(("pattern", kind, T, block_size, dev), lambda: M.MaskPattern(kind, T, block_size))
+        key_valid = key_valid_of(padding) if padding.any() else None
         if key_valid is None or bool(key_valid.all()):
             return self._cached(("mask", kind, T, block_size, dev), lambda: static.dense(dev)), static
         pattern = static.with_padding(key_valid)
@@ -145,7 +147,7 @@ class ARObjective(Objective):
         context, padding, target = _batch_masks(tokens, context, padding)
         B, L = tokens.shape
         dev = tokens.device
-        mask, pattern = self._mask("causal", L - 1, dev, ~padding[:, :-1])
+        mask, pattern = self._mask("causal", L - 1, dev, padding, lambda p: ~p[:, :-1])
         pos = torch.arange(L - 1, device=dev).expand(B, L - 1)
         return ModelInputs(tokens=tokens[:, :-1], position_ids=pos, attention_mask=mask,
                            logits_start=0, targets=tokens[:, 1:], loss_mask=target[:, 1:], attention_pattern=pattern)
@@ -168,7 +170,7 @@ class MDLMObjective(Objective):
         t = self.schedule.sample_t((B,), generator, dev)
         masked = (torch.rand(B, L, generator=generator, device=dev) < t[:, None]) & target
         xt = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
-        mask, pattern = self._mask("full", L, dev, ~padding)
+        mask, pattern = self._mask("full", L, dev, padding, lambda p: ~p)
         weights = None
         if self.loss_weighting == "elbo":
             weights = self.schedule.elbo_weight(t)[:, None].float().expand(B, L)
@@ -217,7 +219,8 @@ class BD3LMObjective(Objective):
         dev = tokens.device
         masked, t = self._noise(target, generator)
         xt = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
-        mask, pattern = self._mask("two_stream", 2 * L, dev, (~padding).repeat(1, 2), self.block_size)
+        mask, pattern = self._mask("two_stream", 2 * L, dev, padding, lambda p: (~p).repeat(1, 2),
+                                   self.block_size)
         pos = torch.arange(L, device=dev).repeat(2).expand(B, 2 * L)
         weights = None
         if self.loss_weighting == "elbo":
@@ -273,7 +276,8 @@ class SetDLMObjective(Objective):
         tgt_p = permute(target, perm)
         xtp = torch.where(tgt_p, torch.full_like(x0p, self.mask_id), x0p)
         # pinned context takes the first ranks and padding the last: the pattern stays the static set-causal one
-        mask, pattern = self._mask("two_stream", 2 * L, dev, (~permute(padding, perm)).repeat(1, 2))
+        mask, pattern = self._mask("two_stream", 2 * L, dev, padding,
+                                   lambda p: (~permute(p, perm)).repeat(1, 2))
         loss_mask = tgt_p
         if self.keep_clean_bos and not training:   # eval: BOS is not scored (method.md P7)
             loss_mask = loss_mask.clone()

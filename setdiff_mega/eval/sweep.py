@@ -31,6 +31,7 @@ L-token sample) and the final validation loss, fits L(N, D) per objective with b
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import shlex
@@ -90,11 +91,12 @@ def load_grid(path: str | Path) -> dict:
     return grid
 
 
-def _base(grid):
+def _load(grid, overrides=()):
+    """The base config with the sweep's overrides, then ``overrides`` (a run's)."""
     from setdiff_mega.config import load_config
 
-    return load_config(ROOT / grid["base_config"] if not Path(grid["base_config"]).is_absolute()
-                       else grid["base_config"], grid["overrides"])
+    base = grid["base_config"]
+    return load_config(ROOT / base if not Path(base).is_absolute() else base, [*grid["overrides"], *overrides])
 
 
 def _model_config(base, model: dict):
@@ -103,24 +105,30 @@ def _model_config(base, model: dict):
     return dataclasses.replace(base.model, **model)
 
 
-def flops_per_token(grid, model: dict, objective: str) -> float:
-    """Training FLOPs per sample token of a model (same count as the trainer's MFU)."""
+@functools.lru_cache(maxsize=None)
+def _tokenizer_vocab(path: str) -> int:
     from setdiff_mega.data.tokenizer import Tokenizer
+
+    return Tokenizer.from_file(path).vocab_size
+
+
+def flops_per_token(grid, model: dict, objective: str, base=None) -> float:
+    """Training FLOPs per sample token of a model (same count as the trainer's MFU); ``base``: the grid's
+    loaded base config, when the caller has it already."""
     from setdiff_mega.model.transformer import padded_vocab_size
     from setdiff_mega.training.flops import flops_per_sample
 
-    base = _base(grid)
+    base = _load(grid) if base is None else base
     mc = _model_config(base, model)
     tok_path = base.data.tokenizer or str(Path(base.data.path.split()[-1]).parent / "tokenizer.json")
-    vocab = mc.vocab_size or Tokenizer.from_file(ROOT / tok_path if not Path(tok_path).is_absolute()
-                                                 else tok_path).vocab_size
+    vocab = mc.vocab_size or _tokenizer_vocab(str(ROOT / tok_path if not Path(tok_path).is_absolute() else tok_path))
     L = base.data.seq_length
     return flops_per_sample(mc, padded_vocab_size(vocab, mc.make_vocab_size_divisible_by), objective, L) / L
 
 
 def expand(grid) -> list[Run]:
     """Every (objective, model, budget, seed) point of the grid as a run."""
-    base = _base(grid)
+    base = _load(grid)
     L = base.data.seq_length
     gb, mb, dp = grid["global_batch_size"], grid["micro_batch_size"], grid["data_parallel_size"]
     runs = []
@@ -128,7 +136,8 @@ def expand(grid) -> list[Run]:
         for model in grid["models"]:
             budgets = grid.get("tokens") or grid["isoflop"]
             for budget in budgets:
-                tokens = int(budget) if "tokens" in grid else int(float(budget) / flops_per_token(grid, model, obj))
+                tokens = int(budget) if "tokens" in grid else \
+                    int(float(budget) / flops_per_token(grid, model, obj, base))
                 steps = max(1, math.ceil(tokens / (gb * L)))
                 for seed in grid["seeds"]:
                     tag = "_".join(f"{k[0]}{v}" for k, v in sorted(model.items()) if k != "num_attention_heads")
@@ -159,10 +168,9 @@ def finished(grid, run: Run) -> dict | None:
 
 def write_config(grid, run: Run) -> Path:
     """The run's fully resolved config (base + sweep overrides + run overrides) as YAML in its directory."""
-    from setdiff_mega.config import dump_yaml, load_config
+    from setdiff_mega.config import dump_yaml
 
-    base = grid["base_config"]
-    cfg = load_config(ROOT / base if not Path(base).is_absolute() else base, [*grid["overrides"], *run.overrides])
+    cfg = _load(grid, run.overrides)
     d = run_dir(grid, run)
     d.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, d / "config.yaml")
@@ -228,14 +236,14 @@ def collect(grid, runs: list[Run]) -> list[dict]:
     """One row per finished run: objective, N, D, FLOPs, final validation loss."""
     from setdiff_mega.training.flops import body_parameters
 
-    base = _base(grid)
+    base = _load(grid)
     rows = []
     for r in runs:
         s = finished(grid, r)
         if s is None:
             continue
         mc = _model_config(base, r.model)
-        fpt = flops_per_token(grid, r.model, r.objective)
+        fpt = flops_per_token(grid, r.model, r.objective, base)
         rows.append({"run": r.name, "objective": r.objective, "seed": r.seed, **{f"model.{k}": v for k, v in
                                                                                   r.model.items()},
                      "N": body_parameters(mc), "N_total": s.get("num_parameters"), "D": r.tokens,

@@ -105,7 +105,7 @@ def story_infill(model, tok, method: str, rows: list[dict], gc, context: int, ba
 
     from setdiff_mega.inference import generate
 
-    reqs, refs, kept = [], [], []
+    reqs, refs, spans = [], [], []
     for r in rows:
         s = r["sentences"]
         prefix, middle, suffix = " ".join(s[:2]), " " + s[2], " " + " ".join(s[3:])
@@ -115,27 +115,26 @@ def story_infill(model, tok, method: str, rows: list[dict], gc, context: int, ba
             if progress:
                 progress(1)
             continue
-        kept.append(r)
         refs.append(middle.strip())
+        spans.append(span)
         reqs.append(prefix if left_only else {"prefix": prefix, "suffix": suffix, "span": span})
-    skipped, rows = len(rows) - len(kept), kept
+    skipped = len(rows) - len(reqs)
     if left_only:      # continue the prefix for exactly the span's length (what a left-to-right model sees)
         out = []
-        for q, r in zip(reqs, rows):
-            span = len(tok.encode(" " + r["sentences"][2]))
+        for q, span in zip(reqs, spans):
             g = dataclasses.replace(gc, max_new_tokens=span, stop_at_eos=False)
             out += generate(model, tok, method, [q], g, context=context, batch_size=1)
             if progress:
                 progress(1)
-        preds = [o["text"] for o in out]
     else:
         out = generate(model, tok, method, reqs, gc, context=context, batch_size=batch_size, progress=progress) \
             if reqs else []
-        preds = [o["text"] for o in out]
+    preds = [o["text"] for o in out]
     em = [p.strip() == ref for p, ref in zip(preds, refs)]
     rl = [rouge_l(p, ref) for p, ref in zip(preds, refs)]
-    return {"task": "story_infill" + ("_left_only" if left_only else ""), "n": len(rows), "skipped_too_long": skipped,
-            "exact_match": sum(em) / max(len(rows), 1), "rouge_l": sum(rl) / max(len(rows), 1), **_speed(out),
+    n = len(reqs)
+    return {"task": "story_infill" + ("_left_only" if left_only else ""), "n": n, "skipped_too_long": skipped,
+            "exact_match": sum(em) / max(n, 1), "rouge_l": sum(rl) / max(n, 1), **_speed(out),
             "examples": [{"reference": ref, "generated": p} for ref, p in list(zip(refs, preds))[:3]]}
 
 

@@ -27,10 +27,6 @@ import dataclasses
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-FP8_MODES = ("none", "te", "torchao")
-FP8_RECIPES = ("tensorwise", "delayed", "rowwise")
-
-
 def hardware_fp8() -> bool:
     """True on a CUDA device with FP8 tensor cores (compute capability >= 8.9)."""
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
@@ -113,5 +109,5 @@ def float8_layers(model) -> list:
     return [m for m in model.modules() if isinstance(m, (Float8ColumnParallelLinear, Float8RowParallelLinear))]
 
 
-__all__ = ["FP8_MODES", "FP8_RECIPES", "Float8ColumnParallelLinear", "Float8RowParallelLinear",
+__all__ = ["Float8ColumnParallelLinear", "Float8RowParallelLinear",
            "float8_linear_specs", "float8_config", "float8_layers", "hardware_fp8"]

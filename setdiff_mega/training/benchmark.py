@@ -106,12 +106,12 @@ def bench_train_step(label, objective_name, backend, fp8, L, preset="350m", toke
     """Time one training setting; errors become the row's ``error`` (the benchmark goes on)."""
     from setdiff_mega.diffusion import build_objective
     from setdiff_mega.model import build_model
-    from setdiff_mega.training.flops import flops_per_sample, peak_flops
+    from setdiff_mega.training.flops import flops_terms, peak_flops, processed_positions
 
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mc = model_config(preset, attention_backend=backend, fp8=fp8, transformer_impl="local")
     obj = build_objective(objective_name, mask_id=mc.vocab_size - 1, D=D)
-    T = obj.processed_length(L) - (1 if objective_name == "ar" else 0)
+    T, _ = processed_positions(objective_name, L)
     B = max(1, tokens_per_step // T)
     row = StepResult(label, objective_name, backend, fp8, L, B, B * T)
     try:
@@ -139,8 +139,8 @@ def bench_train_step(label, objective_name, backend, fp8, L, preset="350m", toke
         row.step_s_std = statistics.pstdev(times)
         row.processed_tok_s = B * T / row.step_s
         row.sample_tok_s = B * L / row.step_s
-        flops = flops_per_sample(mc, model.padded_vocab_size, objective_name, L) * B
-        attn = 12.0 * mc.num_layers * mc.hidden_size * T * T * B
+        terms = flops_terms(mc, model.padded_vocab_size, objective_name, L)
+        flops, attn = sum(terms.values()) * B, terms["attention"] * B
         row.model_tflops = flops / row.step_s / 1e12
         peak = peak_flops()
         if peak:

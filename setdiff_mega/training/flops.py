@@ -47,13 +47,16 @@ def body_parameters(mc) -> int:
     return mc.num_layers * (qkv + proj + fc1 + fc2 + norms)
 
 
+def flops_terms(mc, padded_vocab: int, objective: str, L: int) -> dict:
+    """The linear, head and attention terms of :func:`flops_per_sample` (see the module docstring)."""
+    T, N = processed_positions(objective, L)
+    return {"linear": 6.0 * T * body_parameters(mc), "head": 6.0 * N * mc.hidden_size * padded_vocab,
+            "attention": 12.0 * mc.num_layers * mc.hidden_size * T * T}
+
+
 def flops_per_sample(mc, padded_vocab: int, objective: str, L: int) -> float:
     """Model FLOPs (forward + backward) of one L-token training sample."""
-    T, N = processed_positions(objective, L)
-    linear = 6.0 * T * body_parameters(mc)
-    head = 6.0 * N * mc.hidden_size * padded_vocab
-    attention = 12.0 * mc.num_layers * mc.hidden_size * T * T
-    return linear + head + attention
+    return sum(flops_terms(mc, padded_vocab, objective, L).values())
 
 
 def peak_flops(override_tflops: float | None = None) -> float | None:
@@ -69,4 +72,4 @@ def peak_flops(override_tflops: float | None = None) -> float | None:
     return None
 
 
-__all__ = ["flops_per_sample", "processed_positions", "body_parameters", "peak_flops", "PEAK_TFLOPS"]
+__all__ = ["flops_per_sample", "flops_terms", "processed_positions", "body_parameters", "peak_flops", "PEAK_TFLOPS"]
