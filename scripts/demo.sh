@@ -9,5 +9,5 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE="${WANDB_MODE:-offline}
 .venv/bin/python pretrain/pretrain.py --config configs/tiny_cpu.yaml "$@"
 save_dir=$(.venv/bin/python pretrain/pretrain.py --config configs/tiny_cpu.yaml "$@" --print-config \
   | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["train"]["save_dir"])')
-echo "== samples from the trained model (greedy, W = D, tau = 0.9) =="
+echo "== samples from the trained model (unconditional: the OWT protocol; math and infill: greedy, W = D, tau = 0.9) =="
 .venv/bin/python tools/generate.py --checkpoint "$save_dir" --demo data/embedded/tasks --max-new-tokens 96 --batch-size 1

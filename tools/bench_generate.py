@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--ratio-model", default="384,6,6",
                    help="hidden,layers,heads of a random-weight model for a second cache on/off ratio "
                         "(speed does not depend on the weights); 'none' to skip")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="cache + chunk budget (default: the checkpoint's training length; larger: never crop)")
     p.add_argument("--out-dir", default="runs/bench_generate")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
                if x.strip()][: args.num_prompts]
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    base = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_at_eos=True)
+    base = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_at_eos=True,
+                            context_length=args.context_length or cfg.data.seq_length)
     grid = default_grid(base)
     rows = []
     for method, gc in tqdm(grid, desc="settings", file=sys.stderr):

@@ -10,7 +10,8 @@ order (``--orders K``: mean over K orders, and the tighter -log-mean-exp); MDLM 
 (``--orders K`` draws of t). On ``--data PREFIX`` (an indexed dataset: its validation split, the
 checkpoint's split and seed) or ``--text FILE`` (.txt: one document per line; .jsonl: a "text" field;
 documents chunked to L like training data). Tasks (setdiff_mega/eval/tasks.py): math exact match and
-story infilling (exact match, ROUGE-L, and the left-context-only variant), with tokens/s and NFE.
+story infilling (exact match, ROUGE-L, and the left-context-only variant), with tokens/s and NFE,
+decoded with the shared decoding flags (--tau, --window, --preset, ...: tools/generate.py --help).
 Prints a one-line summary; ``--out`` writes everything as JSON.
 """
 import argparse
@@ -40,6 +41,8 @@ def read_texts(path: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    from setdiff_mega.inference.options import add_generation_arguments, config_from_args
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", help="indexed dataset prefix (default: the checkpoint's data.path)")
@@ -50,20 +53,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-tasks", action="store_true")
     p.add_argument("--no-likelihood", action="store_true")
     p.add_argument("--limit", type=int, default=64, help="examples per task")
-    p.add_argument("--tau", type=float, default=0.9)
-    p.add_argument("--window", type=int, default=None, help="SetDLM window W (default D)")
-    p.add_argument("--block-size", type=int, default=None, help="BD3LM / MDLM decoding block")
-    p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the full report here (JSON)")
+    add_generation_arguments(p, max_new_tokens=96)
     args = p.parse_args(argv)
+    args.seed = 0 if args.seed is None else args.seed
 
     from tqdm import tqdm
 
     from setdiff_mega.checkpoint import load_model
     from setdiff_mega.eval import likelihood, tasks
-    from setdiff_mega.inference import GenerationConfig
 
     model, objective, tok, cfg = load_model(args.checkpoint)
     L = cfg.data.seq_length
@@ -80,18 +79,15 @@ def main(argv=None) -> int:
             res = valid_split_nll(model, objective, tok, cfg, args)
         report["likelihood"] = res
     if not args.no_tasks:
-        o = cfg.objective
-        gc = GenerationConfig(max_new_tokens=args.max_new_tokens, window=args.window or o.D, tau=args.tau,
-                              block_size=args.block_size or (o.block_size if o.name == "bd3lm" else 32),
-                              seed=args.seed)
+        gc = config_from_args(args, cfg.objective, L)
         math_rows = tasks.load_task(args.tasks, "math", args.limit)
         story_rows = tasks.load_task(args.tasks, "stories", args.limit)
         bar = tqdm(total=len(math_rows) + 2 * len(story_rows), desc="tasks", unit="ex", file=sys.stderr)
-        report["math"] = tasks.math_accuracy(model, tok, objective.name, math_rows, gc, L, args.batch_size,
+        report["math"] = tasks.math_accuracy(model, tok, objective, math_rows, gc, L, args.batch_size,
                                              progress=bar.update)
-        report["infill"] = tasks.story_infill(model, tok, objective.name, story_rows, gc, L, args.batch_size,
+        report["infill"] = tasks.story_infill(model, tok, objective, story_rows, gc, L, args.batch_size,
                                               progress=bar.update)
-        report["infill_left_only"] = tasks.story_infill(model, tok, objective.name, story_rows, gc, L,
+        report["infill_left_only"] = tasks.story_infill(model, tok, objective, story_rows, gc, L,
                                                         left_only=True, progress=bar.update)
         bar.close()
     parts = [f"{objective.name}"]
@@ -114,7 +110,7 @@ def valid_split_nll(model, objective, tok, cfg, args) -> dict:
     """NLL on the validation split of an indexed dataset (the checkpoint's split and seed)."""
     from tqdm import tqdm
 
-    from setdiff_mega.data.loader import build_splits
+    from setdiff_mega.data.loader import build_splits, wrap_ids
     from setdiff_mega.eval.likelihood import sequence_nll
 
     path = args.data or cfg.data.path
@@ -127,12 +123,15 @@ def valid_split_nll(model, objective, tok, cfg, args) -> dict:
 
     import torch
 
+    wrap = wrap_ids(cfg.data, tok)
     total = total_lme = count = 0.0
     m = min(n, len(valid))
     bar = tqdm(total=m, desc="likelihood", unit="seq", file=sys.stderr)
     for j in range(0, m, args.batch_size):
         idx = range(j, min(j + args.batch_size, m))
         tokens = torch.stack([torch.as_tensor(valid[i]["tokens"]) for i in idx]).long()
+        if wrap is not None:                 # the checkpoint was trained (and validated) on wrapped chunks
+            tokens[:, 0], tokens[:, -1] = wrap
         r = sequence_nll(model, objective, tokens, samples=args.orders, seed=args.seed, row_ids=idx)
         total, total_lme, count = total + float(r["nll"].sum()), total_lme + float(r["nll_lme"].sum()), \
             count + float(r["count"].sum())

@@ -7,6 +7,7 @@
     echo "Once upon" | python tools/generate.py --checkpoint runs/tiny_cpu --file -
     python tools/generate.py --checkpoint runs/tiny_cpu --demo data/embedded/tasks    # the README's samples
     python tools/generate.py --checkpoint exported/tiny_setdlm --prompt "Once"   # a Hugging Face export
+    python tools/generate.py --checkpoint runs/tiny_cpu --prompt "" --preset owt --max-new-tokens 300
 
 --checkpoint takes a native checkpoint (run, checkpoints/ or step directory) or a directory written by
 ``tools/convert_checkpoint.py to-hf``; the sampler is rebuilt from the method recorded in either.
@@ -14,6 +15,11 @@
 Prompts: --prompt (repeatable), --file (.txt: one prompt per line; .jsonl: {"prompt": ...} or
 {"prefix", "suffix", "span"} per line; '-' reads lines from stdin). A prompt may contain <|mask|>
 tokens to infill. Output: text on stdout, or JSONL (--out) with text, tokens/s, NFE, tokens/step.
+
+Decoding flags (setdiff_mega/inference/options.py; the README's table gives the reference's names):
+--preset gsm8k|cnndm|owt|infill applies the paper's protocol for that evaluation, explicit flags win.
+With --demo the unconditional sample follows the OWT protocol (BOS prompt, nucleus 0.95, repetition
+penalty 1.05, one token per step, no EOS / low-confidence stop before max_new_tokens / 3 tokens).
 """
 import argparse
 import json
@@ -41,6 +47,20 @@ def demo_requests(task_dir: str, tok) -> tuple[list, list]:
     return reqs, refs
 
 
+def fitting(requests: list, refs: list, tok, context: int) -> tuple[list, list]:
+    """The demo requests whose visible tokens fit the model's context (the others are reported)."""
+    from setdiff_mega.inference import RequestError, encode_request
+
+    keep = []
+    for req, ref in zip(requests, refs):
+        try:
+            encode_request(tok, req, context=context)
+            keep.append((req, ref))
+        except RequestError as e:
+            print(f"(demo request skipped: {e})", file=sys.stderr)
+    return [r for r, _ in keep], [f for _, f in keep]
+
+
 def read_requests(args) -> list:
     reqs: list = list(args.prompt or [])
     if args.infill_prefix is not None or args.infill_suffix is not None:
@@ -64,7 +84,20 @@ def read_requests(args) -> list:
     return reqs
 
 
+def demo_unconditional_config(objective_cfg, seq_length: int, args):
+    """The reference's OWT protocol (BOS prompt, nucleus 0.95, repetition 1.05, one token per step, EOS and
+    low-confidence stops only after a minimum length) scaled to the demo: min_new_tokens = max_new_tokens / 3
+    (the reference: 128 of 1023)."""
+    from setdiff_mega.inference.options import generation_config
+
+    n = args.max_new_tokens or args._max_new_tokens_default
+    return generation_config(objective_cfg, seq_length, "owt", {"max_new_tokens": n, "min_new_tokens": n // 3,
+                                                                 "seed": args.seed or 0})
+
+
 def main(argv=None) -> int:
+    from setdiff_mega.inference.options import add_generation_arguments, config_from_args
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="run directory, checkpoints/ directory, step directory or Hugging Face export")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
@@ -74,40 +107,35 @@ def main(argv=None) -> int:
     p.add_argument("--infill-prefix")
     p.add_argument("--infill-suffix")
     p.add_argument("--span", type=int, default=16, help="infill span length in tokens")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--window", type=int, default=None, help="SetDLM window W (default: the checkpoint's D)")
-    p.add_argument("--tau", type=float, default=0.9, help="commit threshold; > 1 commits one token per step")
-    p.add_argument("--block-size", type=int, default=None, help="BD3LM / MDLM block (default: training block)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--no-cache", action="store_true", help="recompute every step (exactness reference)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--no-eos-stop", action="store_true")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write JSONL here instead of printing")
+    add_generation_arguments(p)
     args = p.parse_args(argv)
 
     from tqdm import tqdm
 
     from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference import GenerationConfig, generate
+    from setdiff_mega.inference import generate
 
     model, objective, tok, cfg = load_model(args.checkpoint)
+    L = cfg.data.seq_length
     refs = None
     if args.demo:
-        requests, refs = demo_requests(args.demo, tok)
+        requests, refs = fitting(*demo_requests(args.demo, tok), tok, L)
     else:
         requests = read_requests(args)
-    o = cfg.objective
-    gc = GenerationConfig(max_new_tokens=args.max_new_tokens, window=args.window or o.D, tau=args.tau,
-                          block_size=args.block_size or (o.block_size if o.name == "bd3lm" else 32),
-                          temperature=args.temperature, top_p=args.top_p, use_cache=not args.no_cache,
-                          stop_at_eos=not args.no_eos_stop, stop_strings=tuple(args.stop), seed=args.seed)
+    gc = config_from_args(args, cfg.objective, L)
     bar = tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr,
                disable=len(requests) <= args.batch_size)
-    results = generate(model, tok, objective.name, requests, gc, context=cfg.data.seq_length,
-                       batch_size=args.batch_size, progress=bar.update)
+    if args.demo:              # the unconditional sample follows the reference's OWT protocol
+        results = generate(model, tok, objective, requests[:1], demo_unconditional_config(cfg.objective, L, args),
+                           context=L, batch_size=1, progress=bar.update)
+        if requests[1:]:
+            results += generate(model, tok, objective, requests[1:], gc, context=L, batch_size=args.batch_size,
+                                progress=bar.update)
+    else:
+        results = generate(model, tok, objective, requests, gc, context=L, batch_size=args.batch_size,
+                           progress=bar.update)
     bar.close()
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

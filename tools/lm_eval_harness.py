@@ -4,7 +4,10 @@
     python tools/lm_eval_harness.py --model_args checkpoint=runs/tiny_cpu,orders=1 --tasks my_task \\
         --include_path my_tasks/ --output_path results/
 
-``--model setdiff`` is implied. Needs the optional extra: ``pip install -e '.[eval]'``.
+    python tools/lm_eval_harness.py --model_args checkpoint=runs/tiny_cpu,preset=gsm8k,tau=0.9 --tasks gsm8k_local ...
+
+``--model setdiff`` is implied. Decoding options go in ``--model_args`` with GenerationConfig's names (the
+README's decoding table). Needs the optional extra: ``pip install -e '.[eval]'``.
 """
 import sys
 from pathlib import Path

@@ -144,6 +144,7 @@ def load_model(path: str | Path, model_overrides: dict | None = None):
         load_sharded(ck / "dist", model)
     model.eval()
     model.tokenizer_hash = tok.hash          # generation refuses any other tokenizer
+    model.training_length = cfg.data.seq_length   # the samplers' default context budget (cache + chunk <= L)
     return model, objective_from_config(cfg, tok), tok, cfg
 
 

@@ -77,6 +77,11 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
     return train, valid, test
 
 
+def wrap_ids(data_cfg, tokenizer) -> tuple[int, int] | None:
+    """(BOS, EOS) forced onto every sample under ``data.chunk_bos_eos`` (the "wrap" convention), else None."""
+    return (tokenizer.bos, tokenizer.eos) if data_cfg.chunk_bos_eos else None
+
+
 def batches(dataset, batch_size: int, start_sample: int = 0, stride: int | None = None,
             bos_eos: tuple[int, int] | None = None) -> Iterator[dict]:
     """Deterministic, resumable stream of [B, L] token batches.
@@ -97,4 +102,4 @@ def batches(dataset, batch_size: int, start_sample: int = 0, stride: int | None 
         i += stride
 
 
-__all__ = ["build_splits", "batches"]
+__all__ = ["build_splits", "batches", "wrap_ids"]

@@ -87,8 +87,13 @@ class StaggeredSchedule:
         return (1.0 - self.b) / max(self.length - 1, 1)
 
     def locs(self, n: int | None = None) -> torch.Tensor:
-        """The last ``n`` locs (generation over n < L positions keeps the relative spacing)."""
-        return self.loc if n is None else self.loc[self.length - n:]
+        """The last ``n`` locs (generation over n < L positions keeps the relative spacing). For n > L
+        (decoding past the training length) the same spacing continues to the left,
+        loc_j = (1 - b) (n - 1 - j) / (L - 1), so the last L values are the schedule's own locs."""
+        if n is None or n <= self.length:
+            return self.loc if n is None else self.loc[self.length - n:]
+        i = torch.arange(n, dtype=torch.float64)
+        return (1.0 - self.b) * (n - 1 - i) / max(self.length - 1, 1)
 
     def _x(self, t: torch.Tensor) -> torch.Tensor:
         t = torch.as_tensor(t, dtype=torch.float64)

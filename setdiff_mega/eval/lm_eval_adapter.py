@@ -16,7 +16,10 @@ starts with BOS and is cut from the left so that c + y fits the model's length L
 * ``loglikelihood_rolling(s)``: the string as ``[BOS] s [EOS]`` chunked to L, summed: the same numbers as
   ``tools/evaluate.py --text`` on that string.
 * ``generate_until(c, {until, max_gen_toks})``: the model's own sampler (SetDLM sets, AR tokens, BD3LM
-  blocks), greedy, cut at the first stop string.
+  blocks), cut at the first stop string. Decoding options come from ``model_args`` with the names of
+  :class:`~setdiff_mega.inference.GenerationConfig` (``preset=gsm8k``, ``tau=0.9``, ``stop_regex=...``,
+  ``repetition_penalty=1.2``, ``length_penalty=80:1.1``, ...; the README's decoding table); the context
+  keeps its last L - 1 tokens and generation may run past L.
 
 The harness is an optional extra (``pip install -e .[eval]``); this module imports it lazily.
 """
@@ -38,14 +41,16 @@ def _base_class():
 class SetDiffLMCore:
     """Scoring and generation on a loaded checkpoint, independent of the harness's classes."""
 
-    def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, tau: float = 0.9,
-                 window: int | None = None, max_gen_toks: int = 64, batch_size: int = 8):
+    def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64, batch_size: int = 8,
+                 preset: str | None = None, **generation):
         from setdiff_mega.checkpoint import load_model
+        from setdiff_mega.inference.options import generation_config
 
         self.model, self.objective, self.tok, self.cfg = load_model(checkpoint)
         self.L = self.cfg.data.seq_length
-        self.orders, self.seed, self.tau, self.window = int(orders), int(seed), float(tau), window
+        self.orders, self.seed = int(orders), int(seed)
         self.max_gen_toks, self.batch_size = int(max_gen_toks), int(batch_size)
+        self.generation = generation_config(self.cfg.objective, self.L, preset, {"seed": seed, **generation})
 
     def _score(self, ctx: list[int], cont: list[int]) -> tuple[float, bool]:
         keep = max(1, self.L - len(cont))
@@ -79,21 +84,20 @@ class SetDiffLMCore:
         return out
 
     def generate_until(self, requests: list[tuple[str, dict]]) -> list[str]:
-        from setdiff_mega.inference import GenerationConfig, generate
+        from dataclasses import replace
 
-        o = self.cfg.objective
+        from setdiff_mega.inference import generate
+
         out = []
         for ctx, kw in requests:
             until = kw.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            gc = GenerationConfig(max_new_tokens=int(kw.get("max_gen_toks", self.max_gen_toks)),
-                                  window=self.window or o.D, tau=self.tau,
-                                  block_size=o.block_size if o.name == "bd3lm" else 32, stop_strings=tuple(until))
+            gc = replace(self.generation, max_new_tokens=int(kw.get("max_gen_toks", self.max_gen_toks)),
+                         stop_strings=tuple(self.generation.stop_strings) + tuple(until))
             ids = self.tok.encode(ctx)
-            room = self.L - gc.max_new_tokens - 1
-            if len(ids) > room:                       # keep the end of a long context
-                ctx = self.tok.decode(ids[-max(room, 1):])
-            text = generate(self.model, self.tok, o.name, [ctx], gc, context=self.L, batch_size=1)[0]["text"]
+            if len(ids) > self.L - 1:                 # keep the end of a long context (BOS + L - 1 tokens)
+                ctx = self.tok.decode(ids[-(self.L - 1):])
+            text = generate(self.model, self.tok, self.objective, [ctx], gc, context=self.L, batch_size=1)[0]["text"]
             for s in until:
                 if s and s in text:
                     text = text[:text.index(s)]
@@ -107,13 +111,14 @@ def make_lm_class():
     from lm_eval.api.registry import register_model
 
     class SetDiffLM(LM):
-        """lm-eval model ``setdiff``: model_args ``checkpoint=...,orders=1,seed=0,tau=0.9,max_gen_toks=64``."""
+        """lm-eval model ``setdiff``: model_args ``checkpoint=...,orders=1,seed=0,max_gen_toks=64`` plus any
+        decoding option (``preset=gsm8k,tau=0.9,window=4,...``)."""
 
-        def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, tau: float = 0.9, window=None,
-                     max_gen_toks: int = 64, batch_size: int = 8, **_):
+        def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64,
+                     batch_size: int = 8, preset=None, max_batch_size=None, device=None, dtype=None, **generation):
             super().__init__()
-            self.core = SetDiffLMCore(checkpoint, int(orders), int(seed), float(tau),
-                                      int(window) if window else None, int(max_gen_toks), int(batch_size))
+            self.core = SetDiffLMCore(checkpoint, int(orders), int(seed), int(max_gen_toks), int(batch_size),
+                                      preset, **{k: str(v) for k, v in generation.items()})
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             return self.core.loglikelihood([r.args for r in requests])

@@ -75,11 +75,12 @@ def _speed(results: list[dict]) -> dict:
     toks = sum(r["num_tokens"] for r in results)
     secs = sum({r["seconds"] for r in results}) or 1e-9          # rows of one batch share its time
     steps = sum(r["steps"] for r in results) or 1
+    # tokens per step counts commits (the reference's parallelism factor), also those cut by a stop
     return {"tokens_per_s": toks / secs, "nfe": sum(r["nfe"] for r in results) / max(len(results), 1),
-            "tokens_per_step": toks / steps, "generated_tokens": toks}
+            "tokens_per_step": sum(r["committed"] for r in results) / steps, "generated_tokens": toks}
 
 
-def math_accuracy(model, tok, method: str, rows: list[dict], gc, context: int, batch_size: int = 8,
+def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
                   progress=None) -> dict:
     from setdiff_mega.inference import generate
 
@@ -99,7 +100,7 @@ def math_accuracy(model, tok, method: str, rows: list[dict], gc, context: int, b
                           "correct": c} for r, o, c in list(zip(rows, out, correct))[:3]]}
 
 
-def story_infill(model, tok, method: str, rows: list[dict], gc, context: int, batch_size: int = 8,
+def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
                  left_only: bool = False, progress=None) -> dict:
     import dataclasses
 

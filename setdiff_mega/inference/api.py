@@ -11,10 +11,14 @@ Every request starts with BOS (as every training document does). The sampler fol
 training objective: setdlm -> :class:`SetDLMSampler`, ar -> :class:`ARSampler`, bd3lm ->
 :class:`BD3LMSampler`, mdlm -> :class:`MDLMSampler`. Results carry the text, token counts, forward
 passes (NFE), tokens per step and tokens/s (wall time includes the prefill).
+
+Context: a request's visible tokens must fit the model's length L; generation may run past L (the
+samplers keep the newest L tokens in view, positions keep growing: :mod:`.context`).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -48,19 +52,20 @@ def encode_request(tokenizer, request, *, context: int | None = None) -> list[in
         raise RequestError(f"a request is a string or a dict, got {type(request).__name__}")
     if context is not None:
         visible = sum(1 for t in ids if t != tokenizer.mask)
-        if len(ids) > context:
-            raise RequestError(f"request of {len(ids)} tokens ({visible} visible) is longer than the model's "
-                               f"context of {context} tokens; shorten it")
-        if tokenizer.mask not in ids and len(ids) == context:
-            raise RequestError(f"prompt of {len(ids)} tokens fills the model's context of {context} tokens: no room "
-                               f"to generate; shorten it")
+        if visible > context:
+            raise RequestError(f"request with {visible} visible tokens is longer than the model's context of "
+                               f"{context} tokens; shorten it")
     return ids
 
 
-def build_sampler(method: str, model, tokenizer, config: GenerationConfig):
-    if method not in SAMPLERS:
-        raise RequestError(f"no sampler for objective {method!r}; choose one of {', '.join(SAMPLERS)}")
-    return SAMPLERS[method](model, tokenizer.mask, tokenizer.pad, tokenizer.eos, config, tokenizer=tokenizer)
+def build_sampler(method, model, tokenizer, config: GenerationConfig):
+    """``method``: an objective name, or the checkpoint's objective (whose order prior FHT writes use)."""
+    name = getattr(method, "name", method)
+    if name not in SAMPLERS:
+        raise RequestError(f"no sampler for objective {name!r}; choose one of {', '.join(SAMPLERS)}")
+    prior = method if hasattr(method, "D") else None
+    return SAMPLERS[name](model, tokenizer.mask, tokenizer.pad, tokenizer.eos, config, tokenizer=tokenizer,
+                          order_prior=prior)
 
 
 def check_vocab(model, tokenizer) -> None:
@@ -75,11 +80,16 @@ def check_vocab(model, tokenizer) -> None:
                            f"use the tokenizer.json saved with the checkpoint")
 
 
-def generate(model, tokenizer, method: str, requests: list, config: GenerationConfig,
+def generate(model, tokenizer, method, requests: list, config: GenerationConfig,
              context: int | None = None, batch_size: int = 8, progress=None) -> list[dict]:
-    """Decode ``requests`` in batches; returns one dict per request (text, tokens, nfe, speeds)."""
+    """Decode ``requests`` in batches; returns one dict per request (text, tokens, nfe, speeds).
+
+    ``method``: the objective (or its name); ``context``: the model's length L (the default
+    ``config.context_length``)."""
     check_vocab(model, tokenizer)
     model.eval()
+    if config.context_length is None and context is not None:
+        config = replace(config, context_length=int(context))
     ids = [encode_request(tokenizer, r, context=context) for r in requests]
     sampler = build_sampler(method, model, tokenizer, config)
     results = []
@@ -99,7 +109,7 @@ def generate(model, tokenizer, method: str, requests: list, config: GenerationCo
                 if stop in text:
                     text = text[: text.index(stop) + len(stop)]
             results.append({"text": text, "num_tokens": len(toks), "nfe": out.nfe, "steps": out.steps[b],
-                            "tokens_per_step": out.tokens_per_step[b], "seconds": dt,
+                            "committed": out.committed[b], "tokens_per_step": out.tokens_per_step[b], "seconds": dt,
                             "tokens_per_s": len(toks) / dt if dt > 0 else 0.0,
                             "infill": bool(canvas.infill[b]), "sequence": tokenizer.decode(out.sequences[b])})
         if progress is not None:

@@ -4,46 +4,109 @@ A batch of B requests is one canvas: ``tokens`` [B, N] (long), ``generate`` [B, 
 still to be filled, initially MASK), ``valid`` [B, N] (inside the row; rows are right-padded with PAD)
 and ``infill`` [B] (the row has visible tokens after its MASK span). A plain prompt ``p`` becomes
 ``p + [MASK] * max_new_tokens``; a prompt that already contains MASK tokens is an infill request and
-is decoded as given. Positions are absolute: position i of a row has RoPE position i.
+is decoded as given. Positions are absolute: position i of a row has RoPE position i, also past the
+model's training length L (the samplers keep at most L tokens in view: :mod:`.context`).
 
 Packing: :func:`pack` turns a selection [B, N] into per-row index lists [B, M] (ascending positions,
 padded, with a validity mask), the form every chunk is built from, so no sampler loops over rows.
+
+EOS rule (plain prompts, ``stop_at_eos``): a row is done once its first EOS at generated index
+>= ``min_new_tokens`` - 1 has no MASK before it; the output ends with that EOS. Earlier EOS tokens
+stay in the text (the reference's ``EntropyEosStoppingCriteria`` with ``var_length``: an EOS stops
+decoding only after the minimum length). Checking this every step gives the same output as checking
+it every W steps, because the tokens before that EOS are all committed and never change.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
 
 @dataclass
 class GenerationConfig:
+    """Decoding options; the README's table maps each to the reference's name."""
     max_new_tokens: int = 64      # plain prompts: MASK positions appended after the prompt
     window: int = 4               # SetDLM: positional window W from the leftmost masked position
     tau: float = 0.9              # commit every token with confidence >= tau (> 1: one token per step)
     commit_k: int = 1             # always commit the k most confident tokens of the active set
     block_size: int = 4           # BD3LM block size S; MDLM semi-autoregressive block size
     temperature: float = 0.0      # 0 = greedy
-    top_p: float = 1.0            # nucleus filter (sampling only)
-    use_cache: bool = True        # False: full recompute every step (exactness reference)
-    cache_capacity: int | None = None   # None: the whole canvas; smaller evicts the oldest entries
-    stop_at_eos: bool = True      # plain prompts stop at the first generated EOS
-    stop_strings: tuple = ()      # checked every W steps on the decoded generation
-    seed: int = 0                 # sampling RNG
+    top_p: float = 1.0            # nucleus filter (greedy too: the confidence is renormalised)
+    repetition_penalty: float = 1.0   # > 1 penalises tokens already in the context
+    length_penalty: tuple | None = None   # (start, factor): exponential-decay EOS boost after start tokens
+    use_cache: bool = True        # False: recompute the whole history every step (exactness reference)
+    context_length: int | None = None   # cache + chunk budget = the training length L (None: the model's)
+    fht_cache_order: bool = False # SetDLM: same-step commits enter the cache in first-hitting-time order
+    infill_full_context: bool = True  # SetDLM infill: prefill prefix AND suffix (False: prefix only)
+    stop_at_eos: bool = True      # plain prompts stop at the first EOS past min_new_tokens
+    min_new_tokens: int = 0       # no EOS / confidence / entropy stop before this many generated tokens
+    stop_strings: tuple = ()      # stop once the decoded generation contains one of these
+    stop_regex: str | None = None # stop once the decoded prompt + generation has stop_regex_count matches
+    stop_regex_count: int = 1
+    stop_repeat: int = 0          # stop on a run of this many identical tokens (0: off)
+    stop_confidence: float | None = None  # stop after stop_patience committed tokens below this confidence
+    stop_patience: int = 1
+    stop_entropy: float | None = None     # stop when the last stop_entropy_window tokens' entropy is lower
+    stop_entropy_window: int = 256
+    seed: int = 0                 # sampling RNG (and the first-hitting times)
     record: bool = False          # keep the canvas after every step in GenerationOutput.trace
 
     def validate(self) -> "GenerationConfig":
-        if self.window < 1:
-            raise ValueError(f"window W={self.window} must be >= 1")
-        if self.commit_k < 1:
-            raise ValueError(f"commit_k={self.commit_k} must be >= 1")
-        if self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size} must be >= 1")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        checks = [(self.window >= 1, f"window W={self.window} must be >= 1"),
+                  (self.commit_k >= 1, f"commit_k={self.commit_k} must be >= 1"),
+                  (self.block_size >= 1, f"block_size={self.block_size} must be >= 1"),
+                  (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens} must be >= 0"),
+                  (0 < self.top_p <= 1, f"top_p={self.top_p} must be in (0, 1]"),
+                  (self.repetition_penalty > 0, f"repetition_penalty={self.repetition_penalty} must be > 0"),
+                  (self.length_penalty is None or len(self.length_penalty) == 2,
+                   f"length_penalty={self.length_penalty} must be (start, factor)"),
+                  (self.context_length is None or self.context_length >= 2,
+                   f"context_length={self.context_length} must be >= 2"),
+                  (self.min_new_tokens >= 0, f"min_new_tokens={self.min_new_tokens} must be >= 0"),
+                  (self.stop_regex_count >= 1, f"stop_regex_count={self.stop_regex_count} must be >= 1"),
+                  (self.stop_repeat == 0 or self.stop_repeat >= 2, f"stop_repeat={self.stop_repeat} must be 0 or >= 2"),
+                  (self.stop_patience >= 1, f"stop_patience={self.stop_patience} must be >= 1"),
+                  (self.stop_entropy_window >= 1, f"stop_entropy_window={self.stop_entropy_window} must be >= 1")]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
         return self
+
+    @classmethod
+    def from_strings(cls, values: dict, base: "GenerationConfig | None" = None) -> "GenerationConfig":
+        """Overrides given as strings (lm-eval ``model_args``, dotted CLI pairs), converted by field type."""
+        known = {f.name: f for f in fields(cls)}
+        out = {}
+        for k, v in values.items():
+            if k not in known:
+                raise ValueError(f"unknown generation option {k!r}; options: {', '.join(known)}")
+            out[k] = _parse(k, v, getattr(base or cls(), k))
+        return replace(base or cls(), **out)
+
+
+def _parse(name: str, value, default):
+    if not isinstance(value, str):
+        return value
+    v = value.strip()
+    if v.lower() in ("none", "null", ""):
+        return None
+    if isinstance(default, bool):
+        if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"{name}={value!r}: expected true or false")
+        return v.lower() in ("true", "1", "yes")
+    if name == "length_penalty":
+        parts = v.replace(":", ",").split(",")
+        if len(parts) != 2:
+            raise ValueError(f"length_penalty={value!r}: expected START,FACTOR (e.g. 80,1.1)")
+        return (int(parts[0]), float(parts[1]))
+    if name == "stop_strings":
+        return tuple(s for s in v.split("|") if s)
+    if isinstance(default, int):
+        return int(v)
+    if isinstance(default, float) or name in ("stop_confidence", "stop_entropy"):
+        return float(v)
+    return v
 
 
 @dataclass
@@ -59,9 +122,9 @@ class Canvas:
 
     @staticmethod
     def from_prompts(prompts: list[list[int]], mask_id: int, pad_id: int, max_new_tokens: int,
-                     max_length: int | None = None, device="cpu") -> "Canvas":
+                     device="cpu") -> "Canvas":
         rows, gens, infill = [], [], []
-        for i, p in enumerate(prompts):
+        for p in prompts:
             p = [int(t) for t in p]
             if mask_id in p:
                 m = [t == mask_id for t in p]
@@ -73,10 +136,6 @@ class Canvas:
                 rows.append(p + [mask_id] * max_new_tokens)
                 gens.append([False] * len(p) + [True] * max_new_tokens)
                 infill.append(False)
-            if max_length is not None and len(rows[-1]) > max_length:
-                raise ValueError(f"request {i}: {len(p)} prompt tokens + {len(rows[-1]) - len(p)} to generate = "
-                                 f"{len(rows[-1])} positions exceed the model's context of {max_length}; "
-                                 f"shorten the prompt or lower max_new_tokens")
         N = max(len(r) for r in rows)
         B = len(rows)
         tokens = torch.full((B, N), pad_id, dtype=torch.long)
@@ -98,6 +157,7 @@ class GenerationOutput:
     committed: list[int]                # tokens committed per row
     history: list = field(default_factory=list)   # per step: [B] tokens committed (for inspection)
     trace: list = field(default_factory=list)     # per step: canvas [B, N] (only with record=True)
+    evicted: int = 0                    # cache entries dropped to stay within the context budget
 
     @property
     def tokens_per_step(self) -> list[float]:
@@ -123,10 +183,16 @@ def first_true(sel: torch.Tensor) -> torch.Tensor:
     return torch.where(sel, pos, torch.full_like(pos, N)).min(1).values
 
 
-def finish_at_eos(tokens, masked, generate, infill, eos_id, done):
-    """Rows (not infill) whose first generated EOS has no MASK before it are done: (newly [B], end [B] or -1)."""
+def eos_positions(generate: torch.Tensor, min_new_tokens: int = 0) -> torch.Tensor:
+    """[B, N] bool: generated positions at index >= min_new_tokens - 1, where an EOS may end the output."""
+    return generate & (generate.long().cumsum(1) > min_new_tokens - 1)
+
+
+def finish_at_eos(tokens, masked, eligible, infill, eos_id, done):
+    """Rows (not infill) whose first EOS at an ``eligible`` position (:func:`eos_positions`) has no MASK
+    before it: (newly [B], end [B] or -1)."""
     N = tokens.shape[1]
-    eos = generate & ~masked & (tokens == eos_id)
+    eos = eligible & ~masked & (tokens == eos_id)
     first_eos = first_true(eos)
     first_mask = first_true(masked)
     newly = (~done) & (~infill) & (first_eos < N) & (first_mask > first_eos)
@@ -138,16 +204,22 @@ class DecodeState:
     """Per-batch decoding state shared by the samplers: the canvas being filled and the bookkeeping.
 
     ``tokens`` / ``masked`` [B, N] are updated in place (chunk builders keep references to them);
-    :meth:`commit` writes chosen tokens, :meth:`end_step` applies the EOS rule and retires finished rows.
+    ``conf`` [B, N] holds the confidence each token was committed with (1 for given tokens, NaN while
+    masked); :meth:`commit` writes chosen tokens, :meth:`end_step` applies the EOS rule and retires
+    finished rows, :meth:`check_stops` the stopping criteria.
     """
 
-    def __init__(self, canvas: Canvas, cfg: GenerationConfig, eos_id: int):
+    def __init__(self, canvas: Canvas, cfg: GenerationConfig, eos_id: int, mask_id: int, tokenizer=None):
+        from .stopping import StopCriteria
+
         self.canvas, self.cfg, self.eos_id = canvas, cfg, eos_id
         self.tokens = canvas.tokens.clone()
         self.masked = canvas.generate.clone()
         B, N = self.tokens.shape
         dev = self.tokens.device
         self.pos = torch.arange(N, device=dev)
+        self.conf = torch.where(self.masked, torch.full((B, N), float("nan"), device=dev),
+                                torch.ones(B, N, device=dev))
         self.done = ~self.masked.any(1)
         self.end = torch.full((B,), -1, dtype=torch.long, device=dev)
         self.steps = torch.zeros(B, dtype=torch.long, device=dev)
@@ -155,17 +227,24 @@ class DecodeState:
         self.history: list = []
         self.trace: list = []
         self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
+        self.criteria = StopCriteria(cfg, tokenizer, canvas, mask_id)
+        self.eos_ok = eos_positions(canvas.generate, cfg.min_new_tokens)
+        self.track_conf = cfg.stop_confidence is not None
 
     def live(self) -> torch.Tensor:
         """[B, N] masked positions of rows still decoding."""
         return self.masked & ~self.done[:, None]
 
-    def commit(self, q_idx: torch.Tensor, cm: torch.Tensor, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def commit(self, q_idx: torch.Tensor, cm: torch.Tensor, x: torch.Tensor, allowed: torch.Tensor,
+               conf: torch.Tensor | None = None) -> torch.Tensor:
         """Write x[b, j] at position q_idx[b, j] where cm[b, j] (restricted to ``allowed``); returns sel [B, N]."""
         B, N = self.tokens.shape
         sel = torch.zeros(B, N, dtype=torch.bool, device=q_idx.device).scatter_(1, q_idx, cm) & allowed
         vals = torch.zeros(B, N, dtype=torch.long, device=q_idx.device).scatter_(1, q_idx, torch.where(cm, x, 0))
         self.tokens[sel] = vals[sel]
+        if conf is not None and self.track_conf:
+            c = torch.zeros(B, N, device=q_idx.device).scatter_(1, q_idx, torch.where(cm, conf.float(), 0.0))
+            self.conf = torch.where(sel, c, self.conf)
         self.masked &= ~sel
         n = sel.sum(1)
         self.committed += n
@@ -182,14 +261,24 @@ class DecodeState:
 
     def end_step(self) -> None:
         if self.cfg.stop_at_eos:
-            newly, e = finish_at_eos(self.tokens, self.masked, self.canvas.generate, self.canvas.infill,
-                                        self.eos_id, self.done)
+            newly, e = finish_at_eos(self.tokens, self.masked, self.eos_ok, self.canvas.infill, self.eos_id,
+                                     self.done)
             self.stop(newly, e)
         self.done |= ~self.masked.any(1)
 
-    def output(self, nfe: int) -> "GenerationOutput":
-        return collect(self.canvas, self.tokens, self.masked, self.end, nfe, self.steps, self.committed,
-                       self.history, self.trace)
+    def check_stops(self, limit: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Stopping criteria on the prefix [0, limit) of the rows still decoding (only ``rows`` [B] if
+        given; see :mod:`.stopping`)."""
+        if self.criteria.enabled:
+            skip = self.done if rows is None else self.done | ~rows
+            fired, end = self.criteria(self.tokens, self.masked, self.conf, skip, limit)
+            self.stop(fired, end)
+
+    def output(self, nfe: int, evicted: int = 0) -> "GenerationOutput":
+        out = collect(self.canvas, self.tokens, self.masked, self.end, nfe, self.steps, self.committed,
+                      self.history, self.trace)
+        out.evicted = evicted
+        return out
 
 
 def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history, trace=None) -> GenerationOutput:
@@ -205,4 +294,6 @@ def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history,
     return GenerationOutput(out_tokens, seqs, nfe, steps.tolist(), committed.tolist(), history, trace or [])
 
 
-__all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos", "collect"]
+__all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos",
+           "eos_positions",
+           "collect"]

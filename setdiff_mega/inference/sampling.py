@@ -1,11 +1,13 @@
 """Token choice, confidence and the commit rule shared by the samplers.
 
-For candidate rows with logits [..., V]:
+For candidate rows with (processed, :mod:`.processors`) logits [..., V]:
 
-    logits[..., banned] = -inf            (MASK and PAD are never produced)
-    greedy  (temperature == 0): x = argmax p,   p = softmax(logits)
-    sampled (temperature > 0):  p = top_p_filter(softmax(logits / temperature)); x ~ p
-    confidence c = p[x]                   (after the temperature and nucleus filter)
+    logits[..., banned] = -inf            (MASK is never produced; EOS may be, even when PAD == EOS)
+    p = softmax(logits / temperature)     (temperature 0: greedy, p = softmax(logits))
+    p = top_p_filter(p)                   (nucleus: keep the most probable tokens up to and including
+                                           the one whose cumulative mass crosses top_p; renormalise)
+    greedy:  x = argmax p      sampled: x ~ p
+    confidence c = p[x]                   (after the filter, as the reference does for greedy decoding too)
 
 Commit rule over the active set of a row (method.md 5.1, P11):
 
@@ -19,6 +21,16 @@ from __future__ import annotations
 import torch
 
 
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filter over the last dim: tokens whose preceding cumulative mass is < top_p survive."""
+    if top_p >= 1.0:
+        return probs
+    sp, si = probs.sort(-1, descending=True)
+    keep = (sp.cumsum(-1) - sp) < top_p                   # keeps the token that crosses top_p
+    out = torch.zeros_like(probs).scatter(-1, si, sp * keep)
+    return out / out.sum(-1, keepdim=True)
+
+
 def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 0.0, top_p: float = 1.0,
                   generator: torch.Generator | None = None):
     """logits [..., V] -> (tokens [...], confidence [...]) in fp32."""
@@ -26,17 +38,10 @@ def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 
     if banned:
         idx = torch.tensor(sorted(set(banned)), device=logits.device)
         logits = logits.index_fill(-1, idx, float("-inf"))
+    probs = top_p_filter(torch.softmax(logits / temperature if temperature > 0 else logits, -1), top_p)
     if temperature <= 0:
-        probs = torch.softmax(logits, -1)
         conf, tok = probs.max(-1)
         return tok, conf
-    probs = torch.softmax(logits / temperature, -1)
-    if top_p < 1.0:
-        sp, si = probs.sort(-1, descending=True)
-        keep = (sp.cumsum(-1) - sp) < top_p                   # keeps the token that crosses top_p
-        sp = sp * keep
-        probs = torch.zeros_like(probs).scatter(-1, si, sp)
-        probs = probs / probs.sum(-1, keepdim=True)
     flat = probs.reshape(-1, probs.shape[-1])
     tok = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
     conf = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
@@ -51,4 +56,4 @@ def commit_mask(conf: torch.Tensor, active: torch.Tensor, tau: float, k: int = 1
     return active & ((rank < k) | (conf >= tau))
 
 
-__all__ = ["choose_tokens", "commit_mask"]
+__all__ = ["choose_tokens", "commit_mask", "top_p_filter"]

@@ -1,111 +1,127 @@
 """The SetDLM sampler: sliding-window sets with a KV-cache commit after every step (method.md 5).
 
-Per step, for every row with masked positions left:
+Per step i, for every row with masked positions left:
 
     f       = leftmost masked position
     active  = masked positions in [f, f + W)                       (a positional window, P10)
-    chunk   = [pending: tokens committed at the previous step, ascending position ;
-               active: MASK at each active position]
+    chunk   = [pending: tokens committed at step i-1 ; active: MASK at each active position]
+    crop    = evict cache entries so that cache + chunk <= L       (oldest first; 5.2, P15)
     mask    = pending row a: cache + pending rows 0..a             (causal among new commits)
               active row:    cache + all pending + itself          (never another MASK, P13)
-    logits  = model(chunk, absolute positions, mask) on the active rows
+    logits  = model(chunk, absolute positions, mask) on the active rows, then the processors
     persist the pending rows' K/V (the deferred, fused cache write, P12); drop the active rows' K/V
     commit  = top-k confident active positions U {confidence >= tau}   (P11)
+    after step i > 0 with i % W == 0: stopping criteria on [0, f_new + W)   (P14)
 
-Prefill: every visible token (the prompt; for infilling the prefix AND the suffix) in position order,
-causally, into the cache, so infilled tokens see both sides. The last step's commits are never
-cached. ``use_cache=False`` recomputes every step from scratch over all committed tokens in insertion
-order (the order in which the cache would have received them), which is mathematically the same
-computation: tests use it to prove the cache changes nothing. Rows of a batch commit different numbers
-of tokens per step; all bookkeeping is batched tensors (:func:`~setdiff_mega.inference.base.pack`).
+Pending order: ascending position, or with ``fht_cache_order`` (plain prompts, method.md 4.6)
+descending first-hitting time, the times sampled once per row for its generated positions from the
+checkpoint's order prior with S_max = 2W (seeded by the seed and the prompt, so a row decodes the same
+in any batch); eviction then drops the smallest positions first. Visibility stays insertion-based: every
+cached token is visible to every later query (the reference's P16 bug is not copied).
+
+Prefill: every visible token (the prompt; for infilling the prefix AND the suffix, or with
+``infill_full_context=False`` the prefix only, the suffix then joining the cache, in position order,
+once a committed token lies to its right: the reference's ``l2r`` promotion) in position order,
+causally. The last step's commits are never cached. ``use_cache=False`` recomputes the whole history
+each step with the visibility the cache would have (:mod:`.runner`): tests use it to prove the cache
+changes nothing. Rows of a batch commit different numbers of tokens per step; all bookkeeping is
+batched tensors (:func:`~setdiff_mega.inference.base.pack`).
 """
 from __future__ import annotations
+
+import zlib
 
 import torch
 
 from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
-from .cache import KVCache
-from .sampling import choose_tokens, commit_mask
+from .processors import LogitsPipeline
+from .runner import ChunkRunner
+from .sampling import commit_mask
 
 
-class ChunkRunner:
-    """Builds [pending ; queries] chunks and runs them with or without the KV cache."""
+def context_budget(model, cfg: GenerationConfig) -> int | None:
+    """Tokens a forward may see: the configured context length, else the model's training length."""
+    return cfg.context_length or getattr(model, "training_length", None)
 
-    def __init__(self, model, tokens_ref, mask_id: int, pad_id: int, use_cache: bool, capacity: int):
-        self.model, self.mask_id, self.pad_id, self.use_cache = model, mask_id, pad_id, use_cache
-        self.tokens = tokens_ref
-        B = tokens_ref.shape[0]
-        self.cache = None
-        if use_cache:
-            layers, groups, head_dim = model.cache_shape()
-            p = next(model.parameters())
-            self.cache = KVCache(layers, B, groups, head_dim, capacity, dtype=p.dtype, device=p.device)
-        self.nfe = 0
 
-    def run(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens=None, pending_mask=None, query_mask=None,
-            logits_rows: str = "queries"):
-        """One forward. pending rows attend cache + earlier pending rows (``pending_mask`` [B, P, P]
-        overrides the causal rule), query rows attend cache + all pending + themselves (``query_mask``
-        [B, A, A] adds visibility among queries). Returns logits for the query rows (or all rows)."""
-        B, P = pend_idx.shape
-        A = q_idx.shape[1]
-        T = P + A
-        dev = pend_idx.device
-        pend_tok = self.tokens.gather(1, pend_idx).masked_fill(~pend_ok, self.pad_id)
-        if q_tokens is None:
-            q_tokens = torch.full((B, A), self.mask_id, dtype=torch.long, device=dev)
-        q_tokens = q_tokens.masked_fill(~q_ok, self.pad_id)
-        tok = torch.cat([pend_tok, q_tokens], 1)
-        posi = torch.cat([pend_idx * pend_ok, q_idx * q_ok], 1)
-        ok = torch.cat([pend_ok, q_ok], 1)
-        allowed = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
-        if P:
-            pm = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None] if pending_mask is None else pending_mask
-            allowed[:, :P, :P] = pm
-            allowed[:, P:, :P] = True
-        if A and query_mask is not None:
-            allowed[:, P:, P:] = query_mask
-        allowed = allowed & ok[:, None, :] & ok[:, :, None]
-        allowed |= torch.eye(T, dtype=torch.bool, device=dev)[None]
-        start = P if logits_rows == "queries" else 0
-        self.nfe += 1
-        if self.cache is None:
-            return self.model(tok, posi, allowed, start), posi
-        cache_part = self.cache.valid()[:, None, :].expand(B, T, self.cache.capacity)
-        keep = torch.cat([cache_part, allowed], -1)
-        with self.model.use_cache(self.cache):
-            logits = self.model(tok, posi, keep, start)
-        return logits, posi
+def row_seed(seed: int, canvas: Canvas, b: int) -> int:
+    """A per-request seed from the seed and the request's visible tokens (independent of the batch)."""
+    given = canvas.tokens[b][canvas.valid[b] & ~canvas.generate[b]].to(torch.int64).cpu().numpy().tobytes()
+    return (int(seed) * 1_000_003 + zlib.crc32(given)) % (2 ** 63)
 
-    def persist(self, count, posi):
-        if self.cache is not None:
-            self.cache.commit(count, posi)
+
+def first_hitting_times(canvas: Canvas, cfg: GenerationConfig, L: int, prior) -> torch.Tensor:
+    """[B, N] float64: the order prior's first-hitting times of each plain row's generated positions (-inf
+    elsewhere), from ``StaggeredSchedule(L, D, S_max=2W, k, b)`` of the checkpoint (method.md 4.6)."""
+    from setdiff_mega.diffusion import StaggeredSchedule
+    from setdiff_mega.diffusion.orders import sample_exponentials
+
+    try:
+        sched = StaggeredSchedule.create(L, prior.D, 2 * cfg.window, prior.k, prior.b)
+    except ValueError as e:
+        raise ValueError(f"fht_cache_order: the order prior with S_max = 2W = {2 * cfg.window} is invalid ({e}); "
+                         f"choose a window W with D/2 <= W <= L/2") from None
+    B, N = canvas.tokens.shape
+    out = torch.full((B, N), float("-inf"), dtype=torch.float64, device=canvas.tokens.device)
+    for b in range(B):                                   # once per request, before decoding
+        if bool(canvas.infill[b]):
+            continue
+        g = torch.Generator().manual_seed(row_seed(cfg.seed, canvas, b))
+        sel = canvas.generate[b]
+        t = sched.first_hitting_times(sample_exponentials((int(sel.sum()),), generator=g))
+        out[b, sel] = t.to(out.device)
+    return out
 
 
 class SetDLMSampler:
-    """Decode a :class:`Canvas` with sliding-window sets (see the module docstring)."""
+    """Decode a :class:`Canvas` with sliding-window sets (see the module docstring).
 
-    def __init__(self, model, mask_id: int, pad_id: int, eos_id: int, config: GenerationConfig, tokenizer=None):
+    ``order_prior`` (the checkpoint's SetDLM objective: D, k, b) is needed for ``fht_cache_order``.
+    """
+
+    def __init__(self, model, mask_id: int, pad_id: int, eos_id: int, config: GenerationConfig, tokenizer=None,
+                 order_prior=None):
         self.model, self.mask_id, self.pad_id, self.eos_id = model, mask_id, pad_id, eos_id
         self.cfg = config.validate()
-        self.tokenizer = tokenizer
+        self.tokenizer, self.order_prior = tokenizer, order_prior
+
+    def _setup(self, canvas: Canvas, st: DecodeState):
+        cfg = self.cfg
+        budget = context_budget(self.model, cfg)
+        fht = None
+        if cfg.fht_cache_order:
+            if self.order_prior is None or budget is None:
+                raise ValueError("fht_cache_order needs the checkpoint's order prior (D) and training length; "
+                                 "decode through setdiff_mega.inference.generate with the checkpoint's objective")
+            fht = first_hitting_times(canvas, cfg, budget, self.order_prior)
+        by_pos = None if fht is None else ~canvas.infill
+        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, budget, by_pos)
+        return runner, fht
+
+    def _order(self, sel: torch.Tensor, fht):
+        """Pending tokens packed in cache-write order: ascending position, or descending FHT."""
+        idx, ok, _ = pack(sel)
+        if fht is None or idx.shape[1] == 0:
+            return idx, ok
+        key = torch.where(torch.isfinite(fht.gather(1, idx)), -fht.gather(1, idx), idx.to(torch.float64))
+        order = torch.where(ok, key, torch.full_like(key, float("inf"))).sort(dim=1, stable=True).indices
+        return idx.gather(1, order), ok.gather(1, order)
 
     @torch.no_grad()
     def generate(self, canvas: Canvas):
         cfg = self.cfg
-        st = DecodeState(canvas, cfg, self.eos_id)
-        B, N = st.tokens.shape
-        dev = st.tokens.device
-        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, cfg.cache_capacity or N)
-        # insertion order of committed tokens (drives the uncached path and the cache contents)
-        inserted = torch.zeros(B, N, dtype=torch.long, device=dev)
-        n_ins = torch.zeros(B, dtype=torch.long, device=dev)
-        pend_idx, pend_ok, pend_cnt = pack(canvas.valid & ~st.masked)       # the visible tokens
-        inserted, n_ins = _append(inserted, n_ins, pend_idx, pend_ok)
-        if cfg.use_cache and pend_idx.shape[1]:
-            _, posi = runner.run(pend_idx, pend_ok, pend_idx[:, :0], pend_ok[:, :0])     # prefill
-            runner.persist(pend_cnt, posi)
-            pend_idx, pend_ok, pend_cnt = pend_idx[:, :0], pend_ok[:, :0], pend_cnt * 0
+        st = DecodeState(canvas, cfg, self.eos_id, self.mask_id, self.tokenizer)
+        runner, fht = self._setup(canvas, st)
+        choose = LogitsPipeline(cfg, self.mask_id, self.eos_id)
+        visible = canvas.valid & ~st.masked
+        prefill = visible if cfg.infill_full_context else visible & (st.pos[None] < first_true(st.masked)[:, None])
+        waiting = visible & ~prefill                     # prefix-only infill: the suffix, not cached yet
+        has_waiting = bool(waiting.any())
+        pend_idx, pend_ok, _ = pack(prefill)
+        if pend_idx.shape[1]:
+            runner.run(pend_idx, pend_ok, pend_idx[:, :0], pend_ok[:, :0])
+            runner.persist()
+        pend_idx, pend_ok = pend_idx[:, :0], pend_ok[:, :0]
         step = 0
         while True:
             live = st.live()
@@ -114,55 +130,22 @@ class SetDLMSampler:
             f = first_true(live)
             active = live & (st.pos[None] < (f + cfg.window)[:, None])
             q_idx, q_ok, _ = pack(active)
-            if cfg.use_cache:
-                logits, posi = runner.run(pend_idx, pend_ok, q_idx, q_ok)
-                runner.persist(pend_cnt, posi)
-            else:
-                all_idx, all_ok, _ = _inserted_view(inserted, n_ins)
-                logits, _ = runner.run(all_idx, all_ok, q_idx, q_ok)
-            x, conf = choose_tokens(logits, [self.mask_id, self.pad_id], cfg.temperature, cfg.top_p, st.generator)
-            sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active)
-            pend_idx, pend_ok, pend_cnt = pack(sel)
-            inserted, n_ins = _append(inserted, n_ins, pend_idx, pend_ok)
-            step += 1
-            if cfg.stop_strings and self.tokenizer is not None and step % cfg.window == 0:
-                limit = (f + cfg.window).clamp(max=N)
-                st.stop(_stop_strings(self.tokenizer, st.tokens, st.masked, canvas, st.done, limit,
-                                      cfg.stop_strings), limit)
+            logits = runner.run(pend_idx, pend_ok, q_idx, q_ok)
+            runner.persist()
+            x, conf = choose(logits, q_idx, st)
+            sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active, conf)
+            if has_waiting:                              # l2r promotion of uncached context
+                reach = torch.where(sel, st.pos[None], torch.full_like(st.pos[None], -1)).max(1).values
+                promote = waiting & (st.pos[None] <= reach[:, None])
+                waiting &= ~promote
+                sel = sel | promote
+                has_waiting = bool(waiting.any())
+            pend_idx, pend_ok = self._order(sel, fht)
             st.end_step()
-        return st.output(runner.nfe)
+            if st.criteria.enabled and step > 0 and step % cfg.window == 0:
+                st.check_stops(first_true(st.masked) + cfg.window)
+            step += 1
+        return st.output(runner.nfe, runner.evicted)
 
 
-def _append(inserted, n_ins, idx, ok):
-    """Append the packed positions ``idx[ok]`` to each row's insertion list."""
-    if idx.shape[1] == 0:
-        return inserted, n_ins
-    B, N = inserted.shape
-    j = torch.arange(idx.shape[1], device=idx.device)[None]
-    dest = torch.where(ok, n_ins[:, None] + j, torch.full_like(j, N))
-    ext = torch.cat([inserted, torch.zeros(B, 1, dtype=inserted.dtype, device=inserted.device)], 1)
-    ext.scatter_(1, dest, idx)
-    return ext[:, :N], n_ins + ok.sum(1)
-
-
-def _inserted_view(inserted, n_ins):
-    M = int(n_ins.max()) if n_ins.numel() else 0
-    ok = torch.arange(M, device=inserted.device)[None] < n_ins[:, None]
-    return inserted[:, :M] * ok, ok, n_ins
-
-
-def _stop_strings(tokenizer, tokens, masked, canvas, done, limit, stop_strings):
-    """Rows whose decoded generation (up to ``limit``, MASKs dropped) contains a stop string."""
-    B, N = tokens.shape
-    newly = torch.zeros(B, dtype=torch.bool, device=tokens.device)
-    for b in range(B):
-        if done[b] or canvas.infill[b]:
-            continue
-        e = int(min(int(limit[b]), N))
-        keep = canvas.generate[b, :e] & ~masked[b, :e]
-        text = tokenizer.decode(tokens[b, :e][keep].tolist())
-        newly[b] = any(s in text for s in stop_strings)
-    return newly
-
-
-__all__ = ["SetDLMSampler", "ChunkRunner"]
+__all__ = ["SetDLMSampler", "context_budget", "first_hitting_times", "row_seed"]

@@ -130,7 +130,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
 
     from setdiff_mega.checkpoint import load_weights
     from setdiff_mega.config import validate_layout
-    from setdiff_mega.data.loader import batches, build_splits, parse_blend
+    from setdiff_mega.data.loader import batches, build_splits, parse_blend, wrap_ids
     from setdiff_mega.model import build_model
     from setdiff_mega.parallel import initialize
 
@@ -207,7 +207,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     logger = MetricLogger(save_dir, tc.train_steps, start_step, cfg.logging, to_dict(cfg), enabled=main,
                           resume_step=start_step if resumed is not None else None)
     eval_iters = max(tc.eval_iters, 1)
-    bos_eos = (tok.bos, tok.eos) if dc.chunk_bos_eos else None
+    bos_eos = wrap_ids(dc, tok)
     if resumed is None:
         init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
         logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)

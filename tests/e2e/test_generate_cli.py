@@ -40,15 +40,18 @@ def test_generate_cli_bad_requests(trained_run, args, message):
     assert message in r.stderr, r.stderr
 
 
-def test_prompt_that_fills_the_context_has_no_room():
+def test_prompt_context_limits():
+    """A prompt may fill the model's context (generation then runs past L with the cache cropped); one
+    with more visible tokens than L is refused. Infill masks do not count against L."""
     from setdiff_mega.data import Tokenizer
     from setdiff_mega.inference import RequestError, encode_request
 
     tok = Tokenizer.train(["a b c d e f g"] * 10, vocab_size=300)
     ids = encode_request(tok, "a b c")
-    with pytest.raises(RequestError, match="no room to generate"):
-        encode_request(tok, "a b c", context=len(ids))
-    assert encode_request(tok, {"prefix": "a", "suffix": "b", "span": 2}, context=len(ids) + 8)
+    assert encode_request(tok, "a b c", context=len(ids)) == ids
+    with pytest.raises(RequestError, match="3 visible tokens is longer than the model's context of 2"):
+        encode_request(tok, "a b", context=2)
+    assert encode_request(tok, {"prefix": "a", "suffix": "b", "span": 20}, context=5)
 
 
 def test_generate_cli_unknown_checkpoint(tmp_path):
@@ -118,3 +121,24 @@ def test_convert_inspect_and_generate_from_the_hugging_face_export(trained_run, 
     assert strip(back) == strip(native)                   # bit-identical weights after the round trip
     r = _run(["tools/convert_checkpoint.py", "from-hf", str(save), str(tmp_path / "x")])
     assert r.returncode == 2 and "is not an exported setdiff-mega directory" in r.stderr
+
+
+def test_demo_prints_a_non_empty_unconditional_sample(trained_run, data_dir):
+    """The main job's samples: the unconditional one follows the OWT protocol (min length before EOS)."""
+    save, _ = trained_run
+    r = _run(["tools/generate.py", "--checkpoint", str(save), "--demo", str(data_dir / "tasks"),
+              "--max-new-tokens", "24", "--batch-size", "1"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    head = [x for x in r.stdout.splitlines() if x.startswith("--- [setdlm, unconditional]")]
+    assert head and int(head[0].split("]")[1].split()[0]) >= 8, r.stdout       # min_new_tokens = 24 // 3
+
+
+def test_generate_cli_decoding_flags(trained_run):
+    save, _ = trained_run
+    r = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "40",
+              "--repetition-penalty", "1.2", "--length-penalty", "3,1.5", "--stop-repeat", "4", "--min-new-tokens", "2",
+              "--fht-cache-order", "--top-p", "0.9", "--stop-confidence", "0.001", "--stop-patience", "3"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "--- [setdlm, prompt]" in r.stdout
+    bad = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "x", "--length-penalty", "3"])
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "length_penalty" in bad.stderr, bad.stderr

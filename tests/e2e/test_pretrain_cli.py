@@ -27,7 +27,7 @@ def test_pretrain_cli_end_to_end_and_reload(trained_run, mcore):
 
     # the checkpoint alone rebuilds the model, objective and tokenizer and reproduces the validation loss
     from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.data.loader import build_splits
+    from setdiff_mega.data.loader import build_splits, wrap_ids
     from setdiff_mega.training import evaluate
 
     model, objective, tok, cfg = load_model(save)
@@ -35,7 +35,7 @@ def test_pretrain_cli_end_to_end_and_reload(trained_run, mcore):
     n = cfg.train.eval_iters * cfg.train.micro_batch_size
     _, valid, _ = build_splits(cfg.data.path, tok, cfg.data.seq_length, cfg.data.split, cfg.data.seed,
                                (12 * 4, n, n), cfg.data.cache_dir)
-    val = evaluate(model, objective, valid, cfg, cfg.train.eval_iters)
+    val = evaluate(model, objective, valid, cfg, cfg.train.eval_iters, bos_eos=wrap_ids(cfg.data, tok))
     assert val["loss"] == pytest.approx(summary["final_val_loss"], abs=1e-4)
 
 

@@ -29,11 +29,22 @@ def rand_model(mcore):
     return build_model(mc, 61).eval()
 
 
-def _run(cls, model, prompts, **kw):
+class LetterTokenizer:
+    """id i decodes to a letter (for the text stopping criteria)."""
+
+    def decode(self, ids):
+        return "".join(chr(65 + int(i) % 26) for i in ids)
+
+    def token(self, i):
+        return chr(65 + int(i) % 26)
+
+
+def _run(cls, model, prompts, order_prior=None, tokenizer=None, **kw):
     kw.setdefault("max_new_tokens", 10)
     kw.setdefault("stop_at_eos", False)
     cfg = GenerationConfig(**kw)
-    return cls(model, MASK, PAD, EOS, cfg).generate(Canvas.from_prompts(prompts, MASK, PAD, cfg.max_new_tokens))
+    return cls(model, MASK, PAD, EOS, cfg, order_prior=order_prior, tokenizer=tokenizer).generate(
+        Canvas.from_prompts(prompts, MASK, PAD, cfg.max_new_tokens))
 
 
 @pytest.mark.parametrize("kind", list(PROMPTS))
@@ -113,7 +124,7 @@ def test_window_one_decoding_matches_training_queries(rand_model):
     obj = SetDLMObjective(MASK, D=1)
     inp = obj.build_inputs(seq, perm=torch.arange(L)[None])
     logits = rand_model(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
-    logits[..., [MASK, PAD]] = float("-inf")
+    logits[..., MASK] = float("-inf")
     assert logits.argmax(-1)[0, 4:].tolist() == out.tokens[0]
 
 
@@ -133,27 +144,51 @@ def test_eos_stops_plain_prompts(rand_model):
     assert eos_out.tokens[0] == [first]
 
 
-def test_cache_eviction_keeps_decoding(rand_model):
-    full = _run(SetDLMSampler, rand_model, [[57, 1, 2]], window=2, tau=1.5, max_new_tokens=12)
-    small = _run(SetDLMSampler, rand_model, [[57, 1, 2]], window=2, tau=1.5, max_new_tokens=12, cache_capacity=6)
-    assert len(small.tokens[0]) == 12 and small.tokens[0][:3] == full.tokens[0][:3]
+L_TRAIN = 16       # the random model's "training length" in the context tests below
 
 
-def test_kv_cache_commit_and_evict():
+@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}), (SetDLMSampler, {"window": 1, "tau": 2.0}),
+                                    (SetDLMSampler, {"window": 4, "tau": 0.7, "fht_cache_order": True}),
+                                    (ARSampler, {}), (BD3LMSampler, {"block_size": 4, "tau": 0.5})])
+def test_generation_of_three_training_lengths_is_cache_exact(rand_model, cls, kw):
+    """3 L tokens from a model of length L: the cache keeps cache + chunk <= L (evicting), positions grow past
+    L - 1, and the uncached reference (history recomputed with the cache's visibility) gives the same tokens."""
+    prior = SetDLMObjective(MASK, D=4) if kw.get("fht_cache_order") else None
+    outs = []
+    for use_cache in (True, False):
+        cfg = GenerationConfig(max_new_tokens=3 * L_TRAIN, stop_at_eos=False, context_length=L_TRAIN,
+                               use_cache=use_cache, **kw)
+        sampler = cls(rand_model, MASK, PAD, EOS, cfg, order_prior=prior)
+        outs.append(sampler.generate(Canvas.from_prompts([[57, 1, 2], [57, 9, 8, 7, 6, 5]], MASK, PAD, cfg.max_new_tokens)))
+    on, off = outs
+    assert on.tokens == off.tokens and on.history == off.history
+    assert [len(t) for t in on.tokens] == [3 * L_TRAIN] * 2
+    assert on.evicted > 0 and on.evicted == off.evicted
+    unbounded = _run(cls, rand_model, [[57, 1, 2]], max_new_tokens=3 * L_TRAIN, order_prior=prior, **kw) \
+        if cls is not SetDLMSampler or not kw.get("fht_cache_order") else None
+    if unbounded is not None:                     # the crop changes the continuation once the context is full
+        assert unbounded.tokens[0][:L_TRAIN - 8] == on.tokens[0][:L_TRAIN - 8]
+        assert unbounded.tokens[0] != on.tokens[0]
+
+
+def test_kv_cache_commit_and_keep():
     from setdiff_mega.inference import KVCache
 
     c = KVCache(num_layers=1, batch=2, groups=1, head_dim=2, capacity=4)
     k = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
     c._chunk = [(k, k)]
-    c.commit(torch.tensor([2, 3]), torch.tensor([[5, 6, 7], [1, 2, 3]]))
+    c.commit(torch.tensor([2, 3]))
     assert c.length.tolist() == [2, 3]
-    assert c.positions[0, :2].tolist() == [5, 6] and c.positions[1, :3].tolist() == [1, 2, 3]
+    c.keep(torch.tensor([[True, True, True, True], [False, True, False, True]]))     # row 1 drops slots 0 and 2
+    assert c.length.tolist() == [2, 1]
+    assert torch.equal(c.k[0, 1, 0, 0], k[1, 0, 1])                          # old slot 1 moved to slot 0
     c._chunk = [(k + 100, k + 100)]
-    c.commit(torch.tensor([1, 3]), torch.tensor([[8, 0, 0], [4, 5, 6]]))     # row 1 overflows by 2
-    assert c.length.tolist() == [3, 4] and c.evicted == 2
-    assert c.positions[1, :4].tolist() == [3, 4, 5, 6]                        # the oldest two are gone
-    assert torch.equal(c.k[0, 1, 0, 0], k[1, 0, 2])                            # old position 3 moved to slot 0
-    assert c.valid().tolist() == [[True, True, True, False], [True] * 4]
+    c.commit(torch.tensor([2, 3]))
+    assert c.length.tolist() == [4, 4] and torch.equal(c.k[0, 1, 0, 1], k[1, 0, 0] + 100)
+    assert c.valid().tolist() == [[True] * 4, [True] * 4]
+    c._chunk = [(k, k)]
+    with pytest.raises(ValueError, match="overflows"):
+        c.commit(torch.tensor([1, 0]))
 
 
 def test_sampled_decoding_is_seeded_and_cache_exact(rand_model):
@@ -175,3 +210,38 @@ def test_top_p_keeps_the_crossing_token_and_drops_the_tail():
     assert torch.allclose(conf[tok == 0], torch.tensor(0.5 / 0.8))
     greedy, gconf = choose_tokens(logits[:1], [0])          # a banned class is never chosen
     assert greedy.item() == 1 and gconf.item() == pytest.approx(0.6)
+
+
+ALL_OPTIONS = dict(repetition_penalty=1.3, length_penalty=(3, 1.5), top_p=0.9, context_length=L_TRAIN,
+                   max_new_tokens=40)
+STOPS = dict(min_new_tokens=4, stop_at_eos=True, stop_repeat=3, stop_confidence=0.02, stop_patience=2,
+             stop_entropy=0.3, stop_entropy_window=6, stop_regex="[A-D][E-H]", stop_regex_count=2,
+             stop_strings=("QQ",))
+OPTION_PROMPTS = [[57, 1, 2, 3], [57, 9], [57, 1, 2, MASK, MASK, MASK, MASK, MASK, 7, 8, EOS],
+                  [57, 3, MASK, MASK, 4, MASK, MASK, 5, EOS]]
+
+
+@pytest.mark.parametrize("stops", [True, False])
+@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5, "fht_cache_order": True}),
+                                    (SetDLMSampler, {"window": 3, "tau": 0.7, "infill_full_context": False}),
+                                    (ARSampler, {}), (BD3LMSampler, {"block_size": 4, "tau": 0.5}),
+                                    (MDLMSampler, {"block_size": 4, "tau": 0.5})])
+def test_every_option_is_cache_exact_and_batch_invariant(rand_model, cls, kw, stops):
+    """Processors, nucleus, the context crop, FHT order, prefix-only infill and (stops=True) the stopping
+    criteria all enabled: cache on == cache off, and a batch decodes every row as it would alone. Without the
+    criteria every plain row runs past L (evictions); with them some row stops early."""
+    prior = SetDLMObjective(MASK, D=4)
+    opts = {**ALL_OPTIONS, **kw, **(STOPS if stops else {})}
+    tok = LetterTokenizer()
+    batched = _run(cls, rand_model, OPTION_PROMPTS, order_prior=prior, tokenizer=tok, **opts)
+    if cls is not MDLMSampler:
+        uncached = _run(cls, rand_model, OPTION_PROMPTS, order_prior=prior, tokenizer=tok, use_cache=False, **opts)
+        assert batched.tokens == uncached.tokens and batched.history == uncached.history
+    for i, p in enumerate(OPTION_PROMPTS):
+        single = _run(cls, rand_model, [p], order_prior=prior, tokenizer=tok, **opts)
+        assert single.tokens[0] == batched.tokens[i], (cls.__name__, i)
+    assert all(len(t) > 0 for t in batched.tokens)
+    if stops:
+        assert min(len(t) for t in batched.tokens[:2]) < 40
+    else:
+        assert [len(t) for t in batched.tokens[:2]] == [40, 40] and (cls is MDLMSampler or batched.evicted > 0)

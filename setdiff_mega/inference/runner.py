@@ -1,0 +1,110 @@
+"""One decode forward over a chunk ``[pending ; queries]``, with the KV cache or its uncached reference.
+
+Per row b the chunk holds P_b pending tokens (committed, K/V not cached yet) then A_b queries (MASK
+positions to predict, or a BD3LM block); both are packed [B, P] / [B, A] with validity masks. Visibility:
+
+    pending a  -> cached tokens + pending b with b <= a, or in the same group (BD3LM: one block)
+    query      -> cached tokens + every pending token + itself (+ ``query_mask`` among queries)
+
+Before the forward the :class:`~setdiff_mega.inference.context.Ledger` evicts so that
+``cached + P_b + A_b <= budget``; after it, :meth:`ChunkRunner.persist` makes the pending tokens
+cached (their K/V are written; the queries' are dropped: method.md P12).
+
+``use_cache=True``: keys = [KVCache slots ; chunk], mask [B, T, C + T].
+``use_cache=False``: the whole insertion history is recomputed in front of the chunk with the mask the
+cache implies (:meth:`Ledger.history`), so both modes give the same logits up to float rounding, also
+after evictions. A forward whose only purpose is to cache tokens (a prefill) is skipped in that mode.
+"""
+from __future__ import annotations
+
+import torch
+
+from .cache import KVCache
+from .context import ALIVE, Ledger
+
+
+class ChunkRunner:
+    def __init__(self, model, tokens_ref, mask_id: int, pad_id: int, use_cache: bool, budget: int | None,
+                 by_position: torch.Tensor | None = None):
+        self.model, self.mask_id, self.pad_id, self.use_cache = model, mask_id, pad_id, use_cache
+        self.tokens = tokens_ref
+        B, N = tokens_ref.shape
+        dev = tokens_ref.device
+        self.ledger = Ledger(B, N, budget, by_position, device=dev)
+        self.cache = None
+        if use_cache:
+            layers, groups, head_dim = model.cache_shape()
+            p = next(model.parameters())
+            capacity = N if budget is None else min(int(budget), N)
+            self.cache = KVCache(layers, B, groups, head_dim, capacity, dtype=p.dtype, device=p.device)
+        self.forwards = 0     # forward index (also counts skipped prefills: the ledger's clock)
+        self.nfe = 0          # model calls
+        self._pending = None
+
+    def _chunk(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask):
+        B, P = pend_idx.shape
+        A = q_idx.shape[1]
+        T = P + A
+        dev = pend_idx.device
+        pend_tok = self.tokens.gather(1, pend_idx).masked_fill(~pend_ok, self.pad_id)
+        if q_tokens is None:
+            q_tokens = torch.full((B, A), self.mask_id, dtype=torch.long, device=dev)
+        tok = torch.cat([pend_tok, q_tokens.masked_fill(~q_ok, self.pad_id)], 1)
+        posi = torch.cat([pend_idx * pend_ok, q_idx * q_ok], 1)
+        ok = torch.cat([pend_ok, q_ok], 1)
+        allowed = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
+        if P:
+            causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None]
+            allowed[:, :P, :P] = causal if pend_group is None else causal | (pend_group[:, :, None] == pend_group[:, None, :])
+            allowed[:, P:, :P] = True
+        if A and query_mask is not None:
+            allowed[:, P:, P:] = query_mask
+        allowed = allowed & ok[:, None, :] & ok[:, :, None]
+        allowed |= torch.eye(T, dtype=torch.bool, device=dev)[None]
+        return tok, posi, ok, allowed
+
+    def run(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens=None, pend_group=None, query_mask=None,
+            logits_rows: str = "queries"):
+        """One forward; returns logits [B, A, V] for the queries (``logits_rows="all"``: [B, P + A, V])."""
+        f = self.forwards
+        self.forwards += 1
+        keep = self.ledger.evict_for(pend_ok.sum(1) + q_ok.sum(1), f, pend_idx.shape[1] + q_idx.shape[1])
+        if keep is not None and self.cache is not None:
+            self.cache.keep(keep[:, :self.cache.capacity])
+        self._pending = (pend_idx, pend_ok, pend_group, f)
+        tok, posi, ok, allowed = self._chunk(pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask)
+        start = 0 if logits_rows == "all" else pend_idx.shape[1]
+        if self.cache is not None:
+            B, T = tok.shape
+            cache_part = self.cache.valid()[:, None, :].expand(B, T, self.cache.capacity)
+            self.nfe += 1
+            with self.model.use_cache(self.cache):
+                return self.model(tok, posi, torch.cat([cache_part, allowed], -1), start)
+        if start == tok.shape[1]:          # nothing to predict: only the ledger learns about these tokens
+            return None
+        hpos, hok, hmask = self.ledger.history()
+        H = hpos.shape[1]
+        B, T = tok.shape
+        htok = self.tokens.gather(1, hpos).masked_fill(~hok, self.pad_id)
+        seen = hok & (self.ledger.gone[:, :H] > f)
+        mask = torch.zeros(B, H + T, H + T, dtype=torch.bool, device=tok.device)
+        mask[:, :H, :H] = hmask | torch.eye(H, dtype=torch.bool, device=tok.device)[None]
+        mask[:, H:, :H] = seen[:, None, :] & ok[:, :, None]
+        mask[:, H:, H:] = allowed
+        self.nfe += 1
+        return self.model(torch.cat([htok, tok], 1), torch.cat([hpos, posi], 1), mask, H + start)
+
+    def persist(self) -> None:
+        """The pending tokens of the last forward become cached."""
+        pend_idx, pend_ok, pend_group, f = self._pending
+        self.ledger.append(pend_idx, pend_ok, f, pend_group)
+        if self.cache is not None:
+            self.cache.commit(pend_ok.sum(1))
+        self._pending = None
+
+    @property
+    def evicted(self) -> int:
+        return self.ledger.evicted
+
+
+__all__ = ["ChunkRunner", "ALIVE"]
