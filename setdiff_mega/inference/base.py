@@ -18,6 +18,7 @@ it every W steps, because the tokens before that EOS are all committed and never
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 
 import torch
@@ -71,6 +72,11 @@ class GenerationConfig:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        if self.stop_regex:
+            try:
+                re.compile(self.stop_regex)
+            except re.error as e:
+                raise ValueError(f"stop_regex={self.stop_regex!r} is not a regular expression ({e})") from None
         return self
 
     @classmethod

@@ -255,6 +255,10 @@ def test_generation_options_from_strings_and_presets():
             cfg.context_length) == (0.5, True, (80, 1.1), 0.01, ("A", "B"), None)
     with pytest.raises(ValueError, match="unknown generation option 'tua'"):
         GenerationConfig.from_strings({"tua": "1"})
+    with pytest.raises(ValueError, match="is not a regular expression"):
+        GenerationConfig(stop_regex="(").validate()
+    with pytest.raises(ValueError, match="expected START,FACTOR"):
+        GenerationConfig.from_strings({"length_penalty": "80"})
     o = ObjectiveConfig(name="setdlm", D=8)
     g = generation_config(o, 1024, "gsm8k")
     assert (g.window, g.tau, g.fht_cache_order, g.stop_regex_count, g.stop_repeat, g.context_length) == \
