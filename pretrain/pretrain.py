@@ -36,6 +36,8 @@ def main(argv=None) -> int:
                "sample_tokens_per_s": round(result.sample_tokens_per_s, 1),
                "processed_tokens_per_s": round(result.processed_tokens_per_s, 1),
                "num_parameters": result.num_parameters, "stopped_by": result.stopped_by}
+    if result.final_val_loss_ema is not None:
+        summary["final_val_loss_ema"] = round(result.final_val_loss_ema, 4)
     if is_main_process():                     # one summary per job, not one per rank
         out = Path(cfg.train.save_dir) / "summary.json"
         out.write_text(json.dumps(summary, indent=2))

@@ -95,6 +95,7 @@ class TrainConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
+    ema_decay: float = 0.0                       # EMA of the weights after every step (0 = off; reference 0.9999)
     seed: int = 1234
     precision: str = "fp32"                      # fp32 | bf16
     eval_interval: int = 100
@@ -333,6 +334,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"train.lr={t.lr} must be > 0 and train.min_lr={t.min_lr} in [0, lr]")
     if t.warmup_steps < 0:
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
+    if not 0.0 <= t.ema_decay < 1.0:
+        raise ConfigError(f"train.ema_decay={t.ema_decay} must be in [0, 1) (0 = no EMA; the diffusion repos use "
+                          f"0.9999)")
     if m.vocab_size is not None and m.vocab_size < 4:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
     validate_layout(cfg)

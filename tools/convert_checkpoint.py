@@ -11,7 +11,8 @@ model.safetensors (fp32, bit-exact), the tokenizer and the modelling code, so th
 
     transformers.AutoModel.from_pretrained(dir, trust_remote_code=True)
 
-loads it and computes the native model's logits. Converting back gives bit-identical parameters.
+loads it and computes the native model's logits. Converting back gives bit-identical parameters. A run
+trained with ``train.ema_decay`` exports its EMA weights unless ``--weights raw``.
 """
 import argparse
 import sys
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
     a = sub.add_parser("to-hf", help="native checkpoint -> Hugging Face directory")
     a.add_argument("checkpoint")
     a.add_argument("out_dir")
+    a.add_argument("--weights", choices=("ema", "raw"), default=None,
+                   help="the EMA (train.ema_decay) or the raw weights (default: the EMA when the checkpoint has one)")
     b = sub.add_parser("from-hf", help="Hugging Face directory -> native weights-only checkpoint")
     b.add_argument("hf_dir")
     b.add_argument("save_dir", help="run directory; the checkpoint goes to <save_dir>/checkpoints/step_N")
@@ -36,9 +39,9 @@ def main(argv=None) -> int:
     from setdiff_mega.checkpoint import hf
 
     if args.direction == "to-hf":
-        out = hf.export(args.checkpoint, args.out_dir)
-        print(f"exported {args.checkpoint} -> {out} (load with AutoModel.from_pretrained('{out}', "
-              f"trust_remote_code=True))")
+        out = hf.export(args.checkpoint, args.out_dir, args.weights)
+        print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights) -> {out} (load with "
+              f"AutoModel.from_pretrained('{out}', trust_remote_code=True))")
     else:
         if not hf.is_hf_export(Path(args.hf_dir)):
             raise FileNotFoundError(f"'{args.hf_dir}' is not an exported setdiff-mega directory (no config.json "

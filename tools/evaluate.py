@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=64, help="examples per task")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", help="write the full report here (JSON)")
+    p.add_argument("--weights", choices=("ema", "raw"), default=None,
+                   help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
     add_generation_arguments(p, max_new_tokens=96)
     args = p.parse_args(argv)
     args.seed = 0 if args.seed is None else args.seed
@@ -64,9 +66,10 @@ def main(argv=None) -> int:
     from setdiff_mega.checkpoint import load_model
     from setdiff_mega.eval import likelihood, tasks
 
-    model, objective, tok, cfg = load_model(args.checkpoint)
+    model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     L = cfg.data.seq_length
-    report = {"checkpoint": str(args.checkpoint), "objective": objective.name, "seq_length": L}
+    report = {"checkpoint": str(args.checkpoint), "weights": model.weights_kind, "objective": objective.name,
+              "seq_length": L}
     if not args.no_likelihood:
         if args.text:
             texts = read_texts(args.text)

@@ -109,6 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--span", type=int, default=16, help="infill span length in tokens")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", help="write JSONL here instead of printing")
+    p.add_argument("--weights", choices=("ema", "raw"), default=None,
+                   help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
     add_generation_arguments(p)
     args = p.parse_args(argv)
 
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
     from setdiff_mega.checkpoint import load_model
     from setdiff_mega.inference import generate
 
-    model, objective, tok, cfg = load_model(args.checkpoint)
+    model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     L = cfg.data.seq_length
     refs = None
     if args.demo:

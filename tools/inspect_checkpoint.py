@@ -78,13 +78,14 @@ def main(argv=None) -> int:
                       bytes=sum(state.get("files", {}).values()))
         tensors = {} if args.no_tensors else native_tensors(ck)
     rows = []
-    weights = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
+    weights = {k: v for k, v in tensors.items() if not k.startswith(("optimizer.", "ema."))}
+    report["ema_tensors"] = sum(1 for k in tensors if k.startswith("ema."))
     for k in sorted(weights):
         t = weights[k]
         rows.append({"name": k, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
                      "sha256": tensor_hash(t)})
     report["parameters"] = int(sum(t.numel() for t in weights.values()))
-    report["optimizer_tensors"] = len(tensors) - len(weights)
+    report["optimizer_tensors"] = len(tensors) - len(weights) - report["ema_tensors"]
     report["objective"] = to_dict(cfg)["objective"]
     report["model"] = to_dict(cfg)["model"]
     print(f"{report['format']} checkpoint {report['path']}  step {report['step']}")
@@ -93,7 +94,8 @@ def main(argv=None) -> int:
             print(f"  {k}: {report[k]}")
     if not args.no_tensors:
         print(f"  parameters: {report['parameters']:,} in {len(rows)} tensors"
-              + (f" (+ {report['optimizer_tensors']} optimizer tensors)" if report["optimizer_tensors"] else ""))
+              + (f" (+ {report['optimizer_tensors']} optimizer tensors)" if report["optimizer_tensors"] else "")
+              + (f" (+ {report['ema_tensors']} EMA tensors)" if report["ema_tensors"] else ""))
         width = max((len(r["name"]) for r in rows), default=10)
         for r in rows:
             print(f"    {r['name']:<{width}}  {str(tuple(r['shape'])):<18} {r['dtype']:<8} {r['sha256']}")

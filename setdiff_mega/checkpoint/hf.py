@@ -171,22 +171,29 @@ def is_hf_export(path: Path) -> bool:
         raise CheckpointError(f"'{f}' is not valid JSON") from None
 
 
-def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
-    """Write the Hugging Face directory of a native checkpoint (weights in fp32, bit-exact)."""
+def export_weights(path: Path) -> str:
+    """Which weights an export holds: "ema" or "raw" (exports before EMA existed: raw)."""
+    return json.loads((Path(path) / "config.json").read_text()).get("setdiff_mega_weights", "raw")
+
+
+def export(checkpoint: str | Path, out_dir: str | Path, weights: str | None = None) -> Path:
+    """Write the Hugging Face directory of a native checkpoint (weights in fp32, bit-exact); ``weights``:
+    ema | raw | None (the EMA when the checkpoint has one)."""
     from safetensors.torch import save_file
 
     from .io import resolve_checkpoint
     from .native import load_model
 
     ck, state = resolve_checkpoint(checkpoint)
-    model, _, tok, cfg = load_model(ck)
+    model, _, tok, cfg = load_model(ck, weights=weights)
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     weights = native_to_hf(model.state_dict(), cfg.model)
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "setdiff-mega"})
-    meta = {**hf_config(cfg, tok, model.padded_vocab_size), "setdiff_mega_step": int(state.get("step", 0))}
+    meta = {**hf_config(cfg, tok, model.padded_vocab_size), "setdiff_mega_step": int(state.get("step", 0)),
+            "setdiff_mega_weights": model.weights_kind}
     (tmp / "config.json").write_text(json.dumps(meta, indent=2))
     tok.save(tmp / "tokenizer.json")
     special = {"bos_token": tok.token(tok.bos), "eos_token": tok.token(tok.eos), "pad_token": tok.token(tok.pad),
@@ -248,5 +255,5 @@ def import_export(hf_dir: str | Path, save_dir: str | Path, step: int | None = N
     return save_model_checkpoint(save_dir, step, model, cfg, tok, state={"imported_from": str(hf_dir)})
 
 
-__all__ = ["export", "import_export", "read_export", "is_hf_export", "native_to_hf", "hf_to_native",
+__all__ = ["export", "export_weights", "import_export", "read_export", "is_hf_export", "native_to_hf", "hf_to_native",
            "hf_config", "load_into"]

@@ -109,11 +109,13 @@ def save_model_checkpoint(save_dir: str | Path, step: int, model, config, tokeni
                        {"kind": "weights", **(state or {})}, keep_last)
 
 
-def load_model(path: str | Path, model_overrides: dict | None = None):
+def load_model(path: str | Path, model_overrides: dict | None = None, weights: str | None = None):
     """(model, objective, tokenizer, config) from a native checkpoint or a Hugging Face export.
 
     ``model_overrides`` replaces ModelConfig fields that do not change the weights (e.g.
-    ``attention_backend``).
+    ``attention_backend``). ``weights``: ``"ema"`` (the EMA of a ``train.ema_decay`` run), ``"raw"``, or None:
+    the EMA when the checkpoint has one (``model.weights_kind`` says which were loaded; an export holds the
+    weights it was written with).
     """
     import dataclasses
 
@@ -123,14 +125,20 @@ def load_model(path: str | Path, model_overrides: dict | None = None):
 
     from . import hf
 
+    if weights not in (None, "ema", "raw"):
+        raise ValueError(f"weights={weights!r}: choose ema or raw")
     p = Path(path)
     if hf.is_hf_export(p):
-        cfg, tok, weights = hf.read_export(p)
+        cfg, tok, tensors = hf.read_export(p)
+        if weights is not None and weights != hf.export_weights(p):
+            raise CheckpointError(f"'{p}' is an export of the {hf.export_weights(p)} weights; export the "
+                                  f"{weights} ones from the native checkpoint (convert_checkpoint.py to-hf --weights)")
         initialize(seed=cfg.train.seed)
         if model_overrides:
             cfg.model = dataclasses.replace(cfg.model, **model_overrides)
         model = build_model(cfg.model, cfg.model.vocab_size or tok.vocab_size)
-        hf.load_into(model, weights, p, cfg.model)
+        hf.load_into(model, tensors, p, cfg.model)
+        kind = hf.export_weights(p)
     else:
         ck, _ = resolve_checkpoint(p)
         cfg = checkpoint_config(ck)
@@ -139,18 +147,23 @@ def load_model(path: str | Path, model_overrides: dict | None = None):
         if model_overrides:
             cfg.model = dataclasses.replace(cfg.model, **model_overrides)
         model = build_model(cfg.model, cfg.model.vocab_size or tok.vocab_size)
+        from setdiff_mega.training.ema import has_ema
+
         from .sharded import load_sharded
 
-        load_sharded(ck / "dist", model)
+        kind = weights or ("ema" if has_ema(ck / "dist") else "raw")
+        load_sharded(ck / "dist", model, weights=kind)
+    model.weights_kind = kind
     model.eval()
     model.tokenizer_hash = tok.hash          # generation refuses any other tokenizer
     model.training_length = cfg.data.seq_length   # the samplers' default context budget (cache + chunk <= L)
     return model, objective_from_config(cfg, tok), tok, cfg
 
 
-def full_state_dict(path: str | Path) -> dict:
-    """The single-process (TP = PP = 1) state dict of a checkpoint, in this (single) process."""
-    model = load_model(path)[0]
+def full_state_dict(path: str | Path, weights: str = "raw") -> dict:
+    """The single-process (TP = PP = 1) state dict of a checkpoint (its raw weights or their EMA), in this
+    (single) process."""
+    model = load_model(path, weights=weights)[0]
     return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 

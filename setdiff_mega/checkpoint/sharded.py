@@ -7,6 +7,9 @@ moments ``exp_avg`` / ``exp_avg_sq`` get the sharding of their parameter
 checkpoint written with one (TP, PP, DP) layout loads into any other: resharding is a property of the
 format, not a conversion step.
 
+With ``train.ema_decay`` the weights' EMA is a third part, keys ``ema.*`` sharded like the weights
+(:mod:`setdiff_mega.training.ema`); ``load_sharded(..., weights="ema")`` loads it into the model.
+
 The AdamW step counter (a scalar per parameter, equal for all of them) is stored once, in the common
 (non-sharded) part, and restored as the same float32 tensor, so a resumed optimizer is bit-identical.
 Before loading, the checkpoint's tensor metadata is compared with the model's global shapes, so a
@@ -71,9 +74,10 @@ def _tensor_shapes(ssd) -> dict:
     return out
 
 
-def check_compatible(ssd: dict, path: Path, what: str = "model", complete: bool = True) -> None:
+def check_compatible(ssd: dict, path: Path, what: str = "model", complete: bool = True, prefix: str = "") -> None:
     """Raise a CheckpointError naming the tensor when the checkpoint at ``path`` cannot fill ``ssd``
-    or (``complete``: ``ssd`` is a whole model, not one pipeline stage) holds weights it would ignore."""
+    or (``complete``: ``ssd`` is a whole model, not one pipeline stage) holds weights it would ignore.
+    ``prefix``: the keys ``ssd`` asks for (``ema.``: the weights' EMA); other prefixes are not weights."""
     from megatron.core import dist_checkpointing
 
     if not (path / ".metadata").is_file():
@@ -83,18 +87,22 @@ def check_compatible(ssd: dict, path: Path, what: str = "model", complete: bool 
     except Exception as e:
         raise CheckpointError(f"'{path / '.metadata'}' is unreadable ({type(e).__name__}: {e})") from None
     wanted = _tensor_shapes(ssd)
+    if prefix and not any(k.startswith(prefix) for k in saved):
+        raise CheckpointError(f"'{path}' holds no EMA weights (train.ema_decay was 0 when it was saved); "
+                              f"load its raw weights (--weights raw)")
     for key, shape in sorted(wanted.items()):
         if key not in saved:
             raise CheckpointError(f"'{path}' has no tensor '{key}' that this {what} needs: the checkpoint is of a "
                                   f"different architecture (layers, normalization, activation or bias settings)")
         if saved[key] != shape:
-            vocab_axis = key.startswith(("embedding.word_embeddings", "output_layer"))
+            vocab_axis = key[len(prefix):].startswith(("embedding.word_embeddings", "output_layer"))
             hint = (" (the vocabulary differs: rebuild with the checkpoint's tokenizer / model.vocab_size)"
                     if vocab_axis and saved[key][0] != shape[0] else
                     " (a different model size: layers, hidden size, heads or FFN width)")
             raise CheckpointError(f"'{path}': tensor '{key}' has global shape {saved[key]}, this {what} expects "
                                   f"{shape}{hint}")
-    unused = sorted(k for k in saved if not k.startswith("optimizer.") and k not in wanted)
+    unused = sorted(k for k in saved if k.startswith(prefix) and not k.startswith("optimizer.") and k not in wanted
+                    and (prefix or not k.startswith("ema.")))
     if complete and unused:
         raise CheckpointError(f"'{path}' has weights this {what} does not have ({', '.join(unused[:3])}"
                               f"{' ...' if len(unused) > 3 else ''}): the checkpoint is of a different architecture")
@@ -130,24 +138,30 @@ def start_writer_service() -> None:
             signal.signal(s, h)
 
 
-def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Collective: write ``model`` (and ``optimizer``) shards of every rank into ``path``."""
+def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, ema=None) -> None:
+    """Collective: write ``model`` (and ``optimizer``, and the weights' EMA) shards of every rank into ``path``."""
     from megatron.core import dist_checkpointing
 
     path.mkdir(parents=True, exist_ok=True)
     ssd = {"model": model.sharded_state_dict()}
     if optimizer is not None:
         ssd["optimizer"] = optimizer_sharded_state_dict(optimizer, ssd["model"])
+    if ema is not None:
+        ssd["ema"] = ema.sharded_state_dict()[0]
     dist_checkpointing.save(ssd, str(path))
 
 
-def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Collective: fill this rank's shards of ``model`` (and ``optimizer``) from ``path``."""
+def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, weights: str = "raw") -> None:
+    """Collective: fill this rank's shards of ``model`` (and ``optimizer``) from ``path``; ``weights="ema"``
+    loads the checkpoint's EMA into the model instead of its raw weights."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
-    model_ssd = model.sharded_state_dict()
-    check_compatible(model_ssd, path, complete=bool(model.pre_process and model.post_process))
+    if weights == "ema" and optimizer is not None:
+        raise ValueError("the optimizer state belongs to the raw weights: load it with weights='raw'")
+    prefix = "ema." if weights == "ema" else ""
+    model_ssd = model.sharded_state_dict(prefix=prefix)
+    check_compatible(model_ssd, path, complete=bool(model.pre_process and model.post_process), prefix=prefix)
     request = {"model": model_ssd}
     if optimizer is not None:
         init_optimizer_state(optimizer)
@@ -160,7 +174,7 @@ def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
         what = "model and optimizer" if optimizer is not None else "model"
         raise CheckpointError(f"could not read the {what} from '{path}' ({type(e).__name__}: {e}); a shard file "
                               f"is missing or truncated; use an earlier checkpoint") from None
-    model.load_sharded_state(loaded["model"])
+    model.load_sharded_state(_strip(loaded["model"], prefix) if prefix else loaded["model"])
     if optimizer is not None:
         osd = loaded["optimizer"]
         step = torch.tensor(float(osd.pop("adam_step")))
@@ -169,5 +183,32 @@ def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
         optimizer.load_state_dict(osd)
 
 
-__all__ = ["save_sharded", "load_sharded", "start_writer_service", "check_compatible", "init_optimizer_state",
+def _strip(tree: dict, prefix: str) -> dict:
+    """State-dict keys without ``prefix`` (nested dicts: ModelChunks' ``chunk<i>`` levels)."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(k, str) and k.startswith(prefix):
+            out[k[len(prefix):]] = v
+        else:
+            out[k] = _strip(v, prefix) if isinstance(v, dict) else v
+    return out
+
+
+def load_ema(path: Path, ema) -> None:
+    """Collective: fill the training EMA (:class:`setdiff_mega.training.ema.EMA`) from ``path``."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    ssd, leaves = ema.sharded_state_dict()
+    check_compatible(ssd, path, "EMA", complete=False, prefix="ema.")
+    try:
+        loaded = dist_checkpointing.load({"ema": ssd}, str(path), strict=StrictHandling.LOG_UNEXPECTED)
+    except Exception as e:
+        raise CheckpointError(f"could not read the EMA from '{path}' ({type(e).__name__}: {e}); a shard file is "
+                              f"missing or truncated; use an earlier checkpoint") from None
+    ema.load(loaded["ema"], leaves, ssd)
+
+
+__all__ = ["save_sharded", "load_sharded", "load_ema", "start_writer_service", "check_compatible",
+           "init_optimizer_state",
            "optimizer_sharded_state_dict"]

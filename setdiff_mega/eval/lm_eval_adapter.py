@@ -42,11 +42,11 @@ class SetDiffLMCore:
     """Scoring and generation on a loaded checkpoint, independent of the harness's classes."""
 
     def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64, batch_size: int = 8,
-                 preset: str | None = None, **generation):
+                 preset: str | None = None, weights: str | None = None, **generation):
         from setdiff_mega.checkpoint import load_model
         from setdiff_mega.inference.options import generation_config
 
-        self.model, self.objective, self.tok, self.cfg = load_model(checkpoint)
+        self.model, self.objective, self.tok, self.cfg = load_model(checkpoint, weights=weights)
         self.L = self.cfg.data.seq_length
         self.orders, self.seed = int(orders), int(seed)
         self.max_gen_toks, self.batch_size = int(max_gen_toks), int(batch_size)
@@ -112,13 +112,14 @@ def make_lm_class():
 
     class SetDiffLM(LM):
         """lm-eval model ``setdiff``: model_args ``checkpoint=...,orders=1,seed=0,max_gen_toks=64`` plus any
-        decoding option (``preset=gsm8k,tau=0.9,window=4,...``)."""
+        decoding option (``preset=gsm8k,tau=0.9,window=4,...``) and ``weights=ema|raw``."""
 
         def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64,
-                     batch_size: int = 8, preset=None, max_batch_size=None, device=None, dtype=None, **generation):
+                     batch_size: int = 8, preset=None, weights=None, max_batch_size=None, device=None, dtype=None,
+                     **generation):
             super().__init__()
             self.core = SetDiffLMCore(checkpoint, int(orders), int(seed), int(max_gen_toks), int(batch_size),
-                                      preset, **{k: str(v) for k, v in generation.items()})
+                                      preset, weights, **{k: str(v) for k, v in generation.items()})
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             return self.core.loglikelihood([r.args for r in requests])

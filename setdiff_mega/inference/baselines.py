@@ -141,7 +141,8 @@ class MDLMSampler(_Base):
                 win = (hi - width).clamp(min=0)[:, None] + j                 # [B, width] canvas positions
                 ok = win < n_valid[:, None]
                 win = win.clamp(max=N - 1)
-                view = (win, ok, (ok[:, None, :] & ok[:, :, None]) | torch.eye(width, dtype=torch.bool, device=dev)[None])
+                eye = torch.eye(width, dtype=torch.bool, device=dev)[None]
+                view = (win, ok, (ok[:, None, :] & ok[:, :, None]) | eye)
             win, ok, vis = view
             logits = self.model(st.tokens.gather(1, win).masked_fill(~ok, self.pad_id), win * ok, vis, 0)
             nfe += 1

@@ -32,7 +32,8 @@ def repetition_context(tokens: torch.Tensor, masked: torch.Tensor, generate: tor
     return torch.where(infill[:, None], visible, visible & generate)
 
 
-def repetition_penalty(logits: torch.Tensor, tokens: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
+def repetition_penalty(logits: torch.Tensor, tokens: torch.Tensor, context: torch.Tensor,
+                       penalty: float) -> torch.Tensor:
     """logits [B, A, V]; context [B, N] bool over tokens [B, N] -> penalised logits (transformers' rule)."""
     B, A, V = logits.shape
     ids = torch.where(context, tokens, torch.full_like(tokens, V))     # V: outside the vocabulary, ignored
@@ -41,7 +42,8 @@ def repetition_penalty(logits: torch.Tensor, tokens: torch.Tensor, context: torc
     return out.view(B, A, V)
 
 
-def prefix_lengths(q_idx: torch.Tensor, masked: torch.Tensor, generate: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def prefix_lengths(q_idx: torch.Tensor, masked: torch.Tensor, generate: torch.Tensor,
+                   valid: torch.Tensor) -> torch.Tensor:
     """[B, A]: visible tokens of the generation region (from its first position) left of each q_idx."""
     N = masked.shape[1]
     pos = torch.arange(N, device=masked.device)

@@ -55,7 +55,8 @@ class ChunkRunner:
         allowed = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
         if P:
             causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None]
-            allowed[:, :P, :P] = causal if pend_group is None else causal | (pend_group[:, :, None] == pend_group[:, None, :])
+            same = None if pend_group is None else pend_group[:, :, None] == pend_group[:, None, :]
+            allowed[:, :P, :P] = causal if same is None else causal | same
             allowed[:, P:, :P] = True
         if A and query_mask is not None:
             allowed[:, P:, P:] = query_mask

@@ -6,6 +6,7 @@ What a training checkpoint holds (directory layout and publication protocol: :mo
   shards of every rank (``dist/``), loadable into any (TP, PP, DP) layout;
 * with DeepSpeed ZeRO, the engine's own optimizer / gradient-partition shards (``zero/``, DeepSpeed's
   checkpoint API; they need the same DP size to load) next to the portable weights in ``dist/``;
+* with ``train.ema_decay``, the weights' EMA next to the weights in ``dist/`` (keys ``ema.*``, any layout);
 * every rank's RNG states (torch CPU / CUDA, megatron-core's model-parallel tracker, python, numpy);
 * ``state.json``: step, consumed samples (the data position: sample ``i`` and its noise depend only on
   ``i`` and the seeds), the parallel layout, the last validation loss.
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from setdiff_mega.checkpoint.io import (CheckpointError, checkpoints_root, latest_checkpoint, read_state,
                                         resolve_checkpoint)
 from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config, staged_save
-from setdiff_mega.checkpoint.sharded import load_sharded, save_sharded, start_writer_service
+from setdiff_mega.checkpoint.sharded import load_ema, load_sharded, save_sharded, start_writer_service
 
 FAULT_ENV = "SETDIFF_MEGA_FAULT"     # "kill_in_save:<step>": the job dies by SIGKILL inside that save (tests)
 
@@ -113,9 +114,9 @@ class ExitSignals:
 class Checkpointer:
     """Saves and restores the complete training state of one run (every rank calls every method)."""
 
-    def __init__(self, cfg, tokenizer, model, optimizer, engine=None, log=print):
+    def __init__(self, cfg, tokenizer, model, optimizer, engine=None, log=print, ema=None):
         self.cfg, self.tok, self.model, self.optimizer, self.engine = cfg, tokenizer, model, optimizer, engine
-        self.log = log
+        self.log, self.ema = log, ema
         self.save_dir = Path(cfg.train.save_dir)
         self.zero = cfg.train.zero_stage
         start_writer_service()
@@ -132,7 +133,7 @@ class Checkpointer:
 
         def write_shards(tmp: Path) -> None:
             if self.engine is None:
-                save_sharded(tmp / "dist", self.model, self.optimizer)
+                save_sharded(tmp / "dist", self.model, self.optimizer, self.ema)
             else:
                 self._save_zero(tmp)
             (tmp / "rng").mkdir(exist_ok=True)
@@ -152,9 +153,9 @@ class Checkpointer:
 
         if self.zero == 3:         # parameters are partitioned: gather them for the portable copy
             with import_deepspeed().zero.GatheredParameters(list(self.model.parameters())):
-                save_sharded(tmp / "dist", self.model)
+                save_sharded(tmp / "dist", self.model, ema=self.ema)
         else:
-            save_sharded(tmp / "dist", self.model)
+            save_sharded(tmp / "dist", self.model, ema=self.ema)
         self.engine.save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
 
     # -- resuming -------------------------------------------------------------------------------------
@@ -213,6 +214,14 @@ class Checkpointer:
                                                       load_lr_scheduler_states=False, load_module_strict=True)
                 if path is None:
                     raise CheckpointError(f"DeepSpeed could not load '{ck / 'zero'}' (missing or truncated shards)")
+        if self.ema is not None:
+            from .ema import has_ema
+
+            if has_ema(ck / "dist"):
+                load_ema(ck / "dist", self.ema)
+            else:
+                self.log(f"note: '{ck}' holds no EMA (saved with train.ema_decay=0): the EMA starts from the "
+                         f"resumed weights")
         rng_file = ck / "rng" / f"rank_{rank:05d}.pt"
         if state.get("world_size") == world and rng_file.is_file():
             set_rng_state(torch.load(rng_file, weights_only=False))

@@ -82,6 +82,7 @@ class TrainResult:
     processed_tokens_per_s: float
     num_parameters: int
     stopped_by: str | None = None        # the signal that stopped the run early (after saving), if any
+    final_val_loss_ema: float | None = None   # with train.ema_decay: the validation loss of the EMA weights
 
 
 @torch.no_grad()
@@ -191,6 +192,11 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
 
         ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=ps.get_data_parallel_group())
     checkpointer.optimizer, checkpointer.engine = optimizer, engine
+    ema = None
+    if tc.ema_decay > 0:
+        from .ema import EMA
+
+        ema = checkpointer.ema = EMA(model, tc.ema_decay)        # after the engine: ZeRO-3 partitions exist
     start_step, consumed, resumed = 0, 0, None
     if found is not None:
         resumed = checkpointer.load_training_state(found)
@@ -262,6 +268,8 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                                         f"train.clip_grad > 0, or use train.precision=fp32")
                 if engine is None:
                     optimizer.step()
+                if ema is not None:
+                    ema.update()
                 done = step + 1
                 if done % tc.log_interval == 0 or done == tc.train_steps:
                     dt = time.perf_counter() - t_window
@@ -292,6 +300,11 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                 if start_step < tc.train_steps or resumed is None:
                     last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
                     logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
+                    if ema is not None:
+                        with ema.swapped():
+                            ema_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
+                        last_eval["ema_loss"] = ema_eval["loss"]
+                        logger.log({"val/ema_loss": ema_eval["loss"]}, tc.train_steps)
                     ckpt = save(tc.train_steps)
                 else:
                     logger.write(f"{found[0]} is already at train.train_steps={tc.train_steps}: nothing to train")
@@ -307,7 +320,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     return TrainResult(final_step=done, initial_val_loss=initial_val,
                        final_val_loss=last_eval["loss"], checkpoint=str(ckpt), history=logger.history,
                        sample_tokens_per_s=sample_tps, processed_tokens_per_s=proc_tps, num_parameters=n_params,
-                       stopped_by=stop_signal)
+                       stopped_by=stop_signal, final_val_loss_ema=last_eval.get("ema_loss"))
 
 
 def _mean_over_ranks(value: float, dp: int) -> float:

@@ -192,3 +192,43 @@ def test_interleaved_pipeline_matches_single_process(tiny_data, tmp_path):
     out = _run(tiny_data, tmp_path / "vp", 2, 1, 2, "setdlm", init, 4, 0, False,
                layers + ["parallel.virtual_pipeline_model_parallel_size=2"])
     _assert_matches(ref, out)
+
+
+def _ema_weights(rank, world, path):
+    from setdiff_mega.checkpoint import full_state_dict
+
+    return full_state_dict(path, weights="ema")
+
+
+EMA = ("train.ema_decay=0.7",)
+
+
+@pytest.mark.parametrize("tp,pp,zero", [(2, 1, 0), (1, 2, 0), (1, 1, 2), (1, 1, 3)])
+def test_ema_matches_single_process(tiny_data, tmp_path, tp, pp, zero):
+    """The EMA of the weights (updated after every step on each rank's own shards / ZeRO-3 partitions, saved
+    sharded like the weights) read back as one process equals the single-process EMA."""
+    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
+    init = tmp_path / "init"
+    run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, "setdlm", init, 4, 0, False, EMA))
+    mbs = 2 if tp * pp == 1 else 4
+    run_ranks(_train, world=2, args=(tiny_data, tmp_path / "par", tp, pp, "setdlm", init, mbs, zero, False, EMA))
+    ref = run_ranks(_ema_weights, world=1, args=(tmp_path / "ref",))[0]
+    out = run_ranks(_ema_weights, world=1, args=(tmp_path / "par",))[0]
+    raw = run_ranks(_weights, world=1, args=(tmp_path / "ref",))[0]
+    assert set(ref) == set(out)
+    assert any(not torch.equal(ref[k], raw[k]) for k in ref)            # the EMA is not the raw weights
+    for k, v in ref.items():
+        torch.testing.assert_close(out[k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_resume_with_ema_is_exact(tiny_data, tmp_path, zero):
+    """DP = 2 with the EMA on (torch DDP, or ZeRO-3 with the EMA of each rank's partitions): resuming from the
+    step-2 checkpoint gives the losses of steps 3-4 and the final EMA bit for bit."""
+    full = run_ranks(_train_resume, world=2, args=(tiny_data, tmp_path / "full", zero, "none", STEPS, EMA))
+    mid = tmp_path / "full" / "checkpoints" / "step_0000002"
+    resumed = run_ranks(_train_resume, world=2, args=(tiny_data, tmp_path / "resumed", zero, str(mid), STEPS, EMA))
+    assert {s: full[0][s] for s in (3, 4)} == resumed[0]
+    a = run_ranks(_ema_weights, world=1, args=(tmp_path / "full",))[0]
+    b = run_ranks(_ema_weights, world=1, args=(tmp_path / "resumed",))[0]
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -147,7 +147,8 @@ def test_eos_stops_plain_prompts(rand_model):
 L_TRAIN = 16       # the random model's "training length" in the context tests below
 
 
-@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}), (SetDLMSampler, {"window": 1, "tau": 2.0}),
+@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}),
+                                    (SetDLMSampler, {"window": 1, "tau": 2.0}),
                                     (SetDLMSampler, {"window": 4, "tau": 0.7, "fht_cache_order": True}),
                                     (ARSampler, {}), (BD3LMSampler, {"block_size": 4, "tau": 0.5})])
 def test_generation_of_three_training_lengths_is_cache_exact(rand_model, cls, kw):
@@ -159,7 +160,8 @@ def test_generation_of_three_training_lengths_is_cache_exact(rand_model, cls, kw
         cfg = GenerationConfig(max_new_tokens=3 * L_TRAIN, stop_at_eos=False, context_length=L_TRAIN,
                                use_cache=use_cache, **kw)
         sampler = cls(rand_model, MASK, PAD, EOS, cfg, order_prior=prior)
-        outs.append(sampler.generate(Canvas.from_prompts([[57, 1, 2], [57, 9, 8, 7, 6, 5]], MASK, PAD, cfg.max_new_tokens)))
+        canvas = Canvas.from_prompts([[57, 1, 2], [57, 9, 8, 7, 6, 5]], MASK, PAD, cfg.max_new_tokens)
+        outs.append(sampler.generate(canvas))
     on, off = outs
     assert on.tokens == off.tokens and on.history == off.history
     assert [len(t) for t in on.tokens] == [3 * L_TRAIN] * 2
