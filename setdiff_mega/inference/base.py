@@ -301,5 +301,4 @@ def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history,
 
 
 __all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos",
-           "eos_positions",
-           "collect"]
+           "eos_positions", "collect"]

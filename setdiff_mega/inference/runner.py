@@ -20,13 +20,13 @@ from __future__ import annotations
 import torch
 
 from .cache import KVCache
-from .context import ALIVE, Ledger
+from .context import Ledger
 
 
 class ChunkRunner:
     def __init__(self, model, tokens_ref, mask_id: int, pad_id: int, use_cache: bool, budget: int | None,
                  by_position: torch.Tensor | None = None):
-        self.model, self.mask_id, self.pad_id, self.use_cache = model, mask_id, pad_id, use_cache
+        self.model, self.mask_id, self.pad_id = model, mask_id, pad_id
         self.tokens = tokens_ref
         B, N = tokens_ref.shape
         dev = tokens_ref.device
@@ -108,4 +108,4 @@ class ChunkRunner:
         return self.ledger.evicted
 
 
-__all__ = ["ChunkRunner", "ALIVE"]
+__all__ = ["ChunkRunner"]
