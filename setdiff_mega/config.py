@@ -65,6 +65,9 @@ class ObjectiveConfig:
     block_size: int = 4                          # BD3LM block size S
     keep_clean_bos: bool = False                 # SetDLM: pin position 0 (BOS) first
     eos_last: bool = False                       # SetDLM: target EOS last in the order
+    fim_rate: float = 0.0                        # SetDLM, not the paper: rows trained with a revealed prefix +
+    fim_max_middle: int = 48                     #   suffix span (fill-in-the-middle; method.md 11), the gap's
+    fim_max_suffix: int = 24                     #   and the span's maximum lengths
     loss_weighting: str = "unweighted"           # MDLM/BD3LM: unweighted | elbo
     t_eps: float = 1e-3
 
@@ -275,6 +278,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     m, o, d, t = cfg.model, cfg.objective, cfg.data, cfg.train
     _choice(o.name, OBJECTIVE_NAMES, "objective.name")
     _choice(o.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
+    if o.fim_rate and o.name != "setdlm":
+        raise ConfigError(f"objective.fim_rate is a SetDLM option (objective.name={o.name}); set it to 0")
+    if not 0.0 <= o.fim_rate <= 1.0 or o.fim_max_middle < 1 or o.fim_max_suffix < 1:
+        raise ConfigError("objective.fim_rate must be in [0, 1] and objective.fim_max_middle / fim_max_suffix >= 1")
     _choice(m.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
     _choice(m.activation, ("gelu", "swiglu"), "model.activation")
     _choice(m.attention_backend, ("sdpa", "flex", "setcausal", "local"), "model.attention_backend")

@@ -110,39 +110,15 @@ def main(argv=None) -> int:
 
 
 def valid_split_nll(model, objective, tok, cfg, args) -> dict:
-    """NLL on the validation split of an indexed dataset (the checkpoint's split and seed)."""
     from tqdm import tqdm
 
-    from setdiff_mega.data.loader import build_splits, wrap_ids
-    from setdiff_mega.eval.likelihood import sequence_nll
+    from setdiff_mega.eval.likelihood import split_nll
 
-    path = args.data or cfg.data.path
-    n = args.max_sequences
-    _, valid, _ = build_splits(path, tok, cfg.data.seq_length, cfg.data.split, cfg.data.seed, (n, n, n),
-                               cfg.data.cache_dir)
-    if valid is None or len(valid) == 0:
-        raise ValueError(f"'{path}' has no validation split (data.split={cfg.data.split}); pass --text")
-    import math
-
-    import torch
-
-    wrap = wrap_ids(cfg.data, tok)
-    total = total_lme = count = 0.0
-    m = min(n, len(valid))
-    bar = tqdm(total=m, desc="likelihood", unit="seq", file=sys.stderr)
-    for j in range(0, m, args.batch_size):
-        idx = range(j, min(j + args.batch_size, m))
-        tokens = torch.stack([torch.as_tensor(valid[i]["tokens"]) for i in idx]).long()
-        if wrap is not None:                 # the checkpoint was trained (and validated) on wrapped chunks
-            tokens[:, 0], tokens[:, -1] = wrap
-        r = sequence_nll(model, objective, tokens, samples=args.orders, seed=args.seed, row_ids=idx)
-        total, total_lme, count = total + float(r["nll"].sum()), total_lme + float(r["nll_lme"].sum()), \
-            count + float(r["count"].sum())
-        bar.update(len(idx))
+    bar = tqdm(total=args.max_sequences, desc="likelihood", unit="seq", file=sys.stderr)
+    res = split_nll(model, objective, tok, cfg, args.data, args.max_sequences, args.orders, args.seed,
+                    args.batch_size, progress=bar.update)
     bar.close()
-    nll = total / max(count, 1.0)
-    return {"source": str(path), "split": "valid", "sequences": m, "tokens": int(count), "nll_per_token": nll,
-            "nll_per_token_lme": total_lme / max(count, 1.0), "ppl": math.exp(min(nll, 50)), "orders": args.orders}
+    return res
 
 
 if __name__ == "__main__":

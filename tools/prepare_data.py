@@ -18,7 +18,7 @@ from setdiff_mega.cli import run_cli  # noqa: E402
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--embedded", action="store_true", help="generate the embedded math + stories corpus")
+    src.add_argument("--embedded", action="store_true", help="generate the embedded corpus (math, stories, arithmetic, quests)")
     src.add_argument("--input", nargs="+", help=".jsonl or plain-text files (blank-line separated documents)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--json-key", default="text")
@@ -26,20 +26,28 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=2048)
     p.add_argument("--num-math", type=int, default=12000)
     p.add_argument("--num-stories", type=int, default=12000)
+    p.add_argument("--num-arith", type=int, default=None, help="arithmetic problems (default: --num-math)")
+    p.add_argument("--num-quests", type=int, default=None, help="quest stories (default: 2/3 of --num-stories)")
+    p.add_argument("--heldout", type=int, default=128, help="held-out task documents per task")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-existing", action="store_true", help="do nothing if OUT/corpus is complete")
     args = p.parse_args(argv)
     from setdiff_mega.data.indexed import check_dataset, read_manifest
-    from setdiff_mega.data.prepare import prepare, prepare_from_files
+    from setdiff_mega.data.prepare import embedded_is_current, embedded_spec, prepare, prepare_from_files
 
     out = Path(args.out)
+    spec = embedded_spec(args.num_math, args.num_stories, args.seed, args.heldout, args.num_arith, args.num_quests) \
+        if args.embedded else None
     if args.skip_existing and read_manifest(out / "corpus") is not None and (out / "tokenizer.json").is_file():
-        info = check_dataset(out / "corpus")
-        print(f"{out / 'corpus'} exists ({info['num_documents']} documents, {info['num_tokens']} tokens); skipping")
-        return 0
+        if spec is None or embedded_is_current(out, spec):
+            info = check_dataset(out / "corpus")
+            print(f"{out / 'corpus'} exists ({info['num_documents']} documents, {info['num_tokens']} tokens); skipping")
+            return 0
+        print(f"{out} holds an older or different embedded corpus (embedded.json does not match {spec}); rebuilding")
     kw = dict(tokenizer_path=args.tokenizer, vocab_size=args.vocab_size)
     if args.embedded:
-        prepare(out, None, num_math=args.num_math, num_stories=args.num_stories, seed=args.seed, **kw)
+        prepare(out, None, num_math=args.num_math, num_stories=args.num_stories, seed=args.seed,
+                heldout=args.heldout, num_arith=args.num_arith, num_quests=args.num_quests, **kw)
     else:
         prepare_from_files(out, args.input, args.json_key, **kw)
     return 0

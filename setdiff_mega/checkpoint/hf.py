@@ -154,7 +154,7 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "torch_dtype": "float32",
         "method": {"objective": oc.name, "D": oc.D, "S_max": s_max, "block_size": oc.block_size, "k": oc.k,
                    "b": oc.b, "keep_clean_bos": oc.keep_clean_bos, "eos_last": oc.eos_last,
-                   "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps, "mask_token_id": tok.mask,
+                   "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps, "mask_token_id": tok.mask,
                    "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
                    "seq_length": cfg.data.seq_length},
         "setdiff_mega": to_dict(cfg),

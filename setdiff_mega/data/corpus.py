@@ -4,6 +4,16 @@
   equation per step, and a final ``#### <answer>`` line. Fields: question, solution, answer.
 * **Stories** (ROCStories-like): five templated sentences with a coherent goal / attempt / outcome,
   usable for infilling (mask sentence 3, or 2-4). Fields: sentences (list of 5).
+* **Arithmetic** (``task="arith"``, the learnable math level): one step (``a + b``, ``a - b``) or two
+  steps (``a + b = s``, then ``s - c``) on small numbers (a <= 20, b, c <= 9) with the worked steps and
+  ``#### <answer>``, in the math format. A few-million-parameter model learns it on 2 CPU cores in
+  minutes without saturating it (the two-step problems stay hard). Fields: question, solution, answer.
+* **Quests** (``task="quest"``, the suffix-dependent infilling task, the paper's infill-3 layout):
+  sentence 1 introduces a person (name, role, place: independent of the rest), sentences 2-4 tell the
+  goal, the attempt with its problem and the fix, sentence 5 the outcome. Sentences 2-4 are a function
+  of the goal and the person's pronoun only, and the goal is named by sentence 5 alone: masking 2-4,
+  a model that sees sentence 5 can fill them exactly; one that sees only sentence 1 guesses the goal
+  (1 in 8). Fields: sentences (list of 5), goal (index).
 
 Every document is a dict with ``text`` (what is tokenized) and ``task`` plus the task fields. The same
 seed always yields the same corpus. Readers: ``.jsonl`` (one JSON object per line, ``json_key``
@@ -106,12 +116,69 @@ def _story(rng: random.Random) -> dict:
     return {"task": "story", "text": " ".join(sents), "sentences": sents}
 
 
-def embedded_corpus(num_math: int = 12000, num_stories: int = 12000, seed: int = 0) -> list[dict]:
-    """The deterministic default corpus, math and stories interleaved."""
+def _arith_problem(rng: random.Random) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    pron = PRONOUN[name]
+    a, b = rng.randint(2, 20), rng.randint(1, 9)
+    if rng.random() < 0.5:                                   # one step
+        if rng.random() < 0.5 or b >= a:
+            q = f"{name} has {a} {item}. {pron.capitalize()} {rng.choice(['buys', 'finds', 'gets'])} {b} more."
+            value, sol = a + b, f"{a} + {b} = {a + b}."
+        else:
+            q = f"{name} has {a} {item}. {pron.capitalize()} {rng.choice(['loses', 'sells', 'uses'])} {b} of them."
+            value, sol = a - b, f"{a} - {b} = {a - b}."
+    else:                                                    # two steps: add, then take away
+        s = a + b
+        c = rng.randint(1, min(9, s - 1))
+        q = (f"{name} has {a} {item}. {pron.capitalize()} {rng.choice(['buys', 'finds', 'gets'])} {b} more. "
+             f"Then {pron} {rng.choice(['loses', 'sells', 'uses'])} {c} of them.")
+        value, sol = s - c, f"{a} + {b} = {s}. {s} - {c} = {s - c}."
+    question = f"{q} How many {item} does {name} have now?"
+    text = f"Question: {question}\nAnswer: {sol}\n#### {value}"
+    return {"task": "arith", "text": text, "question": question, "solution": sol, "answer": str(value)}
+
+
+def _quest(rng: random.Random) -> dict:
+    name, place, role = rng.choice(NAMES), rng.choice(PLACES), rng.choice(ROLES)
+    g = rng.randrange(len(GOALS))
+    goal, attempt, problem, fix, outcome, feeling = GOALS[g]
+    pron = PRONOUN[name]
+    sents = [
+        f"This is a story about {name}, a {role} from {place}.",
+        f"{name} wanted to {goal}.",
+        f"{pron.capitalize()} {attempt}, but {problem}.",
+        f"So {pron} {fix}.",
+        f"At last {name} {outcome} and was {feeling}.",
+    ]
+    return {"task": "quest", "text": " ".join(sents), "sentences": sents, "goal": g}
+
+
+GENERATORS = {"math": _math_problem, "story": _story, "arith": _arith_problem, "quest": _quest}
+CORPUS_VERSION = 2          # bump when a generator changes: prepared corpora are rebuilt, not reused
+
+
+def embedded_corpus(num_math: int = 12000, num_stories: int = 12000, seed: int = 0, num_arith: int = 12000,
+                    num_quests: int = 8000) -> list[dict]:
+    """The deterministic default corpus, every task interleaved. The math and story documents are those
+    of version 1 (same draws, same order of draws); arithmetic and quests come from their own streams."""
     rng = random.Random(seed)
     docs = [_math_problem(rng) for _ in range(num_math)] + [_story(rng) for _ in range(num_stories)]
+    extra = random.Random(seed + 2)
+    docs += [_arith_problem(extra) for _ in range(num_arith)] + [_quest(extra) for _ in range(num_quests)]
     random.Random(seed + 1).shuffle(docs)
     return docs
+
+
+def split_heldout(docs: list[dict], per_task: int) -> tuple[dict, list[dict]]:
+    """({task: the first ``per_task`` documents of that task}, the training documents): a training
+    document whose text equals a held-out one is dropped, so no task example is seen in training."""
+    held: dict = {}
+    for d in docs:
+        rows = held.setdefault(d["task"], [])
+        if len(rows) < per_task:
+            rows.append(d)
+    texts = {d["text"] for rows in held.values() for d in rows}
+    return held, [d for d in docs if d["text"] not in texts]
 
 
 def read_documents(path: str | Path, json_key: str = "text") -> Iterator[str]:
@@ -151,4 +218,4 @@ def write_jsonl(docs: list[dict], path: str | Path) -> None:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
 
-__all__ = ["embedded_corpus", "read_documents", "write_jsonl"]
+__all__ = ["embedded_corpus", "split_heldout", "read_documents", "write_jsonl", "CORPUS_VERSION", "GENERATORS"]

@@ -4,14 +4,19 @@ Output directory layout (``out``):
     tokenizer.json                     byte-level BPE with <|bos|> <|eos|> <|pad|> <|mask|>
     corpus.bin / corpus.idx            one document per text: [BOS] tokens [EOS]
     corpus.manifest.json               counts, dtype, tokenizer hash + special ids, SHA-256s
-    tasks/math.jsonl, tasks/stories.jsonl   (embedded corpus only) held-out task documents for evaluation
+    tasks/{math,stories,arith,quests}.jsonl (embedded corpus only) held-out task documents, ``heldout``
+                                       per task; no training document has the text of one of them
+    embedded.json                      (embedded corpus only) the generator's version and counts: a
+                                       ``--skip-existing`` run reuses the output only when they match
 """
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
-from .corpus import embedded_corpus, read_documents, write_jsonl
+from .corpus import CORPUS_VERSION, embedded_corpus, read_documents, split_heldout, write_jsonl
 from .indexed import DataError, write_indexed
 from .tokenizer import Tokenizer
 
@@ -30,18 +35,22 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], add_bos: bool = Tru
 
 def prepare(out: str | Path, texts: list[str] | None = None, *, tokenizer_path: str | None = None,
             vocab_size: int = 2048, num_math: int = 12000, num_stories: int = 12000, seed: int = 0,
-            heldout: int = 200, log=print) -> dict:
-    """Build (or reuse) the tokenizer and write ``out/corpus.{bin,idx}``; returns the manifest."""
+            heldout: int = 128, num_arith: int | None = None, num_quests: int | None = None, log=print) -> dict:
+    """Build (or reuse) the tokenizer and write ``out/corpus.{bin,idx}``; returns the manifest.
+
+    Embedded corpus: ``num_arith`` defaults to ``num_math`` and ``num_quests`` to 2/3 of ``num_stories``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    spec = None
     if texts is None:
-        docs = embedded_corpus(num_math, num_stories, seed)
-        held, docs = docs[:heldout], docs[heldout:]
-        write_jsonl([d for d in held if d["task"] == "math"], out / "tasks" / "math.jsonl")
-        write_jsonl([d for d in held if d["task"] == "story"], out / "tasks" / "stories.jsonl")
+        spec = embedded_spec(num_math, num_stories, seed, heldout, num_arith, num_quests)
+        docs = embedded_corpus(num_math, num_stories, seed, spec["num_arith"], spec["num_quests"])
+        held, docs = split_heldout(docs, heldout)
+        for task, fname in TASK_FILES.items():
+            write_jsonl(held.get(task, []), out / "tasks" / fname)
         texts = [d["text"] for d in docs]
-        log(f"generated {len(texts)} documents (+{heldout} held out for tasks) in {time.time() - t0:.1f}s")
+        log(f"generated {len(texts)} documents (+{heldout} held out per task) in {time.time() - t0:.1f}s")
     if not texts:
         raise DataError("the input holds no documents")
     if tokenizer_path:
@@ -51,12 +60,36 @@ def prepare(out: str | Path, texts: list[str] | None = None, *, tokenizer_path: 
         tok = Tokenizer.train(texts, vocab_size=vocab_size)
         log(f"trained byte-level BPE, vocab {tok.vocab_size}, in {time.time() - t1:.1f}s")
     tok.save(out / "tokenizer.json")
+    stale = out / "cache"      # megatron-core's index cache is keyed by the path, not the content: a rewritten
+    if stale.is_dir():         # corpus with the old cache would index the old documents' offsets
+        shutil.rmtree(stale)
     t2 = time.time()
     info = {"hash": tok.hash, "vocab_size": tok.vocab_size, "special_ids": tok.special_ids}
     manifest = write_indexed(out / "corpus", encode_documents(tok, texts), tok.vocab_size, info)
     log(f"wrote {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
         f"({manifest['dtype']}) to {out / 'corpus'}.bin/.idx in {time.time() - t2:.1f}s")
+    if spec is not None:
+        (out / "embedded.json").write_text(json.dumps(spec, indent=1))
     return manifest
+
+
+TASK_FILES = {"math": "math.jsonl", "story": "stories.jsonl", "arith": "arith.jsonl", "quest": "quests.jsonl"}
+
+
+def embedded_spec(num_math: int, num_stories: int, seed: int, heldout: int, num_arith: int | None = None,
+                  num_quests: int | None = None) -> dict:
+    """What identifies an embedded corpus (written to ``embedded.json``, compared by ``--skip-existing``)."""
+    return {"version": CORPUS_VERSION, "num_math": num_math, "num_stories": num_stories, "seed": seed,
+            "heldout": heldout, "num_arith": num_math if num_arith is None else num_arith,
+            "num_quests": num_stories * 2 // 3 if num_quests is None else num_quests}
+
+
+def embedded_is_current(out: str | Path, spec: dict) -> bool:
+    f = Path(out) / "embedded.json"
+    try:
+        return json.loads(f.read_text()) == spec
+    except (OSError, ValueError):
+        return False
 
 
 def prepare_from_files(out: str | Path, inputs: list[str], json_key: str = "text", **kw) -> dict:
@@ -64,4 +97,4 @@ def prepare_from_files(out: str | Path, inputs: list[str], json_key: str = "text
     return prepare(out, texts, **kw)
 
 
-__all__ = ["prepare", "prepare_from_files", "encode_documents"]
+__all__ = ["prepare", "prepare_from_files", "encode_documents", "embedded_spec", "embedded_is_current", "TASK_FILES"]

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from . import masks as M
-from .orders import invert, move_eos_last, permute, sample_order
+from .orders import (hitting_times, invert, move_eos_last, order_from_times, permute, sample_exponentials,
+                     sample_order)
 from .schedules import LinearSchedule, StaggeredSchedule
 
 OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
@@ -236,6 +237,13 @@ class SetDLMObjective(Objective):
 
     ``keep_clean_bos`` pins position 0 first (it is in the training loss and dropped from the eval
     loss); ``eos_last`` moves target EOS tokens to the end of the target order.
+
+    ``fim_rate`` (not in the paper; method.md 11): in training, that fraction of the rows is reordered
+    for fill-in-the-middle. Per row draw a middle start a ~ U{1..L-2}, a middle length m ~ U{1..fim_max_middle}
+    and a span length s ~ U{1..fim_max_suffix}; the prefix [0, a) and the span [a+m, a+m+s) are revealed
+    first, in position order (first-hitting time +inf: exactly the causal position-order prefill of an
+    infilling prompt), then every other token in the staggered order. The order stays a permutation, so
+    the loss is still an any-order NLL (every token is scored); only the rows it draws change.
     """
 
     name = "setdlm"
@@ -243,13 +251,18 @@ class SetDLMObjective(Objective):
 
     def __init__(self, mask_id: int, D: int, S_max: int | None = None, k: float | None = None,
                  b: float | None = None, keep_clean_bos: bool = False, eos_last: bool = False,
-                 eos_id: int | None = None):
+                 eos_id: int | None = None, fim_rate: float = 0.0, fim_max_middle: int = 48,
+                 fim_max_suffix: int = 24):
         super().__init__(mask_id, "unweighted")
         self.D, self.S_max = int(D), (2 * int(D) if S_max is None else int(S_max))
         self.k, self.b = k, b
         self.keep_clean_bos, self.eos_last, self.eos_id = keep_clean_bos, eos_last, eos_id
         if eos_last and eos_id is None:
             raise ValueError("eos_last needs eos_id")
+        if not 0.0 <= fim_rate <= 1.0 or fim_max_middle < 1 or fim_max_suffix < 1:
+            raise ValueError(f"fim_rate must be in [0, 1] and fim_max_middle / fim_max_suffix >= 1, got "
+                             f"{fim_rate}, {fim_max_middle}, {fim_max_suffix}")
+        self.fim_rate, self.fim_max_middle, self.fim_max_suffix = float(fim_rate), int(fim_max_middle), int(fim_max_suffix)
 
     def schedule(self, L: int) -> StaggeredSchedule:
         return self._cached(("sched", L), lambda: StaggeredSchedule.create(L, self.D, self.S_max, self.k, self.b))
@@ -261,10 +274,29 @@ class SetDLMObjective(Objective):
         if self.keep_clean_bos:
             permutable = permutable.clone()
             permutable[:, 0] = False
-        perm = sample_order(self.schedule(tokens.shape[1]), permutable, generator)
+        if self.fim_rate > 0 and training:
+            e = sample_exponentials(permutable.shape, generator=generator, device=permutable.device)
+            times = hitting_times(self.schedule(tokens.shape[1]), e, permutable)
+            pinned = self.fim_pinned(permutable, generator)
+            perm = order_from_times(torch.where(pinned, torch.full_like(times, float("inf")), times))
+        else:
+            perm = sample_order(self.schedule(tokens.shape[1]), permutable, generator)
         if self.eos_last and training:
             perm = move_eos_last(perm, tokens, target, padding, self.eos_id)
         return perm
+
+    def fim_pinned(self, permutable: torch.Tensor, generator=None) -> torch.Tensor:
+        """[B, L] bool: the prefix and span revealed first in the rows drawn for fill-in-the-middle."""
+        B, L = permutable.shape
+        dev = permutable.device
+        u = torch.rand(B, 4, generator=generator, device=dev)
+        a = 1 + (u[:, 1] * max(L - 2, 1)).long()
+        m = 1 + (u[:, 2] * self.fim_max_middle).long()
+        n = 1 + (u[:, 3] * self.fim_max_suffix).long()
+        pos = torch.arange(L, device=dev)[None]
+        lo, hi = (a + m)[:, None], (a + m + n)[:, None]
+        pinned = (pos < a[:, None]) | ((pos >= lo) & (pos < hi))
+        return pinned & permutable & (u[:, :1] < self.fim_rate) & (lo < L)
 
     def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True, perm=None):
         context, padding, target = _batch_masks(tokens, context, padding)
@@ -325,7 +357,8 @@ def build_inputs_per_sample(objective: Objective, tokens: torch.Tensor, sample_i
 def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
                     S_max: int | None = None, k: float | None = None, b: float | None = None,
                     keep_clean_bos: bool = False, eos_last: bool = False, eos_id: int | None = None,
-                    loss_weighting: str = "unweighted", t_eps: float = 1e-3) -> Objective:
+                    loss_weighting: str = "unweighted", t_eps: float = 1e-3, fim_rate: float = 0.0,
+                    fim_max_middle: int = 48, fim_max_suffix: int = 24) -> Objective:
     """Factory by name: 'ar' | 'mdlm' | 'bd3lm' | 'setdlm'."""
     if name == "ar":
         return ARObjective(mask_id)
@@ -334,7 +367,8 @@ def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
     if name == "bd3lm":
         return BD3LMObjective(mask_id, block_size, loss_weighting, t_eps)
     if name == "setdlm":
-        return SetDLMObjective(mask_id, D, S_max, k, b, keep_clean_bos, eos_last, eos_id)
+        return SetDLMObjective(mask_id, D, S_max, k, b, keep_clean_bos, eos_last, eos_id, fim_rate, fim_max_middle,
+                              fim_max_suffix)
     raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
 
 

@@ -1,191 +1,193 @@
-"""The speed-quality frontier: AR, MDLM, BD3LM (several S) and SetDLM (several D) at one model size and
-token budget, each decoded with a sweep of sampler settings; plus the infilling comparison.
+"""The comparison behind the paper's claims: models of one size and token budget, each decoded with a
+sweep of sampler settings on the embedded tasks, plus infilling and likelihood tables.
 
-For every method a model of the same size is trained for the same number of steps (``pretrain.py``
-subprocesses, resumable: a finished model is reused). Each (model, sampler setting) point decodes the
-held-out math problems and records exact-match accuracy, arithmetic-step accuracy, tokens/s, NFE and
-tokens per step:
+A *model spec* is a dict: ``objective`` (ar | mdlm | bd3lm | setdlm) and any of ``D``, ``block_size``,
+``fim_rate`` (objective fields), ``seed`` (``train.seed``: initialisation and noise; the data order is
+the same for every model) and ``zero_init_head`` (``model.zero_init_head``). Each model is trained by a
+``pretrain.py`` subprocess into ``<out>/models/<tag>`` and reused when its ``summary.json`` shows the
+requested steps. Math points (one per model and setting; exact match on the held-out arithmetic
+problems, greedy, the reference's protocol of method.md 5):
 
-    AR       greedy, one token per step (cached)
+    AR       one token per step (cached)
     MDLM     semi-autoregressive blocks of 32, tau in taus (top-1 + tau commits per step)
     BD3LM(S) blocks of S with the block KV cache, tau in taus
     SetDLM(D) window W in {D, 2D}, tau in taus (tau > 1: one token per step)
 
-Outputs: ``frontier.csv`` (one row per point), ``frontier.png`` (accuracy against tokens/s, one curve per
-method; the step accuracy in a second panel), ``infill.csv`` (story infilling: SetDLM and BD3LM with
-both sides, AR with the left context only) and ``summary.json`` with SetDLM's tokens/s at BD3LM's best
-accuracy.
+Infilling (``infill_rows``): the reference's infill preset (tau 1e6, repetition penalty 1.2, W = 2D, the
+prefix and suffix prefilled), oracle span length; AR and every method's "left only" row see the prefix
+only. Likelihood (``likelihood_rows``): validation NLL per token with the method's own estimator (AR
+exact, SetDLM one-order and K-order bounds, MDLM / BD3LM NELBO). Weights: EMA when the checkpoint has it.
 """
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .sweep import write_csv
-
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class FrontierConfig:
-    out_dir: str = "runs/frontier"
-    base_config: str = "configs/tiny_cpu.yaml"
-    overrides: list = field(default_factory=lambda: ["train.eval_interval=0", "logging.wandb=disabled",
-                                                     "logging.progress=false"])
-    train_steps: int = 500
-    methods: list = field(default_factory=lambda: [
-        {"objective": "ar"}, {"objective": "mdlm"}, {"objective": "bd3lm", "block_size": 4},
-        {"objective": "bd3lm", "block_size": 16}, {"objective": "setdlm", "D": 2},
-        {"objective": "setdlm", "D": 4}, {"objective": "setdlm", "D": 8}])
-    taus: list = field(default_factory=lambda: [0.5, 0.7, 0.9, 2.0])
-    limit: int = 48                      # math problems per point
-    infill_limit: int = 48
-    max_new_tokens: int = 96
-    batch_size: int = 8
+_FIELD = {"D": "objective.D", "block_size": "objective.block_size", "fim_rate": "objective.fim_rate",
+          "seed": "train.seed", "zero_init_head": "model.zero_init_head"}
+_SHORT = {"block_size": "S", "fim_rate": "fim", "zero_init_head": "zh", "seed": "s"}
 
 
 def method_tag(m: dict) -> str:
-    extra = "".join(f"_{k}{v}" for k, v in sorted(m.items()) if k != "objective")
+    extra = "".join(f"_{_SHORT.get(k, k)}{v}" for k, v in sorted(m.items()) if k != "objective")
     return f"{m['objective']}{extra}"
 
 
 def method_label(m: dict) -> str:
-    if m["objective"] == "bd3lm":
-        return f"BD3LM (S={m['block_size']})"
-    if m["objective"] == "setdlm":
-        return f"SetDLM (D={m['D']})"
-    return m["objective"].upper()
+    """The method without seed: 'SetDLM (D=4)', 'SetDLM (D=4) + FIM', 'BD3LM (S=4)', 'AR', 'MDLM'."""
+    o = m["objective"]
+    label = {"bd3lm": f"BD3LM (S={m.get('block_size')})", "setdlm": f"SetDLM (D={m.get('D')})"}.get(o, o.upper())
+    if m.get("fim_rate"):
+        label += f" + FIM {m['fim_rate']}"
+    if "zero_init_head" in m:
+        label += " zero head" if m["zero_init_head"] else " normal head"
+    return label
 
 
-def train_models(fc: FrontierConfig, log=print) -> dict:
-    """Train (or reuse) one model per method; returns {tag: checkpoint dir}."""
-    out = {}
-    for m in fc.methods:
-        tag = method_tag(m)
-        save = Path(fc.out_dir) / "models" / tag
-        over = [f"objective.name={m['objective']}", f"train.train_steps={fc.train_steps}", f"train.save_dir={save}",
-                *(f"objective.{k}={v}" for k, v in m.items() if k != "objective")]
-        summary = save / "summary.json"
-        done = summary.is_file() and json.loads(summary.read_text()).get("final_step") == fc.train_steps
-        if not done:
-            log(f"training {tag} ({fc.train_steps} steps)")
-            save.mkdir(parents=True, exist_ok=True)
-            t = time.perf_counter()
-            with open(save / "train.log", "a") as f:
-                p = subprocess.run([sys.executable, "pretrain/pretrain.py", "--config", fc.base_config,
-                                    *fc.overrides, *over], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-            if p.returncode != 0:
-                raise RuntimeError(f"training {tag} failed (exit {p.returncode}); see {save / 'train.log'}")
-            log(f"  {tag}: {time.perf_counter() - t:.0f}s, val loss {json.loads(summary.read_text())['final_val_loss']}")
-        out[tag] = save
-    return out
+def train_overrides(m: dict) -> list[str]:
+    return [f"objective.name={m['objective']}", *(f"{_FIELD[k]}={v}" for k, v in m.items() if k != "objective")]
+
+
+def train_model(m: dict, steps: int, out_dir: Path, base_config: str, overrides: list[str], log=print) -> dict:
+    """Train (or reuse) one model; returns {tag, dir, seconds (of the run that trained it), reused}."""
+    tag = method_tag(m)
+    save = Path(out_dir) / "models" / tag
+    summary, timing = save / "summary.json", save / "train_time.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("final_step") == steps and timing.is_file():
+        return {"tag": tag, "dir": save, "seconds": json.loads(timing.read_text())["seconds"], "reused": True}
+    log(f"training {tag} ({steps} steps)")
+    save.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    cmd = [sys.executable, str(ROOT / "pretrain" / "pretrain.py"), "--config", base_config, *overrides,
+           *train_overrides(m), f"train.train_steps={steps}", f"train.save_dir={save}"]
+    with open(save / "train.log", "a") as f:
+        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        raise RuntimeError(f"training {tag} failed (exit {p.returncode}); see {save / 'train.log'}")
+    seconds = time.perf_counter() - t
+    timing.write_text(json.dumps({"seconds": seconds, "command": cmd}))
+    log(f"  {tag}: {seconds:.0f}s, val loss {json.loads(summary.read_text())['final_val_loss']}")
+    return {"tag": tag, "dir": save, "seconds": seconds, "reused": False}
+
+
+def val_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, validation loss) pairs from a run's metrics.jsonl (the last entry per step)."""
+    pts = {}
+    f = Path(run_dir) / "metrics.jsonl"
+    for line in f.read_text().splitlines() if f.is_file() else []:
+        row = json.loads(line)
+        if "val/loss" in row:
+            pts[row["step"]] = row["val/loss"]
+    return sorted(pts.items())
 
 
 def settings(m: dict, taus: list) -> list[dict]:
     if m["objective"] == "ar":
-        return [{"tau": 2.0}]
+        return [{"tau": 1e6}]
     if m["objective"] == "setdlm":
         return [{"window": w, "tau": t} for w in (m["D"], 2 * m["D"]) for t in taus]
     return [{"tau": t} for t in taus]
 
 
-def evaluate_points(fc: FrontierConfig, models: dict, task_dir: str, log=print, progress=None) -> list[dict]:
+def _loaded(run_dir):
     from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference import GenerationConfig
 
-    from .tasks import load_task, math_accuracy
-
-    rows_math = load_task(task_dir, "math", fc.limit)
-    points = []
-    for m in fc.methods:
-        model, objective, tok, cfg = load_model(models[method_tag(m)])
-        L = cfg.data.seq_length
-        for s in settings(m, fc.taus):
-            gc = GenerationConfig(max_new_tokens=fc.max_new_tokens, window=s.get("window", cfg.objective.D),
-                                  tau=s["tau"], block_size=m.get("block_size", 32))
-            r = math_accuracy(model, tok, m["objective"], rows_math, gc, L, fc.batch_size)
-            row = {"method": method_label(m), "tag": method_tag(m), **{k: v for k, v in m.items()}, **s,
-                   "accuracy": r["accuracy"], "step_accuracy": r["step_accuracy"], "tokens_per_s": r["tokens_per_s"],
-                   "tokens_per_step": r["tokens_per_step"], "nfe": r["nfe"], "n": r["n"]}
-            points.append(row)
-            log(f"  {row['method']:<16} {s}: acc {row['accuracy']:.3f}, step acc {row['step_accuracy']:.3f}, "
-                f"{row['tokens_per_s']:.0f} tok/s, {row['tokens_per_step']:.2f} tok/step")
-            if progress:
-                progress(1)
-    return points
+    return load_model(run_dir)
 
 
-def infill_table(fc: FrontierConfig, models: dict, task_dir: str) -> list[dict]:
-    from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference import GenerationConfig
+def math_points(m: dict, run_dir, rows: list[dict], taus: list, max_new_tokens: int, batch_size: int,
+                progress=None) -> list[dict]:
+    from setdiff_mega.inference.options import generation_config
 
-    from .tasks import load_task, story_infill
+    from .tasks import math_accuracy
 
-    stories = load_task(task_dir, "stories", fc.infill_limit)
-    rows = []
-    for m in fc.methods:
-        if m["objective"] == "mdlm":
-            continue
-        model, objective, tok, cfg = load_model(models[method_tag(m)])
-        gc = GenerationConfig(max_new_tokens=fc.max_new_tokens, window=cfg.objective.D, tau=0.9,
-                              block_size=m.get("block_size", 32))
-        left_only = m["objective"] == "ar"
-        r = story_infill(model, tok, m["objective"], stories, gc, cfg.data.seq_length, fc.batch_size,
-                         left_only=left_only)
-        rows.append({"method": method_label(m), "context": "left only" if left_only else "both sides",
-                     "exact_match": r["exact_match"], "rouge_l": r["rouge_l"], "tokens_per_s": r["tokens_per_s"],
-                     "n": r["n"]})
-    return rows
+    model, objective, tok, cfg = _loaded(run_dir)
+    L, out = cfg.data.seq_length, []
+    for s in settings(m, taus):
+        gc = generation_config(cfg.objective, L, None, {"max_new_tokens": max_new_tokens, **s})
+        r = math_accuracy(model, tok, objective, rows, gc, L, batch_size)
+        out.append({"method": method_label(m), "tag": method_tag(m), **m, "window": s.get("window"),
+                    "tau": s["tau"], "weights": model.weights_kind, "accuracy": r["accuracy"],
+                    "step_accuracy": r["step_accuracy"], "tokens_per_s": r["tokens_per_s"],
+                    "tokens_per_step": r["tokens_per_step"], "nfe": r["nfe"], "n": r["n"]})
+        if progress:
+            progress(1)
+    return out
+
+
+def infill_rows(m: dict, run_dir, task_rows: dict, batch_size: int) -> list[dict]:
+    """Both sides (not for AR) and left only, for every infilling task in ``task_rows`` {task: rows}."""
+    from setdiff_mega.inference.options import generation_config
+
+    from .tasks import story_infill
+
+    model, objective, tok, cfg = _loaded(run_dir)
+    L = cfg.data.seq_length
+    gc = generation_config(cfg.objective, L, "infill", {"max_new_tokens": 64})
+    out = []
+    for task, rows in task_rows.items():
+        for left in ((True,) if m["objective"] == "ar" else (False, True)):
+            r = story_infill(model, tok, objective, rows, gc, L, batch_size, left_only=left, task=task)
+            out.append({"task": task, "method": method_label(m), "tag": method_tag(m), **m,
+                        "context": "left only" if left else "both sides", "exact_match": r["exact_match"],
+                        "rouge_l": r["rouge_l"], "tokens_per_s": r["tokens_per_s"], "n": r["n"],
+                        "example": r["examples"][0]["generated"] if r["examples"] else ""})
+    return out
+
+
+def likelihood_rows(m: dict, run_dir, sequences: int, orders: int) -> dict:
+    from .likelihood import split_nll
+
+    model, objective, tok, cfg = _loaded(run_dir)
+    r = split_nll(model, objective, tok, cfg, None, sequences, orders)
+    estimator = {"ar": "exact", "setdlm": "any-order bound"}.get(m["objective"], "NELBO")
+    row = {"method": method_label(m), "tag": method_tag(m), **m, "estimator": estimator,
+           "nll_per_token": r["nll_per_token"], "tokens": r["tokens"], "orders": orders}
+    if m["objective"] == "setdlm":
+        one = split_nll(model, objective, tok, cfg, None, sequences, 1)
+        row.update(nll_one_order=one["nll_per_token"], nll_k_orders=r["nll_per_token_lme"])
+    return row
+
+
+def aggregate(rows: list[dict], keys: tuple, metrics: tuple) -> list[dict]:
+    """Mean (and sample standard deviation over seeds, when there are >= 2) of ``metrics`` per ``keys``."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        row = dict(zip(keys, key), seeds=len(rs))
+        for mt in metrics:
+            vals = [float(r[mt]) for r in rs]
+            row[mt] = statistics.fmean(vals)
+            row[mt + "_sd"] = statistics.stdev(vals) if len(vals) > 1 else None
+        out.append(row)
+    return out
 
 
 def summarise(points: list[dict]) -> dict:
-    """SetDLM's best tokens/s among points at least as accurate as BD3LM's best point (per metric)."""
+    """SetDLM's fastest setting at least as accurate as BD3LM's most accurate one (seed means)."""
     out = {}
     for metric in ("accuracy", "step_accuracy"):
         bd = [p for p in points if p["objective"] == "bd3lm"]
-        sd = [p for p in points if p["objective"] == "setdlm"]
+        sd = [p for p in points if p["objective"] == "setdlm" and not p.get("fim_rate")]
         if not bd or not sd:
             continue
         best = max(bd, key=lambda p: (p[metric], p["tokens_per_s"]))
         match = [p for p in sd if p[metric] >= best[metric]]
-        entry = {"bd3lm_best": {k: best[k] for k in ("method", "tau", metric, "tokens_per_s")}}
-        if match:
-            fast = max(match, key=lambda p: p["tokens_per_s"])
-            entry["setdlm_fastest_at_least_as_accurate"] = {k: fast.get(k) for k in ("method", "window", "tau", metric,
-                                                                                     "tokens_per_s")}
-            entry["speedup"] = fast["tokens_per_s"] / best["tokens_per_s"]
-        else:
-            entry["setdlm_fastest_at_least_as_accurate"] = None
+        entry = {"bd3lm_best": {k: best.get(k) for k in ("method", "tau", metric, "tokens_per_s")}}
+        fast = max(match, key=lambda p: p["tokens_per_s"]) if match else None
+        entry["setdlm_fastest_at_least_as_accurate"] = None if fast is None else {
+            k: fast.get(k) for k in ("method", "window", "tau", metric, "tokens_per_s")}
+        entry["speedup"] = None if fast is None else fast["tokens_per_s"] / best["tokens_per_s"]
         out[metric] = entry
     return out
 
 
-def plot(points: list[dict], path: Path, title: str = "") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), dpi=120)
-    for ax, metric, name in ((axes[0], "accuracy", "math exact-match accuracy"),
-                             (axes[1], "step_accuracy", "arithmetic-step accuracy")):
-        for label in dict.fromkeys(p["method"] for p in points):
-            sel = sorted((p for p in points if p["method"] == label), key=lambda p: p["tokens_per_s"])
-            ax.plot([p["tokens_per_s"] for p in sel], [p[metric] for p in sel], "o-", lw=1.2, ms=4, label=label)
-        ax.set_xlabel("decoding tokens/s (batch of 8, 2 CPU cores)")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-    axes[0].set_title(title)
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-__all__ = ["FrontierConfig", "train_models", "evaluate_points", "infill_table", "summarise", "plot", "write_csv",
-           "settings", "method_tag"]
+__all__ = ["method_tag", "method_label", "train_model", "val_curve", "settings", "math_points", "infill_rows",
+           "likelihood_rows", "aggregate", "summarise"]

@@ -123,4 +123,35 @@ def text_nll(model, objective, tokenizer, texts: list[str], L: int, samples: int
             "tokens": int(n), "sequences": len(chunks), "nll_sum": total}
 
 
-__all__ = ["sequence_nll", "text_nll", "chunk_documents", "pad_batch", "elbo_objective"]
+def split_nll(model, objective, tok, cfg, path: str | None = None, max_sequences: int = 256, orders: int = 1,
+              seed: int = 0, batch_size: int = 8, split: str = "valid", progress=None) -> dict:
+    """NLL on a split of an indexed dataset (default: the checkpoint's data, split and seed), each sample
+    wrapped like the checkpoint's training samples."""
+    from setdiff_mega.data.loader import build_splits, wrap_ids
+
+    path = path or cfg.data.path
+    n = max_sequences
+    splits = dict(zip(("train", "valid", "test"), build_splits(path, tok, cfg.data.seq_length, cfg.data.split,
+                                                               cfg.data.seed, (n, n, n), cfg.data.cache_dir)))
+    data = splits[split]
+    if data is None or len(data) == 0:
+        raise ValueError(f"'{path}' has no {split} split (data.split={cfg.data.split}); pass --text")
+    wrap = wrap_ids(cfg.data, tok)
+    total = total_lme = count = 0.0
+    m = min(n, len(data))
+    for j in range(0, m, batch_size):
+        idx = range(j, min(j + batch_size, m))
+        tokens = torch.stack([torch.as_tensor(data[i]["tokens"]) for i in idx]).long()
+        if wrap is not None:                 # the checkpoint was trained (and validated) on wrapped chunks
+            tokens[:, 0], tokens[:, -1] = wrap
+        r = sequence_nll(model, objective, tokens, samples=orders, seed=seed, row_ids=idx)
+        total, total_lme, count = total + float(r["nll"].sum()), total_lme + float(r["nll_lme"].sum()), \
+            count + float(r["count"].sum())
+        if progress:
+            progress(len(idx))
+    nll = total / max(count, 1.0)
+    return {"source": str(path), "split": split, "sequences": m, "tokens": int(count), "nll_per_token": nll,
+            "nll_per_token_lme": total_lme / max(count, 1.0), "ppl": math.exp(min(nll, 50)), "orders": orders}
+
+
+__all__ = ["sequence_nll", "text_nll", "split_nll", "chunk_documents", "pad_batch", "elbo_objective"]

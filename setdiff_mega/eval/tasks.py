@@ -3,10 +3,13 @@
 * math (``tasks/math.jsonl``): prompt ``"Question: {question}\\nAnswer:"``; the answer is the number after
   the last ``####`` of the generation (or, without one, its last number); exact match against ``answer``.
   ``step_accuracy``: the fraction of the generated arithmetic steps ``a op b = c`` that are correct.
+* arith (``tasks/arith.jsonl``): the learnable math level, scored like math.
 * stories (``tasks/stories.jsonl``): the middle sentence of a five-sentence story is masked with its
   true token length (oracle span, as in the paper's infilling evaluation); exact match and ROUGE-L F1
   of the infilled sentence. ``left_only`` gives the sampler only the prefix (what an AR model can use)
   and decodes the same number of tokens, for the infilling comparison.
+* quests (``tasks/quests.jsonl``): the suffix-dependent task (infill-3 layout): sentences 2-4 masked,
+  sentence 1 left, sentence 5 (which alone names the goal) right; scored the same way.
 
 Examples that do not fit the model's context are skipped and counted (``skipped_too_long``). Every
 task result also reports tokens/s, NFE (model calls) and tokens per step of the decoding.
@@ -100,16 +103,21 @@ def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_
                           "correct": c} for r, o, c in list(zip(rows, out, correct))[:3]]}
 
 
+INFILL_TASKS = {"stories": ("story_infill", (2, 3)), "quests": ("quest_infill", (1, 4))}
+
+
 def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
-                 left_only: bool = False, progress=None) -> dict:
+                 left_only: bool = False, progress=None, task: str = "stories") -> dict:
+    """Infill sentences [lo, hi) of each row (``task``: stories = the middle sentence, quests = 2-4)."""
     import dataclasses
 
     from setdiff_mega.inference import generate
 
+    name, (lo, hi) = INFILL_TASKS[task]
     reqs, refs, spans = [], [], []
     for r in rows:
         s = r["sentences"]
-        prefix, middle, suffix = " ".join(s[:2]), " " + s[2], " " + " ".join(s[3:])
+        prefix, middle, suffix = " ".join(s[:lo]), " " + " ".join(s[lo:hi]), " " + " ".join(s[hi:])
         span = len(tok.encode(middle))
         need = len(tok.encode(prefix)) + span + 2 + (0 if left_only else len(tok.encode(suffix)))
         if need > context:                       # does not fit the model's context
@@ -134,9 +142,9 @@ def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_s
     em = [p.strip() == ref for p, ref in zip(preds, refs)]
     rl = [rouge_l(p, ref) for p, ref in zip(preds, refs)]
     n = len(reqs)
-    return {"task": "story_infill" + ("_left_only" if left_only else ""), "n": n, "skipped_too_long": skipped,
+    return {"task": name + ("_left_only" if left_only else ""), "n": n, "skipped_too_long": skipped,
             "exact_match": sum(em) / max(n, 1), "rouge_l": sum(rl) / max(n, 1), **_speed(out),
             "examples": [{"reference": ref, "generated": p} for ref, p in list(zip(refs, preds))[:3]]}
 
 
-__all__ = ["extract_answer", "equation_counts", "rouge_l", "load_task", "math_accuracy", "story_infill"]
+__all__ = ["extract_answer", "equation_counts", "rouge_l", "load_task", "math_accuracy", "story_infill", "INFILL_TASKS"]

@@ -43,7 +43,8 @@ def objective_from_config(cfg: RunConfig, tokenizer: Tokenizer):
     o = cfg.objective
     return build_objective(o.name, tokenizer.mask, block_size=o.block_size, D=o.D, S_max=o.S_max, k=o.k,
                            b=o.b, keep_clean_bos=o.keep_clean_bos, eos_last=o.eos_last,
-                           eos_id=tokenizer.eos, loss_weighting=o.loss_weighting, t_eps=o.t_eps)
+                           eos_id=tokenizer.eos, loss_weighting=o.loss_weighting, t_eps=o.t_eps,
+                           fim_rate=o.fim_rate, fim_max_middle=o.fim_max_middle, fim_max_suffix=o.fim_max_suffix)
 
 
 def resolve_tokenizer(cfg: RunConfig) -> Tokenizer:

@@ -1,0 +1,221 @@
+"""The reproduction's outputs: CSVs, PNGs and the ``docs/results.md`` section (see :mod:`.reproduce`).
+
+Files under ``assets``: ``math_points.csv`` (one row per model and sampler setting), ``math_frontier.csv``
+(seed means and standard deviations), ``infill.csv``, ``likelihood.csv``, ``training.csv`` and
+``study.csv`` (final validation losses, raw and EMA, and training seconds), ``frontier.png`` (accuracy
+against tokens/s and against tokens per step, one curve per method), ``infill.png`` (exact-match bars),
+``curves.png`` (validation loss against step: the main models, and the head study with and without the
+zero-initialised head). The report section sits between ``<!-- reproduce:begin -->`` and
+``<!-- reproduce:end -->`` in the report file; the rest of the file is kept.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from . import frontier as F
+from .sweep import write_csv
+
+BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
+
+
+def training_rows(trained: list[dict], steps: int) -> list[dict]:
+    rows = []
+    for t in trained:
+        s = json.loads((Path(t["dir"]) / "summary.json").read_text())
+        curve = F.val_curve(t["dir"])
+        rows.append({"method": F.method_label(t["spec"]), "tag": t["tag"], **t["spec"], "steps": steps,
+                     "final_val_loss": s["final_val_loss"], "final_val_loss_ema": s.get("final_val_loss_ema"),
+                     "train_seconds": round(t["seconds"], 1), "reused": t["reused"],
+                     "first_step_below_2": next((st for st, v in curve if v < 2.0), None),
+                     "parameters": s.get("num_parameters")})
+    return rows
+
+
+def machine_meta(command: str, wall: float, train_wall: float, from_scratch: float, reused: bool, rc) -> dict:
+    import torch
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=F.ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"command": command, "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}, Python "
+                       f"{platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+            "wall_s": round(wall, 1), "train_wall_s": round(train_wall, 1), "from_scratch_s": round(from_scratch, 1),
+            "models_reused": reused, "train_steps": rc.train_steps, "study_steps": rc.study_steps,
+            "seeds": rc.seeds, "taus": rc.taus, "limit": rc.limit, "infill_limit": rc.infill_limit,
+            "base_config": rc.base_config, "overrides": rc.overrides}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_frontier(frontier: list[dict], path: Path) -> Path:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), dpi=120)
+    for ax, x, name in ((axes[0], "tokens_per_s", "decoding tokens/s (batch 8)"),
+                        (axes[1], "tokens_per_step", "tokens per step (parallelism)")):
+        for label in dict.fromkeys(p["method"] for p in frontier):
+            sel = sorted((p for p in frontier if p["method"] == label), key=lambda p: p[x])
+            ax.plot([p[x] for p in sel], [p["accuracy"] for p in sel], "o-", lw=1.2, ms=4, label=label)
+        ax.set_xlabel(name)
+        ax.set_ylabel("arithmetic exact match (seed mean)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_infill(infill: list[dict], path: Path) -> Path:
+    plt = _plt()
+    tasks = list(dict.fromkeys(r["task"] for r in infill))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.3), dpi=120, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        rows = [r for r in infill if r["task"] == task]
+        labels = [f"{r['method']}\n{r['context']}" for r in rows]
+        ax.bar(range(len(rows)), [r["exact_match"] for r in rows],
+               color=["tab:gray" if r["context"] == "left only" else "tab:blue" for r in rows])
+        ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=6)
+        ax.set_ylabel("exact match (seed mean)")
+        ax.set_title(task)
+        ax.set_ylim(0, 1)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(main: list[dict], study: list[dict], path: Path) -> Path:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), dpi=120)
+    for ax, runs, title in ((axes[0], main, "main models"), (axes[1], study, "head study")):
+        for t in runs:
+            c = F.val_curve(t["dir"])
+            style = "--" if t["spec"].get("zero_init_head") else "-"
+            ax.plot([s for s, _ in c], [v for _, v in c], style, lw=1, label=t["tag"])
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation loss")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=5, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_assets(results: dict, main: list[dict], study: list[dict], assets: Path) -> dict:
+    assets.mkdir(parents=True, exist_ok=True)
+    frontier = F.aggregate(results["points"], ("method", "objective", "D", "block_size", "fim_rate", "window", "tau"),
+                           ("accuracy", "step_accuracy", "tokens_per_s", "tokens_per_step"))
+    infill = F.aggregate(results["infill"], ("task", "method", "objective", "fim_rate", "context"),
+                         ("exact_match", "rouge_l", "tokens_per_s"))
+    results["frontier"], results["infill_means"] = frontier, infill
+    files = {"math_points.csv": results["points"], "math_frontier.csv": frontier, "infill.csv": infill,
+             "likelihood.csv": results["likelihood"], "training.csv": results["training"],
+             "study.csv": results["study"], "claims.csv": results["claims"]}
+    for name, rows in files.items():
+        write_csv([{k: v for k, v in r.items() if k != "example"} for r in rows], assets / name)
+    plot_frontier(frontier, assets / "frontier.png")
+    plot_infill(infill, assets / "infill.png")
+    plot_curves(main, study, assets / "curves.png")
+    return {"dir": assets, "names": [*files, "frontier.png", "infill.png", "curves.png"]}
+
+
+def _f(v, nd=3):
+    return "" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+
+def _pm(r, k, nd=3):
+    sd = r.get(k + "_sd")
+    return _f(r[k], nd) + (f" ± {sd:.{nd}f}" if sd is not None else "")
+
+
+def _table(head: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
+
+
+def _study_table(study: list[dict]) -> list[list]:
+    groups: dict = {}
+    for r in study:
+        groups.setdefault((F.method_label({k: v for k, v in r.items() if k in ("objective", "D", "block_size")}),
+                           r["zero_init_head"]), []).append(r)
+    rows = []
+    for (label, zh), rs in groups.items():
+        agg = F.aggregate(rs, ("method",), ("final_val_loss",))[0]
+        firsts = [r["first_step_below_2"] for r in rs]
+        rows.append([label, "zero (paper)" if zh else "normal", len(rs), _pm(agg, "final_val_loss"),
+                     ", ".join("never" if f is None else str(f) for f in firsts)])
+    return rows
+
+
+def report_lines(results: dict, files: dict, rel: str) -> list[str]:
+    m = results["meta"]
+    scratch = f"{m['from_scratch_s'] / 60:.1f} min"
+    lines = [BEGIN, "## Reproduction of the paper's claims (`tools/reproduce.py`)", "",
+             "Written by the command below; do not edit by hand (re-run it).", "",
+             f"* Command: `{m['command']}`", f"* Commit: {m['commit']}{' (uncommitted changes)' if m['dirty'] else ''}",
+             f"* Machine: {m['machine']}",
+             f"* Wall time of this run: {m['wall_s'] / 60:.1f} min (training {m['train_wall_s'] / 60:.1f} min"
+             + (", some models reused from an earlier run" if m["models_reused"] else "") + f"); from scratch: {scratch}",
+             f"* Budget: {m['train_steps']} steps per model (head study {m['study_steps']}), seeds {m['seeds']}, "
+             f"{m['limit']} arithmetic problems per point, {m['infill_limit']} stories / quests per infilling row, "
+             f"EMA weights; base `{m['base_config']}` with `{' '.join(m['overrides'])}`", "",
+             "### Claims", ""]
+    lines += _table(["claim", "measured", "holds"], [[c["claim"], c["value"], "yes" if c["holds"] else "**no**"]
+                                                     for c in results["claims"]])
+    lines += ["", "### Training (validation loss at the last step)", ""]
+    lines += _table(["model", "seed", "val loss", "val loss (EMA)", "first eval step < 2.0", "train s"],
+                    [[r["method"], r.get("seed"), _f(r["final_val_loss"], 4), _f(r["final_val_loss_ema"], 4),
+                      r["first_step_below_2"] or "never", r["train_seconds"]] for r in results["training"]])
+    lines += ["", f"### Head study ({m['study_steps']} steps, zero-initialised vs normally initialised output head)", ""]
+    lines += _table(["model", "head", "seeds", "val loss (mean ± sd)", "first eval step < 2.0 per seed"],
+                    _study_table(results["study"]))
+    lines += ["", "### Arithmetic: accuracy against decoding speed (seed means ± sd; greedy; batch 8)", ""]
+    lines += _table(["method", "W", "tau", "exact match", "step accuracy", "tokens/s", "tokens/step"],
+                    [[r["method"], _f(r["window"]), _f(r["tau"], 1) if r["tau"] < 100 else "1e6", _pm(r, "accuracy"),
+                      _f(r["step_accuracy"]), _f(r["tokens_per_s"], 0), _f(r["tokens_per_step"], 2)]
+                     for r in results["frontier"]])
+    lines += ["", "### Infilling (oracle span length; infill preset: tau 1e6, repetition penalty 1.2, W = 2D)", ""]
+    lines += _table(["task", "method", "context", "exact match", "ROUGE-L", "tokens/s"],
+                    [[r["task"], r["method"], r["context"], _pm(r, "exact_match"), _pm(r, "rouge_l"),
+                      _f(r["tokens_per_s"], 0)] for r in results["infill_means"]])
+    lines += ["", "### Likelihood (validation NLL per token; upper bounds except AR)", ""]
+    lines += _table(["model", "seed", "estimator", "NLL/token", "SetDLM one order", "SetDLM K-order bound", "K"],
+                    [[r["method"], r.get("seed"), r["estimator"], _f(r["nll_per_token"], 4), _f(r.get("nll_one_order"), 4),
+                      _f(r.get("nll_k_orders"), 4), r["orders"]] for r in results["likelihood"]])
+    lines += ["", "Plots: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".png"))
+              + "; tables: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".csv")) + ".",
+              "", END]
+    return lines
+
+
+def write_report(results: dict, files: dict, path: Path) -> Path:
+    """Replace (or append) the reproduction section of ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(files["dir"], path.parent)
+    section = "\n".join(report_lines(results, files, rel))
+    text = path.read_text() if path.is_file() else "# Measured results\n"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+    return path
+
+
+__all__ = ["training_rows", "machine_meta", "write_assets", "write_report", "report_lines", "BEGIN", "END"]
