@@ -65,9 +65,9 @@ class ObjectiveConfig:
     block_size: int = 4                          # BD3LM block size S
     keep_clean_bos: bool = False                 # SetDLM: pin position 0 (BOS) first
     eos_last: bool = False                       # SetDLM: target EOS last in the order
-    fim_rate: float = 0.0                        # SetDLM, not the paper: rows trained with a revealed prefix +
-    fim_max_middle: int = 48                     #   suffix span (fill-in-the-middle; method.md 11), the gap's
-    fim_max_suffix: int = 24                     #   and the span's maximum lengths
+    fim_rate: float = 0.0                        # SetDLM, not the paper: rows trained with a revealed prefix and
+    fim_max_middle: int = 48                     #   the rest of the document (fill-in-the-middle; method.md 11),
+    fim_max_suffix: int = 64                     #   the middle's and the suffix's maximum lengths
     loss_weighting: str = "unweighted"           # MDLM/BD3LM: unweighted | elbo
     t_eps: float = 1e-3
 

@@ -9,8 +9,9 @@ Likelihood (setdiff_mega/eval/likelihood.py): AR exact NLL; SetDLM the any-order
 order (``--orders K``: mean over K orders, and the tighter -log-mean-exp); MDLM / BD3LM the NELBO
 (``--orders K`` draws of t). On ``--data PREFIX`` (an indexed dataset: its validation split, the
 checkpoint's split and seed) or ``--text FILE`` (.txt: one document per line; .jsonl: a "text" field;
-documents chunked to L like training data). Tasks (setdiff_mega/eval/tasks.py): math exact match and
-story infilling (exact match, ROUGE-L, and the left-context-only variant), with tokens/s and NFE,
+documents chunked to L like training data). Tasks (setdiff_mega/eval/tasks.py, docs/tasks.md): math and
+arithmetic exact match, story and quest infilling (exact match, ROUGE-L, and the left-context-only
+variant), with tokens/s and NFE,
 decoded with the shared decoding flags (--tau, --window, --preset, ...: tools/generate.py --help).
 Prints a one-line summary; ``--out`` writes everything as JSON.
 """
@@ -85,13 +86,22 @@ def main(argv=None) -> int:
         gc = config_from_args(args, cfg.objective, L)
         math_rows = tasks.load_task(args.tasks, "math", args.limit)
         story_rows = tasks.load_task(args.tasks, "stories", args.limit)
-        bar = tqdm(total=len(math_rows) + 2 * len(story_rows), desc="tasks", unit="ex", file=sys.stderr)
+        newer = {n: tasks.load_task(args.tasks, n, args.limit) for n in ("arith", "quests")
+                 if (Path(args.tasks) / f"{n}.jsonl").is_file()}        # corpora of generator version >= 2
+        total = len(math_rows) + 2 * len(story_rows) + len(newer.get("arith", [])) + 2 * len(newer.get("quests", []))
+        bar = tqdm(total=total, desc="tasks", unit="ex", file=sys.stderr)
         report["math"] = tasks.math_accuracy(model, tok, objective, math_rows, gc, L, args.batch_size,
                                              progress=bar.update)
-        report["infill"] = tasks.story_infill(model, tok, objective, story_rows, gc, L, args.batch_size,
-                                              progress=bar.update)
-        report["infill_left_only"] = tasks.story_infill(model, tok, objective, story_rows, gc, L,
-                                                        left_only=True, progress=bar.update)
+        if "arith" in newer:
+            report["arith"] = tasks.math_accuracy(model, tok, objective, newer["arith"], gc, L, args.batch_size,
+                                                  progress=bar.update)
+        for key, rows, task in (("infill", story_rows, "stories"), ("quest_infill", newer.get("quests"), "quests")):
+            if rows is None:
+                continue
+            report[key] = tasks.story_infill(model, tok, objective, rows, gc, L, args.batch_size,
+                                             progress=bar.update, task=task)
+            report[key + "_left_only"] = tasks.story_infill(model, tok, objective, rows, gc, L, left_only=True,
+                                                            progress=bar.update, task=task)
         bar.close()
     parts = [f"{objective.name}"]
     if "likelihood" in report:
@@ -103,6 +113,11 @@ def main(argv=None) -> int:
                      f"tok/step)")
         parts.append(f"infill EM {i['exact_match']:.3f} ROUGE-L {i['rouge_l']:.3f} (left-only ROUGE-L "
                      f"{report['infill_left_only']['rouge_l']:.3f})")
+        if "arith" in report:
+            parts.append(f"arith acc {report['arith']['accuracy']:.3f}")
+        if "quest_infill" in report:
+            q, ql = report["quest_infill"], report["quest_infill_left_only"]
+            parts.append(f"quest infill EM {q['exact_match']:.3f} (left-only {ql['exact_match']:.3f})")
     print(" | ".join(parts))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))

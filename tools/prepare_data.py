@@ -4,7 +4,8 @@
     python tools/prepare_data.py --embedded --out data/embedded          # the built-in corpus
     python tools/prepare_data.py --input a.jsonl b.txt --json-key text --out data/mine [--tokenizer tok.json]
 
-Idempotent: with --skip-existing an output whose manifest exists is left alone.
+Idempotent: with --skip-existing an output whose manifest exists is left alone (for --embedded: when its
+embedded.json records the current generator version and every count given on the command line).
 """
 import argparse
 import sys
@@ -24,30 +25,32 @@ def main(argv=None) -> int:
     p.add_argument("--json-key", default="text")
     p.add_argument("--tokenizer", default=None, help="existing tokenizer.json (default: train a new BPE)")
     p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument("--num-math", type=int, default=12000)
-    p.add_argument("--num-stories", type=int, default=12000)
+    p.add_argument("--num-math", type=int, default=None, help="math problems (default 12000)")
+    p.add_argument("--num-stories", type=int, default=None, help="stories (default 12000)")
     p.add_argument("--num-arith", type=int, default=None, help="arithmetic problems (default: --num-math)")
     p.add_argument("--num-quests", type=int, default=None, help="quest stories (default: 2/3 of --num-stories)")
-    p.add_argument("--heldout", type=int, default=128, help="held-out task documents per task")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heldout", type=int, default=None, help="held-out task documents per task (default 128)")
+    p.add_argument("--seed", type=int, default=None, help="corpus seed (default 0)")
     p.add_argument("--skip-existing", action="store_true", help="do nothing if OUT/corpus is complete")
     args = p.parse_args(argv)
     from setdiff_mega.data.indexed import check_dataset, read_manifest
-    from setdiff_mega.data.prepare import embedded_is_current, embedded_spec, prepare, prepare_from_files
+    from setdiff_mega.data.prepare import embedded_is_current, prepare, prepare_from_files
 
     out = Path(args.out)
-    spec = embedded_spec(args.num_math, args.num_stories, args.seed, args.heldout, args.num_arith, args.num_quests) \
-        if args.embedded else None
+    counts = {"num_math": args.num_math, "num_stories": args.num_stories, "num_arith": args.num_arith,
+              "num_quests": args.num_quests, "seed": args.seed, "heldout": args.heldout}
+    given = {k: v for k, v in counts.items() if v is not None}
     if args.skip_existing and read_manifest(out / "corpus") is not None and (out / "tokenizer.json").is_file():
-        if spec is None or embedded_is_current(out, spec):
+        if not args.embedded or embedded_is_current(out, given):
             info = check_dataset(out / "corpus")
             print(f"{out / 'corpus'} exists ({info['num_documents']} documents, {info['num_tokens']} tokens); skipping")
             return 0
-        print(f"{out} holds an older or different embedded corpus (embedded.json does not match {spec}); rebuilding")
+        print(f"{out} holds an older embedded corpus or one with other counts than {given} "
+              f"({out / 'embedded.json'}); rebuilding")
     kw = dict(tokenizer_path=args.tokenizer, vocab_size=args.vocab_size)
     if args.embedded:
-        prepare(out, None, num_math=args.num_math, num_stories=args.num_stories, seed=args.seed,
-                heldout=args.heldout, num_arith=args.num_arith, num_quests=args.num_quests, **kw)
+        dflt = {"num_math": 12000, "num_stories": 12000, "seed": 0, "heldout": 128}
+        prepare(out, None, **{**dflt, **given}, **kw)
     else:
         prepare_from_files(out, args.input, args.json_key, **kw)
     return 0

@@ -9,11 +9,12 @@
   ``#### <answer>``, in the math format. A few-million-parameter model learns it on 2 CPU cores in
   minutes without saturating it (the two-step problems stay hard). Fields: question, solution, answer.
 * **Quests** (``task="quest"``, the suffix-dependent infilling task, the paper's infill-3 layout):
-  sentence 1 introduces a person (name, role, place: independent of the rest), sentences 2-4 tell the
-  goal, the attempt with its problem and the fix, sentence 5 the outcome. Sentences 2-4 are a function
-  of the goal and the person's pronoun only, and the goal is named by sentence 5 alone: masking 2-4,
-  a model that sees sentence 5 can fill them exactly; one that sees only sentence 1 guesses the goal
-  (1 in 8). Fields: sentences (list of 5), goal (index).
+  sentence 1 introduces a person (name, role, place: drawn independently of the rest), sentences 2-4
+  tell the plan, the attempt with its problem and the fix, sentence 5 the outcome. Sentences 2-4 are a
+  function of the goal alone (no name or pronoun: filling them needs no copying from the prefix), and
+  the goal is named by sentence 5 alone: masking 2-4, a model that sees sentence 5 can fill them
+  exactly; one that sees only sentence 1 can only guess the goal (1 in 8). Fields: sentences (list of
+  5), goal (index).
 
 Every document is a dict with ``text`` (what is tokenized) and ``task`` plus the task fields. The same
 seed always yields the same corpus. Readers: ``.jsonl`` (one JSON object per line, ``json_key``
@@ -145,22 +146,32 @@ def _quest(rng: random.Random) -> dict:
     pron = PRONOUN[name]
     sents = [
         f"This is a story about {name}, a {role} from {place}.",
-        f"{name} wanted to {goal}.",
-        f"{pron.capitalize()} {attempt}, but {problem}.",
-        f"So {pron} {fix}.",
-        f"At last {name} {outcome} and was {feeling}.",
+        f"The plan was to {goal}.",
+        f"Our hero {attempt}, but {problem}.",
+        f"Then our hero {fix}.",
+        f"At last {pron} {outcome} and was {feeling}.",
     ]
     return {"task": "quest", "text": " ".join(sents), "sentences": sents, "goal": g}
 
 
 GENERATORS = {"math": _math_problem, "story": _story, "arith": _arith_problem, "quest": _quest}
-CORPUS_VERSION = 2          # bump when a generator changes: prepared corpora are rebuilt, not reused
+CORPUS_VERSION = 3          # bump when a generator changes: prepared corpora are rebuilt, not reused
 
 
-def embedded_corpus(num_math: int = 12000, num_stories: int = 12000, seed: int = 0, num_arith: int = 12000,
-                    num_quests: int = 8000) -> list[dict]:
-    """The deterministic default corpus, every task interleaved. The math and story documents are those
-    of version 1 (same draws, same order of draws); arithmetic and quests come from their own streams."""
+def corpus_counts(num_math: int, num_stories: int, num_arith: int | None = None,
+                  num_quests: int | None = None) -> dict:
+    """Documents per task, with the defaults of the two new tasks filled in."""
+    return {"num_math": num_math, "num_stories": num_stories,
+            "num_arith": num_math if num_arith is None else num_arith,
+            "num_quests": num_stories * 2 // 3 if num_quests is None else num_quests}
+
+
+def embedded_corpus(num_math: int = 12000, num_stories: int = 12000, seed: int = 0, num_arith: int | None = None,
+                    num_quests: int | None = None) -> list[dict]:
+    """The deterministic default corpus, every task interleaved (``num_arith`` defaults to ``num_math``,
+    ``num_quests`` to 2/3 of ``num_stories``). The math and story documents are those of version 1 (same
+    draws, same order of draws); arithmetic and quests come from their own random stream."""
+    num_math, num_stories, num_arith, num_quests = corpus_counts(num_math, num_stories, num_arith, num_quests).values()
     rng = random.Random(seed)
     docs = [_math_problem(rng) for _ in range(num_math)] + [_story(rng) for _ in range(num_stories)]
     extra = random.Random(seed + 2)
@@ -218,4 +229,4 @@ def write_jsonl(docs: list[dict], path: str | Path) -> None:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
 
-__all__ = ["embedded_corpus", "split_heldout", "read_documents", "write_jsonl", "CORPUS_VERSION", "GENERATORS"]
+__all__ = ["embedded_corpus", "corpus_counts", "split_heldout", "read_documents", "write_jsonl", "CORPUS_VERSION", "GENERATORS"]

@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .corpus import CORPUS_VERSION, embedded_corpus, read_documents, split_heldout, write_jsonl
+from .corpus import CORPUS_VERSION, corpus_counts, embedded_corpus, read_documents, split_heldout, write_jsonl
 from .indexed import DataError, write_indexed
 from .tokenizer import Tokenizer
 
@@ -79,17 +79,19 @@ TASK_FILES = {"math": "math.jsonl", "story": "stories.jsonl", "arith": "arith.js
 def embedded_spec(num_math: int, num_stories: int, seed: int, heldout: int, num_arith: int | None = None,
                   num_quests: int | None = None) -> dict:
     """What identifies an embedded corpus (written to ``embedded.json``, compared by ``--skip-existing``)."""
-    return {"version": CORPUS_VERSION, "num_math": num_math, "num_stories": num_stories, "seed": seed,
-            "heldout": heldout, "num_arith": num_math if num_arith is None else num_arith,
-            "num_quests": num_stories * 2 // 3 if num_quests is None else num_quests}
+    return {"version": CORPUS_VERSION, **corpus_counts(num_math, num_stories, num_arith, num_quests), "seed": seed,
+            "heldout": heldout}
 
 
-def embedded_is_current(out: str | Path, spec: dict) -> bool:
+def embedded_is_current(out: str | Path, given: dict | None = None) -> bool:
+    """Whether ``out`` holds the current generator's corpus with every field of ``given`` (e.g. the counts
+    passed on the command line) equal to the recorded one."""
     f = Path(out) / "embedded.json"
     try:
-        return json.loads(f.read_text()) == spec
+        spec = json.loads(f.read_text())
     except (OSError, ValueError):
         return False
+    return spec.get("version") == CORPUS_VERSION and all(spec.get(k) == v for k, v in (given or {}).items())
 
 
 def prepare_from_files(out: str | Path, inputs: list[str], json_key: str = "text", **kw) -> dict:

@@ -239,11 +239,13 @@ class SetDLMObjective(Objective):
     loss); ``eos_last`` moves target EOS tokens to the end of the target order.
 
     ``fim_rate`` (not in the paper; method.md 11): in training, that fraction of the rows is reordered
-    for fill-in-the-middle. Per row draw a middle start a ~ U{1..L-2}, a middle length m ~ U{1..fim_max_middle}
-    and a span length s ~ U{1..fim_max_suffix}; the prefix [0, a) and the span [a+m, a+m+s) are revealed
-    first, in position order (first-hitting time +inf: exactly the causal position-order prefill of an
-    infilling prompt), then every other token in the staggered order. The order stays a permutation, so
-    the loss is still an any-order NLL (every token is scored); only the rows it draws change.
+    for document-level fill-in-the-middle. Per row draw a middle start a ~ U{1..L-2} and a length
+    m ~ U{1..fim_max_middle}; the middle [a, b) ends at b = min(a + m, the first EOS at or after a) (it
+    stays inside one document) and the suffix span is [b, e): the rest of that document up to and with
+    its EOS, at most ``fim_max_suffix`` tokens. The prefix [0, a) and the span are revealed first, in
+    position order (first-hitting time +inf: exactly the causal position-order prefill of an infilling
+    prompt), then every other token in the staggered order. The order stays a permutation, so the loss is
+    still an any-order NLL (every token is scored); only the rows it draws change.
     """
 
     name = "setdlm"
@@ -252,7 +254,7 @@ class SetDLMObjective(Objective):
     def __init__(self, mask_id: int, D: int, S_max: int | None = None, k: float | None = None,
                  b: float | None = None, keep_clean_bos: bool = False, eos_last: bool = False,
                  eos_id: int | None = None, fim_rate: float = 0.0, fim_max_middle: int = 48,
-                 fim_max_suffix: int = 24):
+                 fim_max_suffix: int = 64):
         super().__init__(mask_id, "unweighted")
         self.D, self.S_max = int(D), (2 * int(D) if S_max is None else int(S_max))
         self.k, self.b = k, b
@@ -277,7 +279,7 @@ class SetDLMObjective(Objective):
         if self.fim_rate > 0 and training:
             e = sample_exponentials(permutable.shape, generator=generator, device=permutable.device)
             times = hitting_times(self.schedule(tokens.shape[1]), e, permutable)
-            pinned = self.fim_pinned(permutable, generator)
+            pinned = self.fim_pinned(tokens, permutable, generator)
             perm = order_from_times(torch.where(pinned, torch.full_like(times, float("inf")), times))
         else:
             perm = sample_order(self.schedule(tokens.shape[1]), permutable, generator)
@@ -285,18 +287,20 @@ class SetDLMObjective(Objective):
             perm = move_eos_last(perm, tokens, target, padding, self.eos_id)
         return perm
 
-    def fim_pinned(self, permutable: torch.Tensor, generator=None) -> torch.Tensor:
-        """[B, L] bool: the prefix and span revealed first in the rows drawn for fill-in-the-middle."""
-        B, L = permutable.shape
-        dev = permutable.device
-        u = torch.rand(B, 4, generator=generator, device=dev)
+    def fim_pinned(self, tokens: torch.Tensor, permutable: torch.Tensor, generator=None) -> torch.Tensor:
+        """[B, L] bool: the prefix and suffix span revealed first in the rows drawn for fill-in-the-middle."""
+        B, L = tokens.shape
+        dev = tokens.device
+        u = torch.rand(B, 3, generator=generator, device=dev)
         a = 1 + (u[:, 1] * max(L - 2, 1)).long()
         m = 1 + (u[:, 2] * self.fim_max_middle).long()
-        n = 1 + (u[:, 3] * self.fim_max_suffix).long()
-        pos = torch.arange(L, device=dev)[None]
-        lo, hi = (a + m)[:, None], (a + m + n)[:, None]
-        pinned = (pos < a[:, None]) | ((pos >= lo) & (pos < hi))
-        return pinned & permutable & (u[:, :1] < self.fim_rate) & (lo < L)
+        pos = torch.arange(L, device=dev).expand(B, L)
+        eos = tokens == self.eos_id if self.eos_id is not None else torch.zeros_like(permutable)
+        nxt = torch.where(eos, pos, torch.full_like(pos, L)).flip(-1).cummin(-1).values.flip(-1)  # next EOS >= j
+        b = torch.minimum(a + m, nxt.gather(1, a[:, None]).squeeze(1)).clamp(max=L - 1)
+        e = torch.minimum(nxt.gather(1, b[:, None]).squeeze(1) + 1, b + self.fim_max_suffix).clamp(max=L)
+        pinned = (pos < a[:, None]) | ((pos >= b[:, None]) & (pos < e[:, None]))
+        return pinned & permutable & (u[:, :1] < self.fim_rate) & (b > a)[:, None]
 
     def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True, perm=None):
         context, padding, target = _batch_masks(tokens, context, padding)
@@ -358,7 +362,7 @@ def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
                     S_max: int | None = None, k: float | None = None, b: float | None = None,
                     keep_clean_bos: bool = False, eos_last: bool = False, eos_id: int | None = None,
                     loss_weighting: str = "unweighted", t_eps: float = 1e-3, fim_rate: float = 0.0,
-                    fim_max_middle: int = 48, fim_max_suffix: int = 24) -> Objective:
+                    fim_max_middle: int = 48, fim_max_suffix: int = 64) -> Objective:
     """Factory by name: 'ar' | 'mdlm' | 'bd3lm' | 'setdlm'."""
     if name == "ar":
         return ARObjective(mask_id)

@@ -75,14 +75,15 @@ def train_model(m: dict, steps: int, out_dir: Path, base_config: str, overrides:
     return {"tag": tag, "dir": save, "seconds": seconds, "reused": False}
 
 
-def val_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, validation loss) pairs from a run's metrics.jsonl (the last entry per step)."""
+def val_curve(run_dir: Path, key: str = "val/loss") -> list[tuple[int, float]]:
+    """(step, value) pairs of ``key`` (``val/loss``, ``train/loss``) from a run's metrics.jsonl (the last
+    entry per step)."""
     pts = {}
     f = Path(run_dir) / "metrics.jsonl"
     for line in f.read_text().splitlines() if f.is_file() else []:
         row = json.loads(line)
-        if "val/loss" in row:
-            pts[row["step"]] = row["val/loss"]
+        if key in row:
+            pts[row["step"]] = row[key]
     return sorted(pts.items())
 
 
@@ -113,7 +114,8 @@ def math_points(m: dict, run_dir, rows: list[dict], taus: list, max_new_tokens: 
         r = math_accuracy(model, tok, objective, rows, gc, L, batch_size)
         out.append({"method": method_label(m), "tag": method_tag(m), **m, "window": s.get("window"),
                     "tau": s["tau"], "weights": model.weights_kind, "accuracy": r["accuracy"],
-                    "step_accuracy": r["step_accuracy"], "tokens_per_s": r["tokens_per_s"],
+                    "step_accuracy": r["step_accuracy"], "copy_accuracy": r["copy_accuracy"],
+                    "tokens_per_s": r["tokens_per_s"],
                     "tokens_per_step": r["tokens_per_step"], "nfe": r["nfe"], "n": r["n"]})
         if progress:
             progress(1)

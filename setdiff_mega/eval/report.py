@@ -4,8 +4,8 @@ Files under ``assets``: ``math_points.csv`` (one row per model and sampler setti
 (seed means and standard deviations), ``infill.csv``, ``likelihood.csv``, ``training.csv`` and
 ``study.csv`` (final validation losses, raw and EMA, and training seconds), ``frontier.png`` (accuracy
 against tokens/s and against tokens per step, one curve per method), ``infill.png`` (exact-match bars),
-``curves.png`` (validation loss against step: the main models, and the head study with and without the
-zero-initialised head). The report section sits between ``<!-- reproduce:begin -->`` and
+``curves.png`` (the main models' validation loss against step, and the head study's training loss with
+and without the zero-initialised head). The report section sits between ``<!-- reproduce:begin -->`` and
 ``<!-- reproduce:end -->`` in the report file; the rest of the file is kept.
 """
 from __future__ import annotations
@@ -26,11 +26,12 @@ def training_rows(trained: list[dict], steps: int) -> list[dict]:
     rows = []
     for t in trained:
         s = json.loads((Path(t["dir"]) / "summary.json").read_text())
-        curve = F.val_curve(t["dir"])
+        train = dict(F.val_curve(t["dir"], "train/loss"))
         rows.append({"method": F.method_label(t["spec"]), "tag": t["tag"], **t["spec"], "steps": steps,
                      "final_val_loss": s["final_val_loss"], "final_val_loss_ema": s.get("final_val_loss_ema"),
                      "train_seconds": round(t["seconds"], 1), "reused": t["reused"],
-                     "first_step_below_2": next((st for st, v in curve if v < 2.0), None),
+                     "first_step_below_2": next((st for st, v in sorted(train.items()) if v < 2.0), None),
+                     "train_loss_50": train.get(50), "train_loss_100": train.get(100),
                      "parameters": s.get("num_parameters")})
     return rows
 
@@ -101,13 +102,14 @@ def plot_infill(infill: list[dict], path: Path) -> Path:
 def plot_curves(main: list[dict], study: list[dict], path: Path) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), dpi=120)
-    for ax, runs, title in ((axes[0], main, "main models"), (axes[1], study, "head study")):
+    for ax, runs, title, key in ((axes[0], main, "main models: validation loss", "val/loss"),
+                                 (axes[1], study, "head study: training loss (dashed: zero head)", "train/loss")):
         for t in runs:
-            c = F.val_curve(t["dir"])
+            c = F.val_curve(t["dir"], key)
             style = "--" if t["spec"].get("zero_init_head") else "-"
             ax.plot([s for s, _ in c], [v for _, v in c], style, lw=1, label=t["tag"])
         ax.set_xlabel("step")
-        ax.set_ylabel("validation loss")
+        ax.set_ylabel(key)
         ax.set_yscale("log")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -120,11 +122,7 @@ def plot_curves(main: list[dict], study: list[dict], path: Path) -> Path:
 
 def write_assets(results: dict, main: list[dict], study: list[dict], assets: Path) -> dict:
     assets.mkdir(parents=True, exist_ok=True)
-    frontier = F.aggregate(results["points"], ("method", "objective", "D", "block_size", "fim_rate", "window", "tau"),
-                           ("accuracy", "step_accuracy", "tokens_per_s", "tokens_per_step"))
-    infill = F.aggregate(results["infill"], ("task", "method", "objective", "fim_rate", "context"),
-                         ("exact_match", "rouge_l", "tokens_per_s"))
-    results["frontier"], results["infill_means"] = frontier, infill
+    frontier, infill = results["frontier"], results["infill_means"]
     files = {"math_points.csv": results["points"], "math_frontier.csv": frontier, "infill.csv": infill,
              "likelihood.csv": results["likelihood"], "training.csv": results["training"],
              "study.csv": results["study"], "claims.csv": results["claims"]}
@@ -158,8 +156,9 @@ def _study_table(study: list[dict]) -> list[list]:
     for (label, zh), rs in groups.items():
         agg = F.aggregate(rs, ("method",), ("final_val_loss",))[0]
         firsts = [r["first_step_below_2"] for r in rs]
-        rows.append([label, "zero (paper)" if zh else "normal", len(rs), _pm(agg, "final_val_loss"),
-                     ", ".join("never" if f is None else str(f) for f in firsts)])
+        at = lambda k: ", ".join(_f(r[k]) for r in rs)  # noqa: E731
+        rows.append([label, "zero (paper)" if zh else "normal", len(rs), at("train_loss_50"), at("train_loss_100"),
+                     ", ".join("never" if f is None else str(f) for f in firsts), _pm(agg, "final_val_loss")])
     return rows
 
 
@@ -179,16 +178,19 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     lines += _table(["claim", "measured", "holds"], [[c["claim"], c["value"], "yes" if c["holds"] else "**no**"]
                                                      for c in results["claims"]])
     lines += ["", "### Training (validation loss at the last step)", ""]
-    lines += _table(["model", "seed", "val loss", "val loss (EMA)", "first eval step < 2.0", "train s"],
+    lines += _table(["model", "seed", "val loss", "val loss (EMA)", "first step train loss < 2", "train s"],
                     [[r["method"], r.get("seed"), _f(r["final_val_loss"], 4), _f(r["final_val_loss_ema"], 4),
                       r["first_step_below_2"] or "never", r["train_seconds"]] for r in results["training"]])
     lines += ["", f"### Head study ({m['study_steps']} steps, zero-initialised vs normally initialised output head)", ""]
-    lines += _table(["model", "head", "seeds", "val loss (mean ± sd)", "first eval step < 2.0 per seed"],
-                    _study_table(results["study"]))
+    lines += _table(["model", "head", "seeds", "train loss at step 50", "at step 100", "first step train loss < 2",
+                     "final val loss (mean ± sd)"], _study_table(results["study"]))
+    lines += ["", "(per seed; train loss logged every 10 steps)"]
     lines += ["", "### Arithmetic: accuracy against decoding speed (seed means ± sd; greedy; batch 8)", ""]
-    lines += _table(["method", "W", "tau", "exact match", "step accuracy", "tokens/s", "tokens/step"],
+    lines += _table(["method", "W", "tau", "exact match", "step accuracy", "operand copied", "tokens/s",
+                     "tokens/step"],
                     [[r["method"], _f(r["window"]), _f(r["tau"], 1) if r["tau"] < 100 else "1e6", _pm(r, "accuracy"),
-                      _f(r["step_accuracy"]), _f(r["tokens_per_s"], 0), _f(r["tokens_per_step"], 2)]
+                      _f(r["step_accuracy"]), _f(r["copy_accuracy"]), _f(r["tokens_per_s"], 0),
+                      _f(r["tokens_per_step"], 2)]
                      for r in results["frontier"]])
     lines += ["", "### Infilling (oracle span length; infill preset: tau 1e6, repetition penalty 1.2, W = 2D)", ""]
     lines += _table(["task", "method", "context", "exact match", "ROUGE-L", "tokens/s"],

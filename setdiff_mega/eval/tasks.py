@@ -2,7 +2,9 @@
 
 * math (``tasks/math.jsonl``): prompt ``"Question: {question}\\nAnswer:"``; the answer is the number after
   the last ``####`` of the generation (or, without one, its last number); exact match against ``answer``.
-  ``step_accuracy``: the fraction of the generated arithmetic steps ``a op b = c`` that are correct.
+  ``step_accuracy``: the fraction of the generated arithmetic steps ``a op b = c`` that are correct;
+  ``copy_accuracy``: the fraction of solutions whose first number is the question's first number (the
+  worked solution starts from it: copying it is the first thing the task asks of a model).
 * arith (``tasks/arith.jsonl``): the learnable math level, scored like math.
 * stories (``tasks/stories.jsonl``): the middle sentence of a five-sentence story is masked with its
   true token length (oracle span, as in the paper's infilling evaluation); exact match and ROUGE-L F1
@@ -41,6 +43,11 @@ def equation_counts(text: str) -> tuple[int, int]:
     ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "x": lambda a, b: a * b}
     eqs = _EQ.findall(text)
     return sum(ops[o](int(a), int(b)) == int(c) for a, o, b, c in eqs), len(eqs)
+
+
+def _first_number(text: str) -> str | None:
+    m = _NUM.search(text)
+    return m.group(0) if m else None
 
 
 def _lcs(a: list, b: list) -> int:
@@ -96,9 +103,11 @@ def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_
         if reqs else []
     correct = [extract_answer(o["text"]) == str(r["answer"]).replace(",", "") for o, r in zip(out, rows)]
     eq = [equation_counts(o["text"]) for o in out]
+    copied = [_first_number(o["text"]) == _first_number(r["question"]) for o, r in zip(out, rows)]
     return {"task": "math", "n": len(rows), "skipped_too_long": len(prompts) - len(rows),
             "accuracy": sum(correct) / max(len(rows), 1),
-            "step_accuracy": sum(c for c, _ in eq) / max(sum(t for _, t in eq), 1), **_speed(out),
+            "step_accuracy": sum(c for c, _ in eq) / max(sum(t for _, t in eq), 1),
+            "copy_accuracy": sum(copied) / max(len(rows), 1), **_speed(out),
             "examples": [{"question": r["question"], "answer": r["answer"], "generated": o["text"],
                           "correct": c} for r, o, c in list(zip(rows, out, correct))[:3]]}
 

@@ -110,6 +110,9 @@ def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     assert rep["math"]["n"] + rep["math"]["skipped_too_long"] == 3 and 0 <= rep["math"]["accuracy"] <= 1
     assert rep["infill"]["n"] + rep["infill"]["skipped_too_long"] == 3 and 0 <= rep["infill"]["rouge_l"] <= 1
     assert rep["infill_left_only"]["task"] == "story_infill_left_only"
+    assert rep["arith"]["n"] + rep["arith"]["skipped_too_long"] == 3                     # the newer tasks too
+    assert rep["quest_infill"]["task"] == "quest_infill" and rep["quest_infill_left_only"]["n"] + \
+        rep["quest_infill_left_only"]["skipped_too_long"] == 3
     r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--text", "/nonexistent.txt", "--no-tasks"])
     assert r.returncode == 2 and "'/nonexistent.txt' does not exist" in r.stderr
     r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--tasks", str(tmp_path / "none")])

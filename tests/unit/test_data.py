@@ -21,12 +21,15 @@ def tokenizer(corpus):
 def test_corpus_is_deterministic_and_mixed(corpus):
     again = embedded_corpus(300, 300, seed=7)
     assert [d["text"] for d in again] == [d["text"] for d in corpus]
-    assert {d["task"] for d in corpus} == {"math", "story"}
+    assert {d["task"] for d in corpus} == {"math", "story", "arith", "quest"}
+    # version 1's math and story documents are unchanged by the new tasks (same draws in the same order)
+    old = [d["text"] for d in embedded_corpus(300, 300, seed=7, num_arith=0, num_quests=0)]
+    assert sorted(old) == sorted(d["text"] for d in corpus if d["task"] in ("math", "story"))
     assert embedded_corpus(5, 5, seed=8)[0]["text"] != embedded_corpus(5, 5, seed=7)[0]["text"]
 
 
 def test_math_solutions_are_correct(corpus):
-    for d in (d for d in corpus if d["task"] == "math"):
+    for d in (d for d in corpus if d["task"] in ("math", "arith")):
         value = None
         for a, op, b, res in re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", d["solution"]):
             a, b, res = int(a), int(b), int(res)
@@ -35,6 +38,55 @@ def test_math_solutions_are_correct(corpus):
             assert op != "/" or a % b == 0
             value = res
         assert d["text"].endswith(f"#### {d['answer']}") and int(d["answer"]) == value
+
+
+def test_arithmetic_level_is_one_or_two_small_steps(corpus):
+    rows = [d for d in corpus if d["task"] == "arith"]
+    steps = [len(re.findall(r" = ", d["solution"])) for d in rows]
+    assert set(steps) == {1, 2} and 0.3 < steps.count(2) / len(steps) < 0.7
+    assert all(0 <= int(d["answer"]) <= 29 for d in rows)
+    assert all(d["text"].startswith("Question: ") and "\nAnswer: " in d["text"] for d in rows)
+
+
+def test_quest_middle_is_a_function_of_the_last_sentence_alone(corpus):
+    """Sentences 2-4 are determined by sentence 5 (the goal) and hold nothing of sentence 1 (no copying),
+    and sentence 1 says nothing about the goal: the suffix-dependent infilling task."""
+    rows = [d for d in corpus if d["task"] == "quest"]
+    middle_of: dict = {}
+    for d in rows:
+        s = d["sentences"]
+        name = s[0].split("about ")[1].split(",")[0]
+        outcome = s[4].split(" ", 3)[3]                       # "At last she <outcome> ..." without the pronoun
+        assert middle_of.setdefault(outcome, " ".join(s[1:4])) == " ".join(s[1:4])
+        assert name not in " ".join(s[1:4]) and len(s) == 5 and d["text"] == " ".join(s)
+    assert len(middle_of) == 8
+    goals_by_first = {}
+    for d in rows:
+        goals_by_first.setdefault(d["sentences"][0].split(",", 1)[1], set()).add(d["goal"])
+    assert max(len(g) for g in goals_by_first.values()) >= 4      # the left context leaves the goal open
+
+
+def test_heldout_split_is_per_task_and_never_in_training(corpus, tmp_path):
+    from setdiff_mega.data.corpus import split_heldout
+    from setdiff_mega.data.prepare import embedded_is_current, prepare
+
+    held, train = split_heldout(corpus, 16)
+    assert {k: len(v) for k, v in held.items()} == {"math": 16, "story": 16, "arith": 16, "quest": 16}
+    texts = {d["text"] for rows in held.values() for d in rows}
+    assert not texts & {d["text"] for d in train}
+    out = tmp_path / "emb"
+    prepare(out, None, num_math=40, num_stories=40, vocab_size=300, heldout=4, log=lambda *a: None)
+    assert embedded_is_current(out, {}) and embedded_is_current(out, {"num_math": 40, "num_quests": 26})
+    assert not embedded_is_current(out, {"num_stories": 41})
+    spec = json.loads((out / "embedded.json").read_text())
+    (out / "embedded.json").write_text(json.dumps({**spec, "version": 1}))
+    assert not embedded_is_current(out, {})                  # an older generator's corpus is rebuilt
+    assert sorted(p.name for p in (out / "tasks").iterdir()) == ["arith.jsonl", "math.jsonl", "quests.jsonl",
+                                                                 "stories.jsonl"]
+    (out / "cache").mkdir()
+    (out / "cache" / "stale-index.npy").write_bytes(b"x")
+    prepare(out, None, num_math=40, num_stories=40, vocab_size=300, heldout=4, log=lambda *a: None)
+    assert not (out / "cache").exists()           # megatron-core's index cache of the old corpus is removed
 
 
 def test_stories_have_five_sentences(corpus):

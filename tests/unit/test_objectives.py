@@ -157,29 +157,33 @@ def test_elbo_loss_is_weighted_sum_over_target_count():
     assert st["num_tokens"].item() == 16 and st["nll_sum"].item() == pytest.approx(want.item() * 16, rel=1e-5)
 
 
-def test_setdlm_fim_reveals_prefix_then_span_first_in_position_order():
+def test_setdlm_fim_reveals_prefix_then_rest_of_document_first_in_position_order():
+    EOS = 45
     x = _tokens(B=64, L=32)
-    obj = SetDLMObjective(MASK, D=4, keep_clean_bos=True, fim_rate=0.5, fim_max_middle=8, fim_max_suffix=6)
+    x[:, 13] = EOS                                   # two documents per row: [0, 13] and [14, 31]
+    obj = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS, fim_rate=0.5, fim_max_middle=8,
+                          fim_max_suffix=32)
     perm = obj.build_inputs(x, generator=_g(3), training=True).extras["perm"]
     assert torch.equal(perm.sort(1).values, torch.arange(32).expand(64, 32))         # still a permutation
-    # the same draws as the order used (exponentials first, then the FIM draws): re-derive them
-    g = _g(3)
+    g = _g(3)                                        # the same draws as the order: exponentials, then FIM
     torch.rand(64, 32, dtype=torch.float64, generator=g)
-    pinned = obj.fim_pinned(torch.ones(64, 32, dtype=torch.bool), g)
+    pinned = obj.fim_pinned(x, torch.ones(64, 32, dtype=torch.bool), g)
     rows = pinned.any(1)
     assert 16 < int(rows.sum()) < 48                                                 # about half the rows
     for b in torch.nonzero(rows).flatten().tolist():
         pos = torch.nonzero(pinned[b]).flatten()
         assert torch.equal(perm[b, :len(pos)], pos)                                  # revealed first, in order
-        gaps = (pos[1:] - pos[:-1]) > 1
-        assert int(gaps.sum()) <= 1 and pos[0] == 0                                  # prefix [0, a) + one span
-        if gaps.any():
-            j = int(torch.nonzero(gaps)[0]) + 1
-            assert 1 <= int(pos[j] - pos[j - 1] - 1) <= 8 and len(pos) - j <= 6     # gap <= max middle, span <= max
+        gaps = torch.nonzero((pos[1:] - pos[:-1]) > 1).flatten()
+        assert len(gaps) == 1 and pos[0] == 0                                         # prefix [0, a) + one span
+        j = int(gaps[0]) + 1
+        a, bb, e = int(pos[j - 1]) + 1, int(pos[j]), int(pos[-1]) + 1
+        assert 1 <= bb - a <= 8                                                       # the middle
+        assert not (x[b, a:bb] == EOS).any()                                          # inside one document
+        assert e == (14 if bb <= 13 else 32)                                          # the rest of that document
     ev = obj.build_inputs(x, generator=_g(3), training=False).extras["perm"]
-    assert torch.equal(ev, SetDLMObjective(MASK, D=4, keep_clean_bos=True).build_inputs(
-        x, generator=_g(3), training=False).extras["perm"])                         # evaluation: the plain order
-    off = SetDLMObjective(MASK, D=4, keep_clean_bos=True, fim_rate=0.0).build_inputs(x, generator=_g(3)).extras["perm"]
-    assert torch.equal(off, SetDLMObjective(MASK, D=4, keep_clean_bos=True).build_inputs(x, generator=_g(3)).extras["perm"])
+    plain = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS)
+    assert torch.equal(ev, plain.build_inputs(x, generator=_g(3), training=False).extras["perm"])  # eval: plain
+    off = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS, fim_rate=0.0)
+    assert torch.equal(off.build_inputs(x, generator=_g(3)).extras["perm"], plain.build_inputs(x, generator=_g(3)).extras["perm"])
     with pytest.raises(ValueError, match="fim_rate"):
         SetDLMObjective(MASK, D=4, fim_rate=1.5)

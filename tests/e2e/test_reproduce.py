@@ -1,0 +1,44 @@
+"""tools/reproduce.py end to end at toy size: every model trained once and reused, the report section written
+into an existing results file (the rest kept), the CSVs and plots present. Structure only, not numbers."""
+import csv
+import json
+
+from .conftest import _run
+
+
+def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
+    out, report, assets = tmp_path / "run", tmp_path / "docs" / "results.md", tmp_path / "docs" / "results" / "r"
+    report.parent.mkdir()
+    report.write_text("# Measured results\n\nkept above\n<!-- reproduce:begin -->\nold\n<!-- reproduce:end -->\nkept below\n")
+    args = ["tools/reproduce.py", "--toy", "--data", str(data_dir / "corpus"), "--tasks", str(data_dir / "tasks"),
+            "--out", str(out), "--report", str(report), "--assets", str(assets)]
+    r = _run(args)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    text = report.read_text()
+    assert "kept above" in text and "kept below" in text and "\nold\n" not in text
+    for section in ("### Claims", "### Training", "### Head study", "### Arithmetic", "### Infilling",
+                    "### Likelihood", "* Command: `python tools/reproduce.py --toy", "* Commit: ", "* Machine: "):
+        assert section in text, section
+    assert text.count("<!-- reproduce:begin -->") == 1
+    for name in ("math_points", "math_frontier", "infill", "likelihood", "training", "study", "claims"):
+        assert list(csv.DictReader(open(assets / f"{name}.csv"))), name
+    for name in ("frontier", "infill", "curves"):
+        assert (assets / f"{name}.png").stat().st_size > 1000
+    res = json.loads((out / "results.json").read_text())
+    points = res["points"]
+    assert sum(p["tag"] == "ar_s1234" for p in points) == 1                  # AR: one point
+    assert sum(p["tag"] == "setdlm_D2_s1234" for p in points) == 4           # W in {D, 2D} x 2 taus
+    assert {p["weights"] for p in points} == {"ema"}                         # EMA weights evaluated
+    assert all(p["tokens_per_s"] > 0 and 0 <= p["accuracy"] <= 1 for p in points)
+    sd = {(p["window"], p["tau"]): p["tokens_per_step"] for p in points if p["tag"] == "setdlm_D2_s1234"}
+    assert sd[(2, 1e6)] == 1.0                                                # tau > 1: one token per step
+    infill = {(r["task"], r["tag"], r["context"]) for r in res["infill"]}
+    assert ("quests", "ar_s1234", "left only") in infill and ("quests", "setdlm_D2_fim0.3_s1234", "both sides") in infill
+    assert all(r["n"] > 0 for r in res["infill"])                             # every quest / story fits L
+    assert [c["claim"][:2] for c in res["claims"]] and all(isinstance(c["holds"], bool) for c in res["claims"])
+    lik = {r["tag"]: r for r in res["likelihood"]}
+    assert lik["ar_s1234"]["estimator"] == "exact" and "nll_k_orders" in lik["setdlm_D2_s1234"]
+    agg = [r for r in res["frontier"] if r["method"] == "AR"]
+    assert agg[0]["seeds"] == 2 and agg[0]["accuracy_sd"] is not None        # two seeds: mean and spread
+    r2 = _run(args)                                                           # trained models are reused
+    assert r2.returncode == 0 and "training " not in r2.stdout + r2.stderr, r2.stdout[-2000:]
