@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.eval import likelihood, tasks
+    from setdiff_mega.eval import likelihood
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     L = cfg.data.seq_length
@@ -84,25 +84,7 @@ def main(argv=None) -> int:
         report["likelihood"] = res
     if not args.no_tasks:
         gc = config_from_args(args, cfg.objective, L)
-        math_rows = tasks.load_task(args.tasks, "math", args.limit)
-        story_rows = tasks.load_task(args.tasks, "stories", args.limit)
-        newer = {n: tasks.load_task(args.tasks, n, args.limit) for n in ("arith", "quests")
-                 if (Path(args.tasks) / f"{n}.jsonl").is_file()}        # corpora of generator version >= 2
-        total = len(math_rows) + 2 * len(story_rows) + len(newer.get("arith", [])) + 2 * len(newer.get("quests", []))
-        bar = tqdm(total=total, desc="tasks", unit="ex", file=sys.stderr)
-        report["math"] = tasks.math_accuracy(model, tok, objective, math_rows, gc, L, args.batch_size,
-                                             progress=bar.update)
-        if "arith" in newer:
-            report["arith"] = tasks.math_accuracy(model, tok, objective, newer["arith"], gc, L, args.batch_size,
-                                                  progress=bar.update)
-        for key, rows, task in (("infill", story_rows, "stories"), ("quest_infill", newer.get("quests"), "quests")):
-            if rows is None:
-                continue
-            report[key] = tasks.story_infill(model, tok, objective, rows, gc, L, args.batch_size,
-                                             progress=bar.update, task=task)
-            report[key + "_left_only"] = tasks.story_infill(model, tok, objective, rows, gc, L, left_only=True,
-                                                            progress=bar.update, task=task)
-        bar.close()
+        report.update(run_tasks(model, tok, objective, gc, L, args))
     parts = [f"{objective.name}"]
     if "likelihood" in report:
         lk = report["likelihood"]
@@ -122,6 +104,35 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     return 0
+
+
+def run_tasks(model, tok, objective, gc, L, args) -> dict:
+    """The embedded tasks present in ``args.tasks``, decoded with ``gc``."""
+    from tqdm import tqdm
+
+    from setdiff_mega.eval import tasks
+
+    report = {}
+    math_rows = tasks.load_task(args.tasks, "math", args.limit)
+    story_rows = tasks.load_task(args.tasks, "stories", args.limit)
+    newer = {n: tasks.load_task(args.tasks, n, args.limit) for n in ("arith", "quests")
+             if (Path(args.tasks) / f"{n}.jsonl").is_file()}        # corpora of generator version >= 2
+    total = len(math_rows) + 2 * len(story_rows) + len(newer.get("arith", [])) + 2 * len(newer.get("quests", []))
+    bar = tqdm(total=total, desc="tasks", unit="ex", file=sys.stderr)
+    report["math"] = tasks.math_accuracy(model, tok, objective, math_rows, gc, L, args.batch_size,
+                                         progress=bar.update)
+    if "arith" in newer:
+        report["arith"] = tasks.math_accuracy(model, tok, objective, newer["arith"], gc, L, args.batch_size,
+                                              progress=bar.update)
+    for key, rows, task in (("infill", story_rows, "stories"), ("quest_infill", newer.get("quests"), "quests")):
+        if rows is None:
+            continue
+        report[key] = tasks.story_infill(model, tok, objective, rows, gc, L, args.batch_size,
+                                         progress=bar.update, task=task)
+        report[key + "_left_only"] = tasks.story_infill(model, tok, objective, rows, gc, L, left_only=True,
+                                                        progress=bar.update, task=task)
+    bar.close()
+    return report
 
 
 def valid_split_nll(model, objective, tok, cfg, args) -> dict:

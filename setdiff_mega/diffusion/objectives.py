@@ -238,7 +238,7 @@ class SetDLMObjective(Objective):
     ``keep_clean_bos`` pins position 0 first (it is in the training loss and dropped from the eval
     loss); ``eos_last`` moves target EOS tokens to the end of the target order.
 
-    ``fim_rate`` (not in the paper; method.md 11): in training, that fraction of the rows is reordered
+    ``fim_rate`` (not in the paper; method.md 12): in training, that fraction of the rows is reordered
     for document-level fill-in-the-middle. Per row draw a middle start a ~ U{1..L-2} and a length
     m ~ U{1..fim_max_middle}; the middle [a, b) ends at b = min(a + m, the first EOS at or after a) (it
     stays inside one document) and the suffix span is [b, e): the rest of that document up to and with

@@ -95,19 +95,14 @@ def settings(m: dict, taus: list) -> list[dict]:
     return [{"tau": t} for t in taus]
 
 
-def _loaded(run_dir):
-    from setdiff_mega.checkpoint import load_model
-
-    return load_model(run_dir)
-
-
-def math_points(m: dict, run_dir, rows: list[dict], taus: list, max_new_tokens: int, batch_size: int,
+def math_points(m: dict, loaded: tuple, rows: list[dict], taus: list, max_new_tokens: int, batch_size: int,
                 progress=None) -> list[dict]:
+    """``loaded``: (model, objective, tokenizer, config) from :func:`setdiff_mega.checkpoint.load_model`."""
     from setdiff_mega.inference.options import generation_config
 
     from .tasks import math_accuracy
 
-    model, objective, tok, cfg = _loaded(run_dir)
+    model, objective, tok, cfg = loaded
     L, out = cfg.data.seq_length, []
     for s in settings(m, taus):
         gc = generation_config(cfg.objective, L, None, {"max_new_tokens": max_new_tokens, **s})
@@ -122,13 +117,13 @@ def math_points(m: dict, run_dir, rows: list[dict], taus: list, max_new_tokens: 
     return out
 
 
-def infill_rows(m: dict, run_dir, task_rows: dict, batch_size: int) -> list[dict]:
+def infill_rows(m: dict, loaded: tuple, task_rows: dict, batch_size: int) -> list[dict]:
     """Both sides (not for AR) and left only, for every infilling task in ``task_rows`` {task: rows}."""
     from setdiff_mega.inference.options import generation_config
 
     from .tasks import story_infill
 
-    model, objective, tok, cfg = _loaded(run_dir)
+    model, objective, tok, cfg = loaded
     L = cfg.data.seq_length
     gc = generation_config(cfg.objective, L, "infill", {"max_new_tokens": 64})
     out = []
@@ -142,10 +137,10 @@ def infill_rows(m: dict, run_dir, task_rows: dict, batch_size: int) -> list[dict
     return out
 
 
-def likelihood_rows(m: dict, run_dir, sequences: int, orders: int) -> dict:
+def likelihood_rows(m: dict, loaded: tuple, sequences: int, orders: int) -> dict:
     from .likelihood import split_nll
 
-    model, objective, tok, cfg = _loaded(run_dir)
+    model, objective, tok, cfg = loaded
     r = split_nll(model, objective, tok, cfg, None, sequences, orders)
     estimator = {"ar": "exact", "setdlm": "any-order bound"}.get(m["objective"], "NELBO")
     row = {"method": method_label(m), "tag": method_tag(m), **m, "estimator": estimator,

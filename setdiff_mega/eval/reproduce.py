@@ -89,13 +89,15 @@ def train_all(rc: ReproConfig, log=print) -> tuple[list[dict], list[dict]]:
 
 
 def evaluate_all(rc: ReproConfig, trained: list[dict], log=print, progress=None) -> dict:
+    from setdiff_mega.checkpoint import load_model
+
     from .tasks import load_task
 
     arith = load_task(rc.tasks, "arith", rc.limit)
     infill_tasks = {t: load_task(rc.tasks, t, rc.infill_limit) for t in ("quests", "stories")}
     points, infill, lik = [], [], []
     for t in trained:
-        m, d = t["spec"], t["dir"]
+        m, d = t["spec"], load_model(t["dir"])         # EMA weights when the checkpoint has them
         pts = F.math_points(m, d, arith, rc.taus, rc.max_new_tokens, rc.batch_size, progress)
         for p in pts:
             log(f"  {p['tag']:<26} W={p['window']} tau={p['tau']:g}: acc {p['accuracy']:.3f}, "
