@@ -187,3 +187,18 @@ def test_setdlm_fim_reveals_prefix_then_rest_of_document_first_in_position_order
     assert torch.equal(off.build_inputs(x, generator=_g(3)).extras["perm"], plain.build_inputs(x, generator=_g(3)).extras["perm"])
     with pytest.raises(ValueError, match="fim_rate"):
         SetDLMObjective(MASK, D=4, fim_rate=1.5)
+
+
+def test_setdlm_fim_orders_do_not_depend_on_the_batch():
+    """FIM draws come from each sample's own generator: a sample gets the same order alone or in any batch
+    (what layout-independent training and exact resumes need)."""
+    from setdiff_mega.diffusion import build_inputs_per_sample
+
+    EOS = 45
+    x = _tokens(B=6, L=24)
+    x[:, 9] = EOS
+    obj = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS, fim_rate=0.7)
+    ids = [11, 12, 13, 14, 15, 16]
+    full = build_inputs_per_sample(obj, x, ids, seed=5).extras["perm"]
+    part = build_inputs_per_sample(obj, x[[4, 1]], [ids[4], ids[1]], seed=5).extras["perm"]
+    assert torch.equal(part, full[[4, 1]])
