@@ -154,7 +154,6 @@ def _quest(rng: random.Random) -> dict:
     return {"task": "quest", "text": " ".join(sents), "sentences": sents, "goal": g}
 
 
-GENERATORS = {"math": _math_problem, "story": _story, "arith": _arith_problem, "quest": _quest}
 CORPUS_VERSION = 3          # bump when a generator changes: prepared corpora are rebuilt, not reused
 
 
@@ -229,4 +228,4 @@ def write_jsonl(docs: list[dict], path: str | Path) -> None:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
 
-__all__ = ["embedded_corpus", "corpus_counts", "split_heldout", "read_documents", "write_jsonl", "CORPUS_VERSION", "GENERATORS"]
+__all__ = ["embedded_corpus", "corpus_counts", "split_heldout", "read_documents", "write_jsonl", "CORPUS_VERSION"]
