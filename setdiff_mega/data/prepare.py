@@ -50,6 +50,9 @@ def prepare(out: str | Path, texts: list[str] | None = None, *, tokenizer_path: 
         for task, fname in TASK_FILES.items():
             write_jsonl(held.get(task, []), out / "tasks" / fname)
         texts = [d["text"] for d in docs]
+        if not texts:
+            raise DataError(f"every generated document is held out (heldout={heldout} per task): raise the "
+                            f"counts (--num-math, --num-stories, ...) or lower --heldout")
         log(f"generated {len(texts)} documents (+{heldout} held out per task) in {time.time() - t0:.1f}s")
     if not texts:
         raise DataError("the input holds no documents")
