@@ -66,8 +66,8 @@ class ObjectiveConfig:
     keep_clean_bos: bool = False                 # SetDLM: pin position 0 (BOS) first
     eos_last: bool = False                       # SetDLM: target EOS last in the order
     fim_rate: float = 0.0                        # SetDLM, not the paper: rows trained with a revealed prefix and
-    fim_max_middle: int = 48                     #   the rest of the document (fill-in-the-middle; method.md 11),
-    fim_max_suffix: int = 64                     #   the middle's and the suffix's maximum lengths
+    fim_max_middle: int = 0                      #   the rest of the document (fill-in-the-middle; method.md 12),
+    fim_max_suffix: int = 0                      #   caps on the middle's and the suffix's lengths (0 = none)
     loss_weighting: str = "unweighted"           # MDLM/BD3LM: unweighted | elbo
     t_eps: float = 1e-3
 
@@ -81,6 +81,7 @@ class DataConfig:
     seed: int = 1234
     cache_dir: Optional[str] = None              # None = <data dir>/cache
     chunk_bos_eos: bool = False                  # wrap convention: force BOS first / EOS last in each sample
+    check_tokenizer: bool = True                 # refuse data whose manifest names another tokenizer
 
 
 @dataclass
@@ -98,6 +99,9 @@ class TrainConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
+    nonfinite: str = "stop"                      # a NaN / inf loss or gradient: stop | skip (discard the update)
+    max_skipped_steps: int = 10                  # skip: stop after this many non-finite steps in a row
+    spike_factor: float = 0.0                    # warn when a step's loss exceeds factor x its running mean (0 = off)
     ema_decay: float = 0.0                       # EMA of the weights after every step (0 = off; reference 0.9999)
     seed: int = 1234
     precision: str = "fp32"                      # fp32 | bf16
@@ -107,6 +111,7 @@ class TrainConfig:
     save_dir: str = "runs/default"
     save_interval: int = 0                       # 0 = save only at the end (and on SIGTERM / SIGUSR1)
     keep_last: int = 2                           # complete checkpoints kept (0 = all)
+    checkpoint_checksums: bool = True            # SHA-256 of every checkpoint file, verified on load
     resume: str = "auto"                         # auto (newest complete checkpoint in save_dir) | none | a path
     resume_optimizer: bool = True                # false: resume weights + data position, fresh optimizer
     exit_on_signal: bool = True                  # SIGTERM / SIGUSR1: save at the end of the step and stop
@@ -280,8 +285,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     _choice(o.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
     if o.fim_rate and o.name != "setdlm":
         raise ConfigError(f"objective.fim_rate is a SetDLM option (objective.name={o.name}); set it to 0")
-    if not 0.0 <= o.fim_rate <= 1.0 or o.fim_max_middle < 1 or o.fim_max_suffix < 1:
-        raise ConfigError("objective.fim_rate must be in [0, 1] and objective.fim_max_middle / fim_max_suffix >= 1")
+    if not 0.0 <= o.fim_rate <= 1.0 or o.fim_max_middle < 0 or o.fim_max_suffix < 0:
+        raise ConfigError(f"objective.fim_rate={o.fim_rate} must be in [0, 1] and objective.fim_max_middle="
+                          f"{o.fim_max_middle} / fim_max_suffix={o.fim_max_suffix} >= 0 (0 = no cap)")
     _choice(m.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
     _choice(m.activation, ("gelu", "swiglu"), "model.activation")
     _choice(m.attention_backend, ("sdpa", "flex", "setcausal", "local"), "model.attention_backend")
@@ -344,6 +350,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay={t.ema_decay} must be in [0, 1) (0 = no EMA; the diffusion repos use "
                           f"0.9999)")
+    _choice(t.nonfinite, ("stop", "skip"), "train.nonfinite")
+    if t.max_skipped_steps < 0 or not (t.spike_factor == 0 or t.spike_factor > 1):
+        raise ConfigError(f"train.max_skipped_steps={t.max_skipped_steps} must be >= 0 and train.spike_factor="
+                          f"{t.spike_factor} 0 (off) or > 1")
+    if t.nonfinite == "skip" and t.zero_stage > 0:
+        raise ConfigError(f"train.nonfinite=skip is not supported with DeepSpeed ZeRO (train.zero_stage={t.zero_stage}: "
+                          f"the engine owns the update); use train.nonfinite=stop")
     if m.vocab_size is not None and m.vocab_size < 4:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
     validate_layout(cfg)

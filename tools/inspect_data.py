@@ -32,7 +32,8 @@ def main(argv=None) -> int:
 
     tok_path = Path(args.tokenizer) if args.tokenizer else Path(args.prefix).parent / "tokenizer.json"
     tok = Tokenizer.from_file(tok_path) if tok_path.is_file() else None
-    info = check_dataset(args.prefix, tok.vocab_size if tok else None, verify_hashes=not args.no_verify)
+    info = check_dataset(args.prefix, tok.vocab_size if tok else None, verify_hashes=not args.no_verify,
+                         tokenizer=tok)
     ds = IndexedDataset(args.prefix)
     lengths = np.asarray(ds.index.sequence_lengths)
     stats = {"documents": info["num_documents"], "sequences": int(lengths.size), "tokens": int(lengths.sum()),
@@ -44,8 +45,6 @@ def main(argv=None) -> int:
         print("manifest:", json.dumps(info["manifest"], indent=2))
     print("statistics:", json.dumps(stats, indent=2))
     if tok:
-        if tok.vocab_size <= info["max_token_id"]:
-            print(f"warning: token id {info['max_token_id']} >= tokenizer vocabulary {tok.vocab_size}")
         for i in range(min(args.docs, len(ds))):
             print(f"--- document {i} ({len(ds[i])} tokens)")
             print(tok.decode(ds[i]))

@@ -6,8 +6,8 @@
     python tools/reproduce.py --toy --data D/corpus --tasks D/tasks --out /tmp/r --report /tmp/r/results.md
 
 Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 1, 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
-option at one size and token budget (>= 2 seeds for AR, BD3LM S = 4, SetDLM D = 4), plus the head study
-(zero-initialised vs normal output head); evaluates arithmetic exact match against tokens/s and tokens
+option at one size and token budget (>= 2 seeds for AR, BD3LM S = 4, SetDLM D = 4), and with --study the
+head study (zero-initialised vs normal output head); evaluates arithmetic exact match against tokens/s and tokens
 per step (tau sweep; W in {D, 2D}), quest and story infilling, and the likelihood table, with EMA
 weights; checks the claims and writes the report section of --report and the files under --assets.
 Trained models under --out are reused on re-runs. See setdiff_mega/eval/reproduce.py.
@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=1.0, help="multiplies steps and evaluated examples")
     p.add_argument("--tasks", default="data/embedded/tasks")
     p.add_argument("--toy", action="store_true", help="a seconds-sized run with the full report structure")
+    p.add_argument("--study", action="store_true", help="also train and report the head study (zero vs normal head)")
     p.add_argument("--data", default=None, help="dataset prefix (default: the base config's)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides for every model")
     args = p.parse_args(argv)
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
             p.error("--toy needs --data PREFIX (a prepared corpus)")
         rc = R.toy_config(args.out, args.data, args.tasks)
     else:
-        rc = R.ReproConfig(out_dir=args.out, tasks=args.tasks).scaled(args.budget)
+        rc = R.ReproConfig(out_dir=args.out, tasks=args.tasks, run_study=args.study).scaled(args.budget)
         if args.data:
             rc.overrides.append(f"data.path={args.data}")
     rc.overrides += list(args.overrides)

@@ -8,15 +8,20 @@ Layout of ``<save_dir>/checkpoints/``:
         rng/rank_00000.pt ...     RNG states of every rank (torch, mcore model-parallel tracker, python)
         config.yaml               the full resolved RunConfig
         tokenizer.json            the tokenizer the model was trained with (+ its special-token sidecar)
-        state.json                step, consumed samples, layout, metrics, and the size of every file above
-    latest                        names the newest complete checkpoint; written last, atomically
+        state.json                step, consumed samples, layout, metrics, and the size (and SHA-256) of every
+                                  file above
+    latest                        names the newest complete checkpoint; written last, atomically; a hint for
+                                  people and scripts: resolution reads the step directories (latest_checkpoint)
 
 Saving writes ``step_<step>.tmp/`` and renames it to ``step_<step>/`` only when every rank has
 finished, and ``state.json`` is the last file written inside it: a directory with that name and a
 ``state.json`` is complete by construction, and an interrupted save (a crash, SIGKILL, a full disk)
 leaves only a ``.tmp`` directory that is never read and is removed by the next save. ``state.json``
-lists the byte size of every file, so a checkpoint truncated later (a bad copy) is reported with the
-file's name instead of failing inside a deserializer. All ranks must see the same filesystem.
+lists the byte size of every file, and (``train.checkpoint_checksums``, on by default; cheap for the
+shard sizes of small runs, off-switchable for huge ones) its SHA-256, both verified on load: a
+checkpoint truncated later (a bad copy) or with a flipped bit (same size) is reported with the file's
+name instead of failing, or silently loading wrong numbers, inside a deserializer. All ranks must see
+the same filesystem.
 """
 from __future__ import annotations
 
@@ -77,11 +82,17 @@ def file_sizes(root: Path) -> dict:
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def publish(tmp: Path, state: dict, keep_last: int = 2) -> Path:
+def file_digests(root: Path) -> dict:
+    from setdiff_mega.data.indexed import sha256_file
+
+    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def publish(tmp: Path, state: dict, keep_last: int = 2, checksums: bool = True) -> Path:
     """Rank 0, after every rank has written into ``tmp``: seal, rename into place, point ``latest`` at it."""
     root = tmp.parent
     final = root / tmp.name[: -len(".tmp")]
-    meta = {"format": FORMAT, **state, "files": file_sizes(tmp)}
+    meta = {"format": FORMAT, **state, "files": file_sizes(tmp), **({"sha256": file_digests(tmp)} if checksums else {})}
     write_text_atomic(tmp / "state.json", json.dumps(meta, indent=2))
     _fsync_dir(tmp)
     if final.exists():                      # re-saving the same step: move the old one aside first
@@ -106,18 +117,23 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def latest_checkpoint(path: str | Path) -> Path | None:
-    """Resolve a run directory, a checkpoints/ directory or a step directory to a complete checkpoint."""
+    """Resolve a run directory, a checkpoints/ directory or a step directory to a complete checkpoint.
+
+    The newest complete ``step_N`` directory wins; ``latest`` is only a hint. A save killed between the
+    rename of ``step_N.tmp`` and the rewrite of ``latest`` leaves a complete ``step_N`` while ``latest``
+    still names the previous step: reading the pointer would resume from the older one and lose the steps
+    in between. The one window without any complete ``step_N`` (re-saving the only kept step, between moving
+    the old copy aside and renaming the new one in) is covered by the aside copy ``step_N.old-<pid>``.
+    """
     p = Path(path)
     if (p / "state.json").is_file():
         return p
     root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-    pointer = root / "latest"
-    if pointer.is_file():
-        cand = root / pointer.read_text().strip()
-        if (cand / "state.json").is_file():
-            return cand
     done = complete_checkpoints(root)
-    return done[-1] if done else None
+    if done:
+        return done[-1]
+    aside = sorted(q for q in root.glob(f"{STEP_GLOB}.old-*") if (q / "state.json").is_file())
+    return aside[-1] if aside else None
 
 
 def read_state(ck: Path, verify: bool = True) -> dict:
@@ -141,6 +157,14 @@ def read_state(ck: Path, verify: bool = True) -> dict:
             if actual != size:
                 raise CheckpointError(f"checkpoint file '{q}' is truncated or modified: {actual} bytes, "
                                       f"{size} when saved; copy it again or use an earlier checkpoint")
+        if state.get("sha256"):
+            from setdiff_mega.data.indexed import sha256_file
+
+            for rel, digest in state["sha256"].items():
+                if sha256_file(ck / rel) != digest:
+                    raise CheckpointError(f"checkpoint file '{ck / rel}' does not match the SHA-256 recorded when it "
+                                          f"was saved (same size: corrupted in place); copy it again or use an "
+                                          f"earlier checkpoint")
     return state
 
 

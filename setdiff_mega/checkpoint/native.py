@@ -89,15 +89,59 @@ def staged_save(save_dir: str | Path, step: int, write_shards, config, tokenizer
 
     tmp = prepare_staging(save_dir, step) if _rank() == 0 else staging_dir(save_dir, step)
     _barrier()
-    write_shards(tmp)
+    with _write_errors(tmp, step):
+        write_shards(tmp)
     _barrier()
     final = tmp.with_name(tmp.name[: -len(".tmp")])
     if _rank() == 0:
-        dump_yaml(config, tmp / "config.yaml")
-        tokenizer.save(tmp / "tokenizer.json")
-        final = publish(tmp, {"step": step, **layout_state(), **state}, keep_last=keep_last)
+        with _write_errors(tmp, step):
+            dump_yaml(config, tmp / "config.yaml")
+            tokenizer.save(tmp / "tokenizer.json")
+            final = publish(tmp, {"step": step, **layout_state(), **state}, keep_last=keep_last,
+                            checksums=config.train.checkpoint_checksums)
     _barrier()
     return final
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind ``e`` (torch.distributed.checkpoint wraps its writers' errors)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        nested = [v for v in getattr(e, "failures", {}).values() if isinstance(v, BaseException)] \
+            if isinstance(getattr(e, "failures", None), dict) else []
+        e = nested[0] if nested else (e.__cause__ or e.__context__)
+    return None
+
+
+class _write_errors:
+    """A failed write (full disk, quota, permissions) becomes one CheckpointError naming the path; the
+    staging directory is removed (it is never published) and the previous checkpoint stays in place."""
+
+    def __init__(self, tmp: Path, step: int):
+        self.tmp, self.step = tmp, step
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        os_error = _os_error(e) if e is not None and not isinstance(e, CheckpointError) else None
+        if os_error is None:
+            return False
+        import shutil
+
+        from .io import latest_checkpoint
+
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        prev = latest_checkpoint(self.tmp.parent)
+        where = os_error.filename or self.tmp
+        raise CheckpointError(f"could not write checkpoint step {self.step} ('{where}': {os_error.strerror or os_error}); "
+                              f"nothing was published and "
+                              + (f"the previous checkpoint '{prev}' is intact" if prev else "no earlier checkpoint exists")
+                              + "; free space (or point train.save_dir elsewhere) and resume with train.resume=auto"
+                              ) from None
 
 
 def save_model_checkpoint(save_dir: str | Path, step: int, model, config, tokenizer,

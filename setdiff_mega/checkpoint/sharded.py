@@ -109,33 +109,33 @@ def check_compatible(ssd: dict, path: Path, what: str = "model", complete: bool 
 
 
 def start_writer_service() -> None:
-    """Start megatron-core's checkpoint-writer helper process now, immune to SIGTERM / SIGUSR1.
+    """Start megatron-core's checkpoint-writer helper process now, immune to SIGTERM / SIGUSR1 and tied
+    to the trainer's life.
 
     ``dist_checkpointing.save`` collects its writers' results through a multiprocessing manager process
-    that it spawns on first use and keeps. Spawned with the default signal dispositions, that helper
+    (megatron-core spawns it on first use and keeps it). Spawned as megatron-core does it, that helper
     would die with the SIGTERM that asks the trainer to save (``scancel``, ``kill`` of the job's
-    processes), and the save it was meant to allow would fail. Ignored dispositions survive ``exec``, so
-    the helper is started here (main thread, before training) with both signals ignored; it exits with
-    the trainer. Also moves its ~2 s start-up out of the first save. Tied to megatron-core 0.16.1's
-    ``filesystem_async._get_write_results_queue``; a no-op when that moves.
+    processes), and the save it was meant to allow would fail; and nothing would stop it (and the
+    resource tracker that shares its pipe) when the trainer is SIGKILLed. So the manager is started here,
+    before training, with an initializer (:func:`setdiff_mega.lifeline.tie_to_parent`) that ignores the
+    two signals, asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and polls the
+    parent as a fallback; its queue is handed to megatron-core. The resource tracker that multiprocessing
+    starts beside it exits by itself once every holder of its pipe (trainer and helper) is gone. Also moves the ~2 s start-up out of the first save.
+    Tied to megatron-core 0.16.1's ``filesystem_async._results_queue``; a no-op when that moves.
     """
-    import signal
-    import threading
+    import multiprocessing as mp
+    import os
+    from multiprocessing.managers import SyncManager
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
 
-    start = getattr(fa, "_get_write_results_queue", None)
-    if start is None or getattr(fa, "_results_queue", None) is not None:
+    from setdiff_mega.lifeline import tie_to_parent
+
+    if not hasattr(fa, "_results_queue") or fa._results_queue is not None:
         return
-    if threading.current_thread() is not threading.main_thread():
-        start()
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    try:
-        start()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    manager.start(initializer=tie_to_parent, initargs=(os.getpid(),))
+    fa._results_queue = manager.Queue()               # the proxy keeps the manager alive
 
 
 def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, ema=None) -> None:

@@ -27,6 +27,8 @@ import random
 from pathlib import Path
 from typing import Iterator
 
+from .indexed import DataError
+
 NAMES = ["Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Kara", "Leo",
          "Maya", "Noah", "Olive", "Paul", "Quinn", "Rosa", "Sam", "Tara", "Uma", "Victor", "Wendy", "Yara"]
 ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cookies", "shells", "cards",
@@ -192,33 +194,43 @@ def split_heldout(docs: list[dict], per_task: int) -> tuple[dict, list[dict]]:
 
 
 def read_documents(path: str | Path, json_key: str = "text") -> Iterator[str]:
-    """Yield documents from a .jsonl (field ``json_key``) or plain-text file (blank-line separated)."""
+    """Yield documents from a .jsonl (field ``json_key``; the value rules of :mod:`.records`, a list of
+    sentences concatenated) or plain-text file (blank-line separated); errors name the file and line."""
+    from .records import as_text, document, utf8_error
+
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"input file '{p}' does not exist")
+    data = p.read_bytes()
     if p.suffix in (".jsonl", ".json"):
-        with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
-                if json_key not in obj:
-                    raise KeyError(f"{p}:{lineno}: JSON key '{json_key}' does not exist "
-                                   f"(keys: {', '.join(obj)}); pass the right --json-key")
-                yield str(obj[json_key])
-    else:
-        block: list[str] = []
-        for line in p.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                block.append(line)
-            elif block:
-                yield "\n".join(block)
-                block = []
-        if block:
+        for lineno, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except UnicodeDecodeError as e:
+                raise utf8_error(f"{p}:{lineno}", line, e) from None
+            except json.JSONDecodeError as e:
+                raise DataError(f"{p}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+            yield as_text(document(obj, [json_key], f"{p}:{lineno}"))
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        start = data.rfind(b"\n", 0, e.start) + 1
+        lineno = data.count(b"\n", 0, e.start) + 1
+        line = data[start:]
+        raise utf8_error(f"{p}:{lineno}", line,
+                         UnicodeDecodeError(e.encoding, line, e.start - start, e.end - start, e.reason)) from None
+    block: list[str] = []
+    for line in text.splitlines():
+        if line.strip():
+            block.append(line)
+        elif block:
             yield "\n".join(block)
+            block = []
+    if block:
+        yield "\n".join(block)
 
 
 def write_jsonl(docs: list[dict], path: str | Path) -> None:

@@ -38,17 +38,20 @@ def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
 
 
 def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
-                 num_samples: tuple[int, int, int], cache_dir: str | None = None):
+                 num_samples: tuple[int, int, int], cache_dir: str | None = None, check_tokenizer: bool = True):
     """Return (train, valid, test) datasets (valid/test may be None when their weight is 0).
 
     ``prefix`` is one dataset prefix or a blend string; blends come back as megatron-core
-    ``BlendedDataset`` objects that draw from each dataset in proportion to its weight.
+    ``BlendedDataset`` objects that draw from each dataset in proportion to its weight. Each prefix is
+    checked first (``check_dataset``): its vocabulary and, with ``check_tokenizer``, that it was made with
+    ``tokenizer``.
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     prefixes, weights = parse_blend(prefix)
-    n_tokens = sum(check_dataset(p, tokenizer.vocab_size)["num_tokens"] for p in prefixes)
+    n_tokens = sum(check_dataset(p, tokenizer.vocab_size, tokenizer=tokenizer if check_tokenizer else None)
+                   ["num_tokens"] for p in prefixes)
     cache = cache_dir or str(Path(prefixes[0]).parent / "cache")
     cfg = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, blend=(prefixes, weights), split=split,

@@ -11,7 +11,11 @@ exact word-cached fast path of :mod:`.fast_encode` for byte-level BPE, else the 
 input order (``IndexedDatasetBuilder.add_index``), so the document order equals the input order for
 any number of workers, then writes the manifest.
 
-Per document: ``[BOS]? tokens [EOD]?`` (``append_eod`` default on, ``prepend_bos`` default on).
+Per document: ``[BOS]? tokens [EOD]?`` (``append_eod`` default on, ``prepend_bos`` default on), one
+sequence per document, or one per sentence when the value is a list of sentences; an empty document is
+written as an empty document (no tokens, no sequence), as Megatron-LM's ``preprocess_data.py`` writes it,
+so with ``--no-bos`` the output is byte-identical to Megatron's on any corpus. Record rules and error
+messages (null / numbers refused, UTF-8, line numbers in the file): :mod:`.records`.
 Everything is written under ``<prefix>.tmp-<pid>/`` and renamed into place; the manifest is written last,
 so an interrupted run never leaves a dataset that looks complete.
 """
@@ -28,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .indexed import MANIFEST_FORMAT, DataError, _sha256, manifest_path, token_dtype, write_manifest
+from .indexed import MANIFEST_FORMAT, DataError, sha256_file, manifest_path, token_dtype, write_manifest
 
 
 @dataclass(frozen=True)
@@ -110,16 +114,10 @@ def plan_units(paths: list[str], unit_bytes: int = 8 << 20, unit_rows: int = 200
     return units
 
 
-def _join(record: dict, keys: list[str], where: str) -> str:
-    missing = [k for k in keys if k not in record]
-    if missing:
-        raise DataError(f"{where}: JSON key '{missing[0]}' does not exist (keys: {', '.join(map(str, record))}); "
-                        f"pass the right --json-keys")
-    return "\n".join(str(record[k]) for k in keys)
-
-
 def read_unit(unit: WorkUnit, keys: list[str]):
-    """Yield the documents (strings) of one work unit."""
+    """Yield the documents of one work unit: strings, or lists of sentences (:mod:`.records`)."""
+    from .records import document, line_of, utf8_error
+
     if unit.kind == "jsonl":
         with open(unit.path, "rb") as f:
             f.seek(unit.start)
@@ -127,35 +125,35 @@ def read_unit(unit: WorkUnit, keys: list[str]):
         for n, line in enumerate(data.split(b"\n")):
             if not line.strip():
                 continue
+
+            def where(n=n) -> str:                     # the line in the file (computed on errors only)
+                return f"{unit.path}:{line_of(unit.path, unit.start) + n}"
             try:
                 rec = json.loads(line)
+            except UnicodeDecodeError as e:
+                raise utf8_error(where(), line, e) from None
             except json.JSONDecodeError as e:
-                raise DataError(f"{unit.path} (bytes {unit.start}-{unit.stop}, line {n + 1} of the unit): "
-                                f"not valid JSON ({e.msg})") from None
-            yield _join(rec, keys, unit.path)
-    elif unit.kind == "parquet":
-        import pyarrow.parquet as pq
+                raise DataError(f"{where()}: not valid JSON ({e.msg} at column {e.colno})") from None
+            yield document(rec, keys, where)
+    elif unit.kind in ("parquet", "hfdisk"):
+        if unit.kind == "parquet":
+            import pyarrow.parquet as pq
 
-        table = pq.ParquetFile(unit.path).read_row_group(unit.start)
-        cols = [c for c in keys if c not in table.column_names]
-        if cols:
-            raise DataError(f"{unit.path}: column '{cols[0]}' does not exist (columns: {', '.join(table.column_names)}); "
-                            f"pass the right --json-keys")
-        values = [table.column(k).to_pylist() for k in keys]
-        for row in zip(*values):
-            yield "\n".join(str(v) for v in row)
-    elif unit.kind == "hfdisk":
-        from datasets import load_from_disk
+            table = pq.ParquetFile(unit.path).read_row_group(unit.start)
+            names, column = table.column_names, lambda k: table.column(k).to_pylist()
+            label, first_row = f"{unit.path} (row group {unit.start}, row", 0
+        else:
+            from datasets import load_from_disk
 
-        ds = load_from_disk(unit.path)
-        cols = [c for c in keys if c not in ds.column_names]
+            part = load_from_disk(unit.path).select(range(unit.start, unit.stop))
+            names, column = part.column_names, lambda k: part[k]
+            label, first_row = f"{unit.path} (row", unit.start
+        cols = [c for c in keys if c not in names]
         if cols:
-            raise DataError(f"{unit.path}: column '{cols[0]}' does not exist (columns: {', '.join(ds.column_names)}); "
+            raise DataError(f"{unit.path}: column '{cols[0]}' does not exist (columns: {', '.join(names)}); "
                             f"pass the right --json-keys")
-        part = ds.select(range(unit.start, unit.stop))
-        values = [part[k] for k in keys]
-        for row in zip(*values):
-            yield "\n".join(str(v) for v in row)
+        for i, row in enumerate(zip(*[column(k) for k in keys])):
+            yield document(dict(zip(keys, row)), keys, lambda i=i: f"{label} {first_row + i})")
     else:
         from .corpus import read_documents
 
@@ -200,11 +198,19 @@ def encode_unit(args) -> dict:
 
     def flush():
         nonlocal docs, toks
-        for ids in enc.encode_batch(buf):
-            arr = np.asarray(head + ids + tail, dtype=dtype)
-            if arr.size == 0:
-                continue
-            builder.add_document(arr, [arr.size])
+        flat = [t for d in buf for t in ([d] if isinstance(d, str) else d)]
+        ids_all, i = enc.encode_batch(flat), 0
+        for d in buf:
+            n = 1 if isinstance(d, str) else len(d)
+            sentences = [ids for ids in ids_all[i:i + n] if ids]
+            i += n
+            lengths = [len(ids) for ids in sentences]
+            if lengths:                  # BOS / EOD belong to the first / last sentence (Megatron: EOD only)
+                lengths[0] += len(head)
+                lengths[-1] += len(tail)
+            # an empty document stays empty (no BOS, no EOD), as Megatron-LM's preprocess_data.py writes it
+            arr = np.asarray(head + [t for ids in sentences for t in ids] + tail if lengths else [], dtype=dtype)
+            builder.add_document(arr, lengths)
             docs += 1
             toks += arr.size
         buf.clear()
@@ -282,7 +288,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
             pool.close()
             pool.join()
         bar.close()
-        if docs == 0:
+        if toks == 0:
             raise DataError(f"the inputs {paths} hold no non-empty documents")
         builder = IndexedDatasetBuilder(str(tmp / "merged.bin"), dtype=token_dtype(tok.vocab_size))
         gc.freeze()          # add_index runs gc.collect() per shard; frozen objects make that cheap
@@ -311,7 +317,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
         "tokenizer": {"hash": tok.hash, "vocab_size": tok.vocab_size, "special_ids": tok.special_ids,
                       "path": str(tokenizer_path)},
         "inputs": paths, "shard": list(shard) if shard else None, "json_keys": keys, "prepend_bos": prepend_bos, "append_eod": append_eod,
-        "sha256": {"bin": _sha256(Path(f"{out}.bin")), "idx": _sha256(Path(f"{out}.idx"))},
+        "sha256": {"bin": sha256_file(Path(f"{out}.bin")), "idx": sha256_file(Path(f"{out}.idx"))},
         "seconds": round(elapsed, 3), "docs_per_s": round(docs / max(elapsed, 1e-9), 1),
         "mb_per_s": round(total_bytes / max(elapsed, 1e-9) / 1e6, 3),
     }
@@ -357,7 +363,7 @@ def merge(prefixes: list[str], output_prefix: str, log=print) -> dict:
                 "num_tokens": sum(i["num_tokens"] for i in infos),
                 "max_token_id": max(i["max_token_id"] for i in infos), "dtype": base.get("dtype"),
                 "tokenizer": base.get("tokenizer"), "merged_from": [str(p) for p in prefixes],
-                "sha256": {"bin": _sha256(Path(f"{out}.bin")), "idx": _sha256(Path(f"{out}.idx"))}}
+                "sha256": {"bin": sha256_file(Path(f"{out}.bin")), "idx": sha256_file(Path(f"{out}.idx"))}}
     write_manifest(out, manifest)
     log(f"merged {len(prefixes)} datasets: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens "
         f"-> {out}.bin/.idx")

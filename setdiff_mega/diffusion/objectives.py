@@ -239,13 +239,15 @@ class SetDLMObjective(Objective):
     loss); ``eos_last`` moves target EOS tokens to the end of the target order.
 
     ``fim_rate`` (not in the paper; method.md 12): in training, that fraction of the rows is reordered
-    for document-level fill-in-the-middle. Per row draw a middle start a ~ U{1..L-2} and a length
-    m ~ U{1..fim_max_middle}; the middle [a, b) ends at b = min(a + m, the first EOS at or after a) (it
-    stays inside one document) and the suffix span is [b, e): the rest of that document up to and with
-    its EOS, at most ``fim_max_suffix`` tokens. The prefix [0, a) and the span are revealed first, in
-    position order (first-hitting time +inf: exactly the causal position-order prefill of an infilling
-    prompt), then every other token in the staggered order. The order stays a permutation, so the loss is
-    still an any-order NLL (every token is scored); only the rows it draws change.
+    for document-level fill-in-the-middle (the two-cut FIM of code models, per document). Per row draw a
+    position p ~ U{1..L-1}; its document is [s, t] (s after the last EOS before p, t = the first EOS at
+    or after p, or L - 1). Two cut points c, c' ~ U{s..t} give the middle [a, b) = [min, max + 1) and
+    the suffix span [b, t + 1) (the rest of the document with its EOS; empty when the middle reaches it).
+    ``fim_max_middle`` / ``fim_max_suffix`` (0 = none) cap the two lengths for long documents. The prefix
+    [0, a) and the span are revealed first, in position order (first-hitting time +inf: exactly the
+    causal position-order prefill of an infilling prompt), then every other token in the staggered order.
+    The order stays a permutation, so the loss is still an any-order NLL (every token is scored); only
+    the rows it draws change.
     """
 
     name = "setdlm"
@@ -253,16 +255,16 @@ class SetDLMObjective(Objective):
 
     def __init__(self, mask_id: int, D: int, S_max: int | None = None, k: float | None = None,
                  b: float | None = None, keep_clean_bos: bool = False, eos_last: bool = False,
-                 eos_id: int | None = None, fim_rate: float = 0.0, fim_max_middle: int = 48,
-                 fim_max_suffix: int = 64):
+                 eos_id: int | None = None, fim_rate: float = 0.0, fim_max_middle: int = 0,
+                 fim_max_suffix: int = 0):
         super().__init__(mask_id, "unweighted")
         self.D, self.S_max = int(D), (2 * int(D) if S_max is None else int(S_max))
         self.k, self.b = k, b
         self.keep_clean_bos, self.eos_last, self.eos_id = keep_clean_bos, eos_last, eos_id
         if eos_last and eos_id is None:
             raise ValueError("eos_last needs eos_id")
-        if not 0.0 <= fim_rate <= 1.0 or fim_max_middle < 1 or fim_max_suffix < 1:
-            raise ValueError(f"fim_rate must be in [0, 1] and fim_max_middle / fim_max_suffix >= 1, got "
+        if not 0.0 <= fim_rate <= 1.0 or fim_max_middle < 0 or fim_max_suffix < 0:
+            raise ValueError(f"fim_rate must be in [0, 1] and fim_max_middle / fim_max_suffix >= 0, got "
                              f"{fim_rate}, {fim_max_middle}, {fim_max_suffix}")
         self.fim_rate, self.fim_max_middle, self.fim_max_suffix = float(fim_rate), int(fim_max_middle), int(fim_max_suffix)
 
@@ -291,16 +293,22 @@ class SetDLMObjective(Objective):
         """[B, L] bool: the prefix and suffix span revealed first in the rows drawn for fill-in-the-middle."""
         B, L = tokens.shape
         dev = tokens.device
-        u = torch.rand(B, 3, generator=generator, device=dev)
-        a = 1 + (u[:, 1] * max(L - 2, 1)).long()
-        m = 1 + (u[:, 2] * self.fim_max_middle).long()
+        u = torch.rand(B, 4, generator=generator, device=dev)
         pos = torch.arange(L, device=dev).expand(B, L)
         eos = tokens == self.eos_id if self.eos_id is not None else torch.zeros_like(permutable)
-        nxt = torch.where(eos, pos, torch.full_like(pos, L)).flip(-1).cummin(-1).values.flip(-1)  # next EOS >= j
-        b = torch.minimum(a + m, nxt.gather(1, a[:, None]).squeeze(1)).clamp(max=L - 1)
-        e = torch.minimum(nxt.gather(1, b[:, None]).squeeze(1) + 1, b + self.fim_max_suffix).clamp(max=L)
-        pinned = (pos < a[:, None]) | ((pos >= b[:, None]) & (pos < e[:, None]))
-        return pinned & permutable & (u[:, :1] < self.fim_rate) & (b > a)[:, None]
+        last = torch.where(eos, pos, torch.full_like(pos, -1)).cummax(-1).values              # last EOS <= j
+        nxt = torch.where(eos, pos, torch.full_like(pos, L - 1)).flip(-1).cummin(-1).values.flip(-1)  # next >= j
+        p = (1 + (u[:, 1] * (L - 1)).long()).clamp(max=L - 1)[:, None]
+        s = (last.gather(1, p - 1) + 1).clamp(min=1)
+        t = nxt.gather(1, p)
+        n = t - s + 1
+        c = s + (u[:, 2:] * n).long().minimum(n - 1)
+        a, b = c.min(1, keepdim=True).values, c.max(1, keepdim=True).values + 1
+        if self.fim_max_middle:
+            b = b.minimum(a + self.fim_max_middle)
+        e = t + 1 if not self.fim_max_suffix else (t + 1).minimum(b + self.fim_max_suffix)
+        pinned = (pos < a) | ((pos >= b) & (pos < e))
+        return pinned & permutable & (u[:, :1] < self.fim_rate)
 
     def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True, perm=None):
         context, padding, target = _batch_masks(tokens, context, padding)

@@ -1,11 +1,11 @@
 """The reproduction's outputs: CSVs, PNGs and the ``docs/results.md`` section (see :mod:`.reproduce`).
 
 Files under ``assets``: ``math_points.csv`` (one row per model and sampler setting), ``math_frontier.csv``
-(seed means and standard deviations), ``infill.csv``, ``likelihood.csv``, ``training.csv`` and
-``study.csv`` (final validation losses, raw and EMA, and training seconds), ``frontier.png`` (accuracy
-against tokens/s and against tokens per step, one curve per method), ``infill.png`` (exact-match bars),
-``curves.png`` (the main models' validation loss against step, and the head study's training loss with
-and without the zero-initialised head). The report section sits between ``<!-- reproduce:begin -->`` and
+(seed means and standard deviations), ``infill.csv``, ``likelihood.csv``, ``training.csv`` and, with
+the head study, ``study.csv`` (final validation losses, raw and EMA, and training seconds),
+``frontier.png`` (accuracy against tokens/s and against tokens per step, one curve per method),
+``infill.png`` (exact-match bars), ``curves.png`` (the main models' validation loss against step, and
+the head study's training loss with and without the zero-initialised head). The report section sits between ``<!-- reproduce:begin -->`` and
 ``<!-- reproduce:end -->`` in the report file; the rest of the file is kept.
 """
 from __future__ import annotations
@@ -101,9 +101,11 @@ def plot_infill(infill: list[dict], path: Path) -> Path:
 
 def plot_curves(main: list[dict], study: list[dict], path: Path) -> Path:
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), dpi=120)
-    for ax, runs, title, key in ((axes[0], main, "main models: validation loss", "val/loss"),
-                                 (axes[1], study, "head study: training loss (dashed: zero head)", "train/loss")):
+    panels = [(main, "main models: validation loss", "val/loss")]
+    if study:
+        panels.append((study, "head study: training loss (dashed: zero head)", "train/loss"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.3), dpi=120, squeeze=False)
+    for ax, (runs, title, key) in zip(axes[0], panels):
         for t in runs:
             c = F.val_curve(t["dir"], key)
             style = "--" if t["spec"].get("zero_init_head") else "-"
@@ -125,7 +127,7 @@ def write_assets(results: dict, main: list[dict], study: list[dict], assets: Pat
     frontier, infill = results["frontier"], results["infill_means"]
     files = {"math_points.csv": results["points"], "math_frontier.csv": frontier, "infill.csv": infill,
              "likelihood.csv": results["likelihood"], "training.csv": results["training"],
-             "study.csv": results["study"], "claims.csv": results["claims"]}
+             **({"study.csv": results["study"]} if results["study"] else {}), "claims.csv": results["claims"]}
     for name, rows in files.items():
         write_csv([{k: v for k, v in r.items() if k != "example"} for r in rows], assets / name)
     plot_frontier(frontier, assets / "frontier.png")
@@ -171,7 +173,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
              f"* Machine: {m['machine']}",
              f"* Wall time of this run: {m['wall_s'] / 60:.1f} min (training {m['train_wall_s'] / 60:.1f} min"
              + (", some models reused from an earlier run" if m["models_reused"] else "") + f"); from scratch: {scratch}",
-             f"* Budget: {m['train_steps']} steps per model (head study {m['study_steps']}), seeds {m['seeds']}, "
+             f"* Budget: {m['train_steps']} steps per model"
+             + (f" (head study {m['study_steps']})" if results["study"] else "") + f", seeds {m['seeds']}, "
              f"{m['limit']} arithmetic problems per point, {m['infill_limit']} stories / quests per infilling row, "
              f"EMA weights; base `{m['base_config']}` with `{' '.join(m['overrides'])}`", "",
              "### Claims", ""]
@@ -181,10 +184,14 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     lines += _table(["model", "seed", "val loss", "val loss (EMA)", "first step train loss < 2", "train s"],
                     [[r["method"], r.get("seed"), _f(r["final_val_loss"], 4), _f(r["final_val_loss_ema"], 4),
                       r["first_step_below_2"] or "never", r["train_seconds"]] for r in results["training"]])
-    lines += ["", f"### Head study ({m['study_steps']} steps, zero-initialised vs normally initialised output head)", ""]
-    lines += _table(["model", "head", "seeds", "train loss at step 50", "at step 100", "first step train loss < 2",
-                     "final val loss (mean ± sd)"], _study_table(results["study"]))
-    lines += ["", "(per seed; train loss logged every 10 steps)"]
+    if results["study"]:
+        lines += ["", f"### Head study ({m['study_steps']} steps, zero-initialised vs normally initialised output head)",
+                  ""]
+        lines += _table(["model", "head", "seeds", "train loss at step 50", "at step 100", "first step train loss < 2",
+                         "final val loss (mean ± sd)"], _study_table(results["study"]))
+        lines += ["", "(per seed; train loss logged every 10 steps)"]
+    else:
+        lines += ["", "Head study: not run (`--study`); its last measurement is quoted below the section."]
     lines += ["", "### Arithmetic: accuracy against decoding speed (seed means ± sd; greedy; batch 8)", ""]
     lines += _table(["method", "W", "tau", "exact match", "step accuracy", "operand copied", "tokens/s",
                      "tokens/step"],

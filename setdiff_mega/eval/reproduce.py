@@ -6,8 +6,10 @@ Plan (``ReproConfig``; every model the same size, data and step count, EMA weigh
   (AR's factorisation in the two-stream architecture: it separates the architecture's cost from the
   order's), SetDLM D = 4 with the fill-in-the-middle option (``objective.fim_rate``; reported
   separately); ``seeds`` (>= 2) for AR, BD3LM S = 4 and the SetDLM D = 4 recipe, one seed for the others;
-* the head study: AR, SetDLM D = 4 and BD3LM S = 4 trained ``study_steps`` steps with the DiT zero-initialised
-  head and with a normally initialised one (``model.zero_init_head``), the validation curves over seeds;
+* the head study (``run_study``; ``--study``): AR, SetDLM D = 4 and BD3LM S = 4 trained ``study_steps`` steps
+  with the DiT zero-initialised head and with a normally initialised one (``model.zero_init_head``), the
+  validation curves over seeds. Off by default since its verdict is in (the 90 minutes go to the main
+  models' steps); its last measurement stays in ``docs/results.md``;
 * evaluation (:mod:`.frontier`): the arithmetic math points (tau sweep, W in {D, 2D}), the two
   infilling tasks (quests: suffix-dependent; stories: the middle sentence), the likelihood table;
 * the claims of issue 14 checked on the seed means, and the report (:mod:`.report`).
@@ -59,6 +61,7 @@ class ReproConfig:
     seeds: list = field(default_factory=lambda: [1234, 7])
     models: list | None = None                # None: _main_models(seeds)
     study: list | None = None                 # None: _study_models(seeds)
+    run_study: bool = False                   # train and report the head study too
     taus: list = field(default_factory=lambda: [0.5, 0.7, 0.9, 1e6])
     limit: int = 64                           # arithmetic problems per point
     infill_limit: int = 64                    # stories / quests per infilling row
@@ -84,7 +87,7 @@ def train_all(rc: ReproConfig, log=print) -> tuple[list[dict], list[dict]]:
     out = Path(rc.out_dir)
     main = [{**F.train_model(m, rc.train_steps, out, rc.base_config, rc.overrides, log), "spec": m} for m in rc.models]
     study = [{**F.train_model(m, rc.study_steps, out / "study", rc.base_config, rc.overrides, log), "spec": m}
-             for m in rc.study]
+             for m in (rc.study if rc.run_study else [])]
     return main, study
 
 
@@ -193,8 +196,8 @@ def toy_config(out_dir: str, data: str, tasks: str) -> ReproConfig:
         {"objective": "setdlm", "D": 2, "fim_rate": 0.3, "seed": 1234}]
     study = [{"objective": "setdlm", "D": 2, "zero_init_head": zh, "seed": 1234} for zh in (True, False)]
     return ReproConfig(out_dir=out_dir, overrides=CPU_OVERRIDES + tiny, train_steps=4, study_steps=2, seeds=seeds,
-                       models=models, study=study, taus=[0.9, 1e6], limit=2, infill_limit=2, max_new_tokens=16,
-                       likelihood_sequences=4, orders=2, tasks=tasks)
+                       models=models, study=study, run_study=True, taus=[0.9, 1e6], limit=2, infill_limit=2,
+                       max_new_tokens=16, likelihood_sequences=4, orders=2, tasks=tasks)
 
 
 __all__ = ["ReproConfig", "CPU_OVERRIDES", "train_all", "evaluate_all", "claims", "run", "toy_config"]

@@ -3,7 +3,8 @@
 Runs on one process or data-parallel under torchrun (``launch.sh``): each of the D ranks reads its own
 slice of every global batch (``micro_batch_size * grad_accum_steps * D`` samples per optimizer step),
 draws its own noise, and torch DDP averages gradients over the group. Rank 0 logs and writes
-checkpoints; a non-finite loss on any rank stops every rank. One optimizer step =
+checkpoints; a non-finite loss on any rank stops every rank or skips the step on every rank
+(``train.nonfinite``, :mod:`.guard`). One optimizer step =
 ``grad_accum_steps`` micro-batches of ``micro_batch_size`` L-token samples per rank:
 
     for each micro-batch:  inputs = objective.build_inputs(tokens, generator)      # [B, T] etc.
@@ -30,13 +31,13 @@ from pathlib import Path
 import torch
 
 from setdiff_mega.config import ConfigError, RunConfig, to_dict
-from setdiff_mega.data.indexed import DataError, check_dataset
+from setdiff_mega.data.indexed import DataError, DataWatch, check_dataset, check_matches
+
+from .guard import StepGuard, TrainingError
 from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.diffusion import build_inputs_per_sample, build_objective
 
 
-class TrainingError(RuntimeError):
-    """Training cannot continue (e.g. a non-finite loss); the message says what to change."""
 
 
 def objective_from_config(cfg: RunConfig, tokenizer: Tokenizer):
@@ -149,9 +150,8 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     infos = [check_dataset(p) for p in prefixes]      # clear errors before any expensive set-up
     tok = resolve_tokenizer(cfg)
     vocab = resolve_vocab(cfg, tok)
-    for p, info in zip(prefixes, infos):
-        if info["max_token_id"] >= vocab:
-            check_dataset(p, vocab)                    # raises the vocabulary-mismatch error
+    for p, info in zip(prefixes, infos):               # vocabulary, and the tokenizer the data was made with
+        check_matches(p, info, vocab, tok if dc.check_tokenizer else None)
     pc = cfg.parallel
     validate_layout(cfg)                               # sizes against the model, before any process group
     env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed,
@@ -166,10 +166,12 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     samples_per_step = tc.micro_batch_size * tc.grad_accum_steps * dp
     n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size * dp
     train_ds, valid_ds, _ = build_splits(dc.path, tok, dc.seq_length, dc.split, dc.seed,
-                                         (tc.train_steps * samples_per_step, n_valid, n_valid), dc.cache_dir)
+                                         (tc.train_steps * samples_per_step, n_valid, n_valid), dc.cache_dir,
+                                         dc.check_tokenizer)
     if valid_ds is None or len(valid_ds) == 0:
         log("warning: no validation split (data.split gives it weight 0): validating on training samples")
         valid_ds = train_ds
+    watch = DataWatch(prefixes)
     objective = objective_from_config(cfg, tok)
     model = build_model(cfg.model, vocab, sequence_parallel=pc.sequence_parallel)
     checkpointer = Checkpointer(cfg, tok, model, None, None, log)
@@ -223,6 +225,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         init_eval = {"loss": resumed.get("initial_val_loss", float("nan"))}
         logger.write(f"resumed from {found[0]} at step {start_step} ({consumed} samples consumed)")
     initial_val = init_eval["loss"]
+    guard = StepGuard(tc, int(resumed.get("skipped_steps", 0)) if resumed is not None else 0, logger.write)
     # noise of a sample depends on (seed, epoch, sample index) only: every rank of one data-parallel
     # replica (its TP / PP ranks) sees the same inputs, and DP = 1 and DP = N train on identical inputs
     noise_seed = tc.seed + 1
@@ -236,15 +239,16 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
 
     def save(at_step):
         return checkpointer.save(at_step, consumed, {"val_loss": last_eval["loss"], "initial_val_loss": initial_val,
-                                                     "train_steps": tc.train_steps})
+                                                     "train_steps": tc.train_steps, "skipped_steps": guard.skipped})
 
     try:
         with ExitSignals(tc.exit_on_signal) as signals:
             for step in range(start_step, tc.train_steps):
-                lr = lr_at(step, tc)
+                lr = lr_at(guard.schedule_step(step), tc)
                 set_lr(optimizer, lr)
                 optimizer.zero_grad(set_to_none=True)
                 micro = []
+                watch.check()                              # the data files are the ones we started with
                 for _ in range(tc.grad_accum_steps):
                     batch = next(stream)
                     tokens = batch["tokens"]
@@ -262,15 +266,14 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                     if pp > 1:
                         allreduce_dp_grads(model)
                     gnorm = clip_grad_norm(model, tc.clip_grad)
-                total = _mean_over_ranks(total, dp)       # NaN on any rank makes the mean NaN everywhere
-                if not (math.isfinite(total) and torch.isfinite(gnorm)):
-                    raise TrainingError(f"non-finite loss ({total}) or gradient norm ({float(gnorm)}) at step "
-                                        f"{step + 1}; no update was applied. Lower train.lr (now {tc.lr}), keep "
-                                        f"train.clip_grad > 0, or use train.precision=fp32")
-                if engine is None:
-                    optimizer.step()
-                if ema is not None:
-                    ema.update()
+                total = _mean_over_ranks(total, dp)
+                if guard.accept(step, total, gnorm):       # every rank agrees (train.nonfinite: stop | skip)
+                    if engine is None:
+                        optimizer.step()
+                    if ema is not None:
+                        ema.update()
+                else:
+                    optimizer.zero_grad(set_to_none=True)
                 done = step + 1
                 if done % tc.log_interval == 0 or done == tc.train_steps:
                     dt = time.perf_counter() - t_window
@@ -281,7 +284,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
                     if peak:
                         perf["perf/mfu"] = tflops * 1e12 / peak
                     logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm), **perf,
-                                "data/consumed_samples": consumed}, done)
+                                "data/consumed_samples": consumed, **guard.metrics()}, done)
                     t_window, tok_window, proc_window = time.perf_counter(), 0, 0
                 logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{sample_tps:,.0f}"})
                 if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:

@@ -135,7 +135,7 @@ def test_data_errors_name_file_and_problem(tokenizer, tmp_path):
     with pytest.raises(DataError, match="input is empty"):
         write_indexed(tmp_path / "f", [[]], 400)
     (tmp_path / "d.idx").write_bytes(b"NOTMMIDX" + b"\0" * 40)
-    with pytest.raises(DataError, match=r"index file '.*d.idx' is unreadable or corrupt"):
+    with pytest.raises(DataError, match=r"index file '.*d.idx' does not start with megatron-core's index header"):
         check_dataset(tmp_path / "d")
     write_indexed(tmp_path / "g", [[1, 2, 3], [4, 5]], 400)
     with open(tmp_path / "g.bin", "r+b") as f:
@@ -147,7 +147,7 @@ def test_data_errors_name_file_and_problem(tokenizer, tmp_path):
 def test_read_documents(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "one"}\n\n{"text": "two"}\n')
     assert list(read_documents(tmp_path / "a.jsonl")) == ["one", "two"]
-    with pytest.raises(KeyError, match="JSON key 'body' does not exist"):
+    with pytest.raises(DataError, match=r"a.jsonl:1: JSON key 'body' does not exist"):
         list(read_documents(tmp_path / "a.jsonl", "body"))
     (tmp_path / "b.txt").write_text("para one\nline two\n\n\npara two\n")
     assert list(read_documents(tmp_path / "b.txt")) == ["para one\nline two", "para two"]

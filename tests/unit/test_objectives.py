@@ -159,27 +159,37 @@ def test_elbo_loss_is_weighted_sum_over_target_count():
 
 def test_setdlm_fim_reveals_prefix_then_rest_of_document_first_in_position_order():
     EOS = 45
-    x = _tokens(B=64, L=32)
-    x[:, 13] = EOS                                   # two documents per row: [0, 13] and [14, 31]
-    obj = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS, fim_rate=0.5, fim_max_middle=8,
-                          fim_max_suffix=32)
+    x = _tokens(B=256, L=32)
+    x[:, 13] = EOS                                   # two documents per row: [1, 13] and [14, 31]
+    obj = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS, fim_rate=0.5)
     perm = obj.build_inputs(x, generator=_g(3), training=True).extras["perm"]
-    assert torch.equal(perm.sort(1).values, torch.arange(32).expand(64, 32))         # still a permutation
+    assert torch.equal(perm.sort(1).values, torch.arange(32).expand(256, 32))        # still a permutation
     g = _g(3)                                        # the same draws as the order: exponentials, then FIM
-    torch.rand(64, 32, dtype=torch.float64, generator=g)
-    pinned = obj.fim_pinned(x, torch.ones(64, 32, dtype=torch.bool), g)
+    torch.rand(256, 32, dtype=torch.float64, generator=g)
+    permutable = torch.ones(256, 32, dtype=torch.bool)
+    permutable[:, 0] = False
+    pinned = obj.fim_pinned(x, permutable, g)
     rows = pinned.any(1)
-    assert 16 < int(rows.sum()) < 48                                                 # about half the rows
+    assert 96 < int(rows.sum()) < 160                                                # about half the rows
+    middles, with_suffix = set(), 0
     for b in torch.nonzero(rows).flatten().tolist():
         pos = torch.nonzero(pinned[b]).flatten()
-        assert torch.equal(perm[b, :len(pos)], pos)                                  # revealed first, in order
-        gaps = torch.nonzero((pos[1:] - pos[:-1]) > 1).flatten()
-        assert len(gaps) == 1 and pos[0] == 0                                         # prefix [0, a) + one span
-        j = int(gaps[0]) + 1
-        a, bb, e = int(pos[j - 1]) + 1, int(pos[j]), int(pos[-1]) + 1
-        assert 1 <= bb - a <= 8                                                       # the middle
-        assert not (x[b, a:bb] == EOS).any()                                          # inside one document
-        assert e == (14 if bb <= 13 else 32)                                          # the rest of that document
+        assert torch.equal(perm[b, 1:1 + len(pos)], pos)                             # revealed first, in order
+        free = ~pinned[b]
+        free[0] = False
+        a = int(torch.nonzero(free).flatten()[0])
+        assert pinned[b, 1:a].all()                                                  # the prefix [1, a)
+        end = 14 if a <= 13 else 32                                                  # the end of a's document
+        rest = torch.nonzero(pinned[b, a:]).flatten()
+        if len(rest):                                                                # a suffix span [bb, end)
+            bb = a + int(rest[0])
+            assert pinned[b, bb:end].all() and not pinned[b, end:].any() and bb < end
+            with_suffix += 1
+        else:                                                                        # the middle reaches the end
+            bb = end
+        assert not (x[b, a:bb - 1] == EOS).any()                                     # inside one document
+        middles.add((a, bb))
+    assert with_suffix > len(middles) / 2 and len(middles) > 60                      # varied middles
     ev = obj.build_inputs(x, generator=_g(3), training=False).extras["perm"]
     plain = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS)
     assert torch.equal(ev, plain.build_inputs(x, generator=_g(3), training=False).extras["perm"])  # eval: plain

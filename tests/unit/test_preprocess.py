@@ -36,11 +36,13 @@ def test_round_trip_mixed_corpus_many_shards(corpus):
                    unit_bytes=4096, progress=False, log=lambda *a: None)
     tok = Tokenizer.from_file(corpus / "tok.json")
     docs, ds = _docs(corpus / "out/a")
-    assert m["num_documents"] == len(TEXTS) == len(docs)
-    for text, ids in zip(TEXTS, docs):
+    nonempty = [t for t in TEXTS if t]
+    assert m["num_documents"] == len(TEXTS) and len(docs) == len(nonempty)
+    for text, ids in zip(nonempty, docs):
         assert ids[0] == tok.bos and ids[-1] == tok.eos
         assert tok.decode(ids[1:-1]) == text                   # identical text, in input order
-    assert np.array_equal(ds.document_indices, np.arange(len(TEXTS) + 1))
+    # an empty document is an empty document (no sequence, no BOS / EOD), as Megatron-LM writes it
+    assert np.array_equal(ds.document_indices, np.cumsum([0] + [1 if t else 0 for t in TEXTS]))
     assert ds.index.dtype == np.uint16
     assert check_dataset(corpus / "out/a", tok.vocab_size, verify_hashes=True)["num_tokens"] == m["num_tokens"]
 
@@ -89,7 +91,7 @@ def test_several_keys_globs_and_no_bos_eod(corpus):
 
 def test_preprocess_errors_name_file_and_problem(corpus, tmp_path):
     tok = str(corpus / "tok.json")
-    with pytest.raises(DataError, match=r"in.jsonl: JSON key 'body' does not exist \(keys: text, title\)"):
+    with pytest.raises(DataError, match=r"in.jsonl:1: JSON key 'body' does not exist \(keys: text, title\)"):
         preprocess([str(corpus / "in.jsonl")], str(tmp_path / "x"), tok, json_keys=["body"], progress=False)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match="hold no data"):
@@ -99,6 +101,50 @@ def test_preprocess_errors_name_file_and_problem(corpus, tmp_path):
         preprocess([str(tmp_path / "c.jsonl.gz")], str(tmp_path / "x"), tok, progress=False)
     with pytest.raises(DataError, match="matches no file"):
         preprocess([str(tmp_path / "nothing*.jsonl")], str(tmp_path / "x"), tok, progress=False)
+
+
+def test_undecodable_and_non_string_input_name_the_line_in_the_file(corpus, tmp_path):
+    """Issue 16, defects 2 and 3: the line is counted in the whole file (not in the worker's unit), and
+    null / numbers / objects are refused instead of written as "None" / "42"."""
+    tok = str(corpus / "tok.json")
+    good = (corpus / "in.jsonl").read_bytes()
+    n = good.count(b"\n")
+    for tail, needle in ((b'{"text": "caf\xe9"}\n', rf"bad.jsonl:{n + 1}: not valid UTF-8 \(byte 0xe9 at column 14\)"),
+                         (b'{"text": null}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is null None; a document must"),
+                         (b'{"text": 42}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is int 42"),
+                         (b'{"text": ["a", 3]}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is list \['a', 3\]"),
+                         (b'["text"]\n', rf"bad.jsonl:{n + 1}: expected a JSON object"),
+                         (b'{"text": "x"\n', rf"bad.jsonl:{n + 1}: not valid JSON")):
+        (tmp_path / "bad.jsonl").write_bytes(good + tail)
+        for workers, unit in ((1, 1 << 20), (2, 3000)):        # one unit, or many: the same line number
+            with pytest.raises(DataError, match=needle):
+                preprocess([str(tmp_path / "bad.jsonl")], str(tmp_path / "x"), tok, workers=workers,
+                           unit_bytes=unit, progress=False)
+    (tmp_path / "bad.txt").write_bytes(b"fine\n\nalso fine\nbut caf\xe9 here\n")
+    with pytest.raises(DataError, match=r"bad.txt:4: not valid UTF-8 \(byte 0xe9 at column 8\)"):
+        preprocess([str(tmp_path / "bad.txt")], str(tmp_path / "x"), tok, progress=False)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": ["a", None, "c"]}), tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"bad.parquet \(row group 0, row 1\): the value of 'text' is null"):
+        preprocess([str(tmp_path / "bad.parquet")], str(tmp_path / "x"), tok, progress=False)
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_lists_are_sentences_and_empty_documents_stay_empty_like_megatron(corpus, tmp_path):
+    """Issue 16, defects 3 and 4: a list value is one document of sentences (one sequence each, empty ones
+    dropped, EOD on the last); an empty document has no tokens and no sequence (Megatron-LM's layout)."""
+    tokp = str(corpus / "tok.json")
+    tok = Tokenizer.from_file(tokp)
+    rows = [{"text": ["first sentence.", "", " second one."]}, {"text": ""}, {"text": []}, {"text": "plain"}]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = preprocess([str(tmp_path / "s.jsonl")], str(tmp_path / "s"), tokp, prepend_bos=False, progress=False,
+                   log=lambda *a: None)
+    docs, ds = _docs(tmp_path / "s")
+    a, b, c = tok.encode("first sentence."), tok.encode(" second one."), tok.encode("plain")
+    assert [list(d) for d in docs] == [a, b + [tok.eos], c + [tok.eos]]
+    assert list(ds.document_indices) == [0, 2, 2, 2, 3] and m["num_documents"] == 4
+    assert m["num_tokens"] == len(a) + len(b) + len(c) + 2
 
 
 def test_interrupted_run_keeps_the_previous_dataset(corpus, tmp_path):
@@ -119,11 +165,11 @@ def test_corrupt_index_and_manifest_mismatch(corpus, tmp_path):
     raw = bytearray((tmp_path / "d.idx").read_bytes())
     raw[9] = 7                                                 # version 7
     (tmp_path / "d.idx").write_bytes(bytes(raw))
-    with pytest.raises(DataError, match=r"index file '.*d.idx' is unreadable or corrupt .*bad version"):
+    with pytest.raises(DataError, match=r"index file '.*d.idx' has version 7"):
         check_dataset(tmp_path / "d")
     raw[:9] = b"XXXXXXXXX"                                     # wrong magic
     (tmp_path / "d.idx").write_bytes(bytes(raw))
-    with pytest.raises(DataError, match=r"corrupt .*bad header"):
+    with pytest.raises(DataError, match=r"does not start with megatron-core's index header"):
         check_dataset(tmp_path / "d")
     shutil.copy(tmp_path / "orig.idx", tmp_path / "d.idx")
     with open(tmp_path / "d.bin", "r+b") as f:                 # same size, different content

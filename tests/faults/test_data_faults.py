@@ -1,0 +1,61 @@
+"""Bad data is refused with one line naming the file and the fix (issue 16, defects 1 and 5)."""
+import shutil
+
+import numpy as np
+import pytest
+
+from .conftest import ROOT, TINY, one_line_error, run_tool
+
+
+def test_training_on_data_made_with_another_tokenizer_is_refused_before_any_work(two_tokenizers, tmp_path):
+    d, a, b = two_tokenizers
+    save = tmp_path / "run"
+    r = run_tool(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=2",
+                  f"data.path={d / 'corpus'}", f"data.tokenizer={d / 'other_tokenizer.json'}", f"train.save_dir={save}"])
+    one_line_error(r, f"'{d / 'corpus'}' was tokenized with tokenizer {a.hash}", f"is tokenizer {b.hash}",
+                   "set data.tokenizer to the tokenizer.json the data was made with")
+    assert not save.exists()                                   # nothing was written
+
+
+def test_evaluation_paths_refuse_the_mismatch_too(two_tokenizers, mcore):
+    from setdiff_mega.data.indexed import DataError, check_dataset
+    from setdiff_mega.data.loader import build_splits
+
+    d, a, b = two_tokenizers
+    with pytest.raises(DataError, match=f"tokenized with tokenizer {a.hash}"):
+        build_splits(str(d / "corpus"), b, 32, "90,5,5", 1, (8, 8, 8), str(d / "cache"))   # likelihood, sweeps
+    assert check_dataset(d / "corpus", a.vocab_size, tokenizer=a)["manifest"] is not None        # its own: fine
+    assert check_dataset(d / "corpus", a.vocab_size)["num_documents"] == 1200                    # check off
+
+
+def test_data_without_manifest_holding_the_mask_id_is_refused(two_tokenizers, tmp_path):
+    from setdiff_mega.data.indexed import DataError, check_dataset
+
+    d, a, b = two_tokenizers
+    for ext in ("bin", "idx"):                               # as Megatron-LM writes it: no manifest
+        shutil.copy(d / f"corpus.{ext}", tmp_path / f"mega.{ext}")
+    assert check_dataset(tmp_path / "mega", a.vocab_size, tokenizer=a)["manifest"] is None
+    tokens = np.memmap(tmp_path / "mega.bin", dtype=np.uint16, mode="r+")
+    tokens[5] = a.mask
+    tokens.flush()
+    del tokens
+    with pytest.raises(DataError, match=f"contains token id {a.mask}, the MASK token"):
+        check_dataset(tmp_path / "mega", a.vocab_size, tokenizer=a)
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda b: b"XXIDIDX\x00\x00" + b[9:], "does not start with megatron-core's index header"),
+    (lambda b: b[:20], "is truncated inside its header"),
+    (lambda b: b[:-8], "is truncated or corrupt"),
+    (lambda b: b[:9] + (2).to_bytes(8, "little") + b[17:], "has version 2"),
+])
+def test_a_damaged_index_is_one_line_without_a_library_traceback(two_tokenizers, tmp_path, damage, needle):
+    d, a, _ = two_tokenizers
+    shutil.copy(d / "corpus.bin", tmp_path / "corpus.bin")
+    shutil.copy(d / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "corpus.idx").write_bytes(damage((d / "corpus.idx").read_bytes()))
+    r = run_tool(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=2",
+                  f"data.path={tmp_path / 'corpus'}", f"train.save_dir={tmp_path / 'run'}"])
+    one_line_error(r, f"index file '{tmp_path / 'corpus'}.idx'", needle, "regenerate the dataset")
+    r = run_tool(["tools/inspect_data.py", str(tmp_path / "corpus")])
+    assert r.returncode != 0 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr[-2000:]
