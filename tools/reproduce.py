@@ -5,7 +5,7 @@
     python tools/reproduce.py --budget 10 --out runs/reproduce_gpu --report docs/results_gpu.md
     python tools/reproduce.py --toy --data D/corpus --tasks D/tasks --out /tmp/r --report /tmp/r/results.md
 
-Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 1, 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
+Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
 option at one size and token budget (>= 2 seeds for AR, BD3LM S = 4, SetDLM D = 4), and with --study the
 head study (zero-initialised vs normal output head); evaluates arithmetic exact match against tokens/s and tokens
 per step (tau sweep; W in {D, 2D}), quest and story infilling, and the likelihood table, with EMA

@@ -199,7 +199,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                       _f(r["step_accuracy"]), _f(r["copy_accuracy"]), _f(r["tokens_per_s"], 0),
                       _f(r["tokens_per_step"], 2)]
                      for r in results["frontier"]])
-    lines += ["", "### Infilling (oracle span length; infill preset: tau 1e6, repetition penalty 1.2, W = 2D)", ""]
+    lines += ["", "### Infilling (oracle span length; infill preset: tau 1e6, W = 2D, repetition penalty 1.2 for the "
+              "stories and 1.0 for the templated quests)", ""]
     lines += _table(["task", "method", "context", "exact match", "ROUGE-L", "tokens/s"],
                     [[r["task"], r["method"], r["context"], _pm(r, "exact_match"), _pm(r, "rouge_l"),
                       _f(r["tokens_per_s"], 0)] for r in results["infill_means"]])

@@ -37,7 +37,8 @@ def test_default_plan_has_two_seeds_for_the_compared_methods():
         assert sum(t.startswith(base + "_s") for t in tags) >= 2, base
     assert {m["objective"] for m in rc.models} == {"ar", "mdlm", "bd3lm", "setdlm"}
     assert {m.get("block_size") for m in rc.models if m["objective"] == "bd3lm"} == {4, 8}
-    assert {m.get("D") for m in rc.models if m["objective"] == "setdlm"} == {1, 2, 4, 8}
+    assert {m.get("D") for m in rc.models if m["objective"] == "setdlm"} == {2, 4, 8}
+    assert any(m.get("fim_rate") for m in rc.models) and not rc.run_study
     assert {m.get("zero_init_head") for m in rc.study} == {True, False}
     scaled = ReproConfig().scaled(10)
     assert scaled.train_steps == 10 * rc.train_steps and scaled.limit == 128       # capped at the held-out set
