@@ -245,7 +245,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"config file '{p}' does not exist; presets live in configs/ (e.g. configs/tiny_cpu.yaml)")
+            raise ConfigError(f"config file '{p}' does not exist; presets live in configs/ (e.g. "
+                              f"configs/tiny_cpu.yaml)")
         try:
             tree = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
@@ -355,8 +356,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"train.max_skipped_steps={t.max_skipped_steps} must be >= 0 and train.spike_factor="
                           f"{t.spike_factor} 0 (off) or > 1")
     if t.nonfinite == "skip" and t.zero_stage > 0:
-        raise ConfigError(f"train.nonfinite=skip is not supported with DeepSpeed ZeRO (train.zero_stage={t.zero_stage}: "
-                          f"the engine owns the update); use train.nonfinite=stop")
+        raise ConfigError(f"train.nonfinite=skip is not supported with DeepSpeed ZeRO (train.zero_stage="
+                          f"{t.zero_stage}: the engine owns the update); use train.nonfinite=stop")
     if m.vocab_size is not None and m.vocab_size < 4:
         raise ConfigError(f"model.vocab_size={m.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
     validate_layout(cfg)
@@ -430,6 +431,6 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
                           f"launch a multiple of {tp * pp} processes")
 
 
-__all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig", "TrainConfig", "LoggingConfig",
-           "RunConfig", "load_config", "validate", "parse_overrides", "to_dict", "from_dict", "dump_yaml",
-           "OBJECTIVE_NAMES"]
+__all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig",
+           "TrainConfig", "LoggingConfig", "RunConfig", "load_config", "validate", "parse_overrides", "to_dict",
+           "from_dict", "dump_yaml", "OBJECTIVE_NAMES"]

@@ -6,7 +6,8 @@
 In one run, on the same model and prompts (the embedded held-out math questions, batch 1): SetDLM for
 W in {1,2,4,8} x tau in {1e6, 0.9, 0.7, 0.5}, BD3LM for block sizes {2,4,8}, AR and MDLM; then the
 SetDLM cache-on vs cache-off speed ratio when decoding --long-length positions (one token per step, no
-EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model). Writes bench_generate.csv, cache_speedup.json and speed_vs_tau.png.
+EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model). Writes
+bench_generate.csv, cache_speedup.json and speed_vs_tau.png.
 """
 import argparse
 import csv

@@ -1,4 +1,5 @@
-"""Hugging Face export and import: native checkpoint <-> ``config.json`` + ``model.safetensors`` + code.
+"""The Hugging Face format: the name and layout mapping, ``config.json``, reading an export (the conversions
+that write one, or a native checkpoint from one, are in :mod:`.convert`).
 
 Name and layout mapping (single-process state dict -> transformers names; ``i`` = layer):
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import torch
@@ -154,7 +154,8 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "torch_dtype": "float32",
         "method": {"objective": oc.name, "D": oc.D, "S_max": s_max, "block_size": oc.block_size, "k": oc.k,
                    "b": oc.b, "keep_clean_bos": oc.keep_clean_bos, "eos_last": oc.eos_last,
-                   "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps, "mask_token_id": tok.mask,
+                   "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps,
+                   "mask_token_id": tok.mask,
                    "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
                    "seq_length": cfg.data.seq_length},
         "setdiff_mega": to_dict(cfg),
@@ -174,41 +175,6 @@ def is_hf_export(path: Path) -> bool:
 def export_weights(path: Path) -> str:
     """Which weights an export holds: "ema" or "raw" (exports before EMA existed: raw)."""
     return json.loads((Path(path) / "config.json").read_text()).get("setdiff_mega_weights", "raw")
-
-
-def export(checkpoint: str | Path, out_dir: str | Path, weights: str | None = None) -> Path:
-    """Write the Hugging Face directory of a native checkpoint (weights in fp32, bit-exact); ``weights``:
-    ema | raw | None (the EMA when the checkpoint has one)."""
-    from safetensors.torch import save_file
-
-    from .io import resolve_checkpoint
-    from .native import load_model
-
-    ck, state = resolve_checkpoint(checkpoint)
-    model, _, tok, cfg = load_model(ck, weights=weights)
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = native_to_hf(model.state_dict(), cfg.model)
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "setdiff-mega"})
-    meta = {**hf_config(cfg, tok, model.padded_vocab_size), "setdiff_mega_step": int(state.get("step", 0)),
-            "setdiff_mega_weights": model.weights_kind}
-    (tmp / "config.json").write_text(json.dumps(meta, indent=2))
-    tok.save(tmp / "tokenizer.json")
-    special = {"bos_token": tok.token(tok.bos), "eos_token": tok.token(tok.eos), "pad_token": tok.token(tok.pad),
-               "mask_token": tok.token(tok.mask)}
-    (tmp / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.max_position_embeddings,
-         **special}, indent=2))
-    (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
-    code = Path(__file__).resolve().parent.parent / "hf"
-    for f in CODE_FILES:
-        shutil.copyfile(code / f, tmp / f)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
 
 
 def read_export(path: str | Path):
@@ -245,15 +211,5 @@ def load_into(model, weights: dict, path: Path, mc) -> None:
     model.load_state_dict(hf_to_native(weights, model.state_dict(), mc, src))
 
 
-def import_export(hf_dir: str | Path, save_dir: str | Path, step: int | None = None) -> Path:
-    """An exported directory -> a weights-only native checkpoint under ``save_dir`` (returns its dir)."""
-    from .native import load_model, save_model_checkpoint
-
-    model, _, tok, cfg = load_model(hf_dir)
-    meta = json.loads((Path(hf_dir) / "config.json").read_text())
-    step = int(meta.get("setdiff_mega_step", 0)) if step is None else step
-    return save_model_checkpoint(save_dir, step, model, cfg, tok, state={"imported_from": str(hf_dir)})
-
-
-__all__ = ["export", "export_weights", "import_export", "read_export", "is_hf_export", "native_to_hf", "hf_to_native",
+__all__ = ["CODE_FILES", "export_weights", "read_export", "is_hf_export", "native_to_hf", "hf_to_native",
            "hf_config", "load_into"]

@@ -31,8 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import masks as M
-from .orders import (hitting_times, invert, move_eos_last, order_from_times, permute, sample_exponentials,
-                     sample_order)
+from .orders import hitting_times, invert, move_eos_last, order_from_times, permute, sample_exponentials, sample_order
 from .schedules import LinearSchedule, StaggeredSchedule
 
 OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
@@ -266,7 +265,8 @@ class SetDLMObjective(Objective):
         if not 0.0 <= fim_rate <= 1.0 or fim_max_middle < 0 or fim_max_suffix < 0:
             raise ValueError(f"fim_rate must be in [0, 1] and fim_max_middle / fim_max_suffix >= 0, got "
                              f"{fim_rate}, {fim_max_middle}, {fim_max_suffix}")
-        self.fim_rate, self.fim_max_middle, self.fim_max_suffix = float(fim_rate), int(fim_max_middle), int(fim_max_suffix)
+        self.fim_rate = float(fim_rate)
+        self.fim_max_middle, self.fim_max_suffix = int(fim_max_middle), int(fim_max_suffix)
 
     def schedule(self, L: int) -> StaggeredSchedule:
         return self._cached(("sched", L), lambda: StaggeredSchedule.create(L, self.D, self.S_max, self.k, self.b))
@@ -347,7 +347,8 @@ def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
             extras[k] = torch.cat([p.extras[k] for p in parts], 0)
         elif isinstance(v, torch.Tensor) and v.dim() == 0:
             extras[k] = sum(p.extras[k] for p in parts)
-    return ModelInputs(tokens=torch.cat([p.tokens for p in parts]), position_ids=torch.cat([p.position_ids for p in parts]),
+    return ModelInputs(tokens=torch.cat([p.tokens for p in parts]),
+                       position_ids=torch.cat([p.position_ids for p in parts]),
                        attention_mask=mask, logits_start=first.logits_start,
                        targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
                        weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
@@ -384,5 +385,5 @@ def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
     raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
 
 
-__all__ = ["OBJECTIVES", "ModelInputs", "collate_inputs", "build_inputs_per_sample", "Objective", "ARObjective", "MDLMObjective", "BD3LMObjective",
-           "SetDLMObjective", "build_objective", "masked_token_nll"]
+__all__ = ["OBJECTIVES", "ModelInputs", "collate_inputs", "build_inputs_per_sample", "Objective", "ARObjective",
+           "MDLMObjective", "BD3LMObjective", "SetDLMObjective", "build_objective", "masked_token_nll"]

@@ -17,7 +17,8 @@ Infilling (``infill_rows``): the reference's infill preset (tau 1e6, repetition 
 prefix and suffix prefilled), oracle span length; AR and every method's "left only" row see the prefix
 only. The quests are decoded without the repetition penalty (``INFILL_OVERRIDES``): their sentences
 repeat phrases by construction ("our hero" twice in the masked span), which the penalty, tuned for
-ROCStories, breaks (measured in ``docs/results.md``). Likelihood (``likelihood_rows``): validation NLL per token with the method's own estimator (AR
+ROCStories, breaks (measured in ``docs/results.md``). Likelihood (``likelihood_rows``): validation NLL per
+token with the method's own estimator (AR
 exact, SetDLM one-order and K-order bounds, MDLM / BD3LM NELBO). Weights: EMA when the checkpoint has it.
 """
 from __future__ import annotations

@@ -145,4 +145,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["SetDiffLM", "SetDiffLMCore", "make_lm_class"]
+__all__ = ["SetDiffLM", "SetDiffLMCore", "make_lm_class"]  # noqa: F822  (SetDiffLM: module __getattr__)

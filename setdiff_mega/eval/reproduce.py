@@ -80,7 +80,8 @@ class ReproConfig:
         if budget != 1:
             self.train_steps = max(1, round(self.train_steps * budget))
             self.study_steps = max(1, round(self.study_steps * budget))
-            self.limit, self.infill_limit = (max(1, min(128, round(n * budget))) for n in (self.limit, self.infill_limit))
+            self.limit, self.infill_limit = (max(1, min(128, round(n * budget)))
+                                             for n in (self.limit, self.infill_limit))
         return self
 
 

@@ -30,8 +30,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from setdiff_mega.checkpoint.io import (CheckpointError, checkpoints_root, latest_checkpoint, read_state,
-                                        resolve_checkpoint)
+from setdiff_mega.checkpoint.io import (
+    CheckpointError,
+    checkpoints_root,
+    latest_checkpoint,
+    read_state,
+    resolve_checkpoint,
+)
 from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config, staged_save
 from setdiff_mega.checkpoint.sharded import load_ema, load_sharded, save_sharded, start_writer_service
 

@@ -30,41 +30,15 @@ from pathlib import Path
 
 import torch
 
-from setdiff_mega.config import ConfigError, RunConfig, to_dict
-from setdiff_mega.data.indexed import DataError, DataWatch, check_dataset, check_matches
+from setdiff_mega.build import model_for
+from setdiff_mega.build import objective_for as objective_from_config
+from setdiff_mega.build import tokenizer_for as resolve_tokenizer
+from setdiff_mega.build import vocab_for as resolve_vocab
+from setdiff_mega.config import RunConfig, to_dict
+from setdiff_mega.data.indexed import DataWatch, check_dataset, check_matches
+from setdiff_mega.diffusion import build_inputs_per_sample
 
 from .guard import StepGuard, TrainingError
-from setdiff_mega.data.tokenizer import Tokenizer
-from setdiff_mega.diffusion import build_inputs_per_sample, build_objective
-
-
-
-
-def objective_from_config(cfg: RunConfig, tokenizer: Tokenizer):
-    o = cfg.objective
-    return build_objective(o.name, tokenizer.mask, block_size=o.block_size, D=o.D, S_max=o.S_max, k=o.k,
-                           b=o.b, keep_clean_bos=o.keep_clean_bos, eos_last=o.eos_last,
-                           eos_id=tokenizer.eos, loss_weighting=o.loss_weighting, t_eps=o.t_eps,
-                           fim_rate=o.fim_rate, fim_max_middle=o.fim_max_middle, fim_max_suffix=o.fim_max_suffix)
-
-
-def resolve_tokenizer(cfg: RunConfig) -> Tokenizer:
-    from setdiff_mega.data.loader import parse_blend
-
-    path = cfg.data.tokenizer or str(Path(parse_blend(cfg.data.path)[0][0]).parent / "tokenizer.json")
-    try:
-        return Tokenizer.from_file(path)
-    except FileNotFoundError as e:
-        raise DataError(f"{e} (data.tokenizer)") from None
-
-
-def resolve_vocab(cfg: RunConfig, tok: Tokenizer) -> int:
-    vocab = cfg.model.vocab_size or tok.vocab_size
-    top = max(tok.special_ids.values())
-    if vocab <= top:
-        raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's special ids (up to {top}, "
-                          f"vocabulary {tok.vocab_size}); remove the override or set it >= {tok.vocab_size}")
-    return vocab
 
 
 def autocast_context(precision: str):
@@ -134,7 +108,6 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     from setdiff_mega.checkpoint import load_weights
     from setdiff_mega.config import validate_layout
     from setdiff_mega.data.loader import batches, build_splits, parse_blend, wrap_ids
-    from setdiff_mega.model import build_model
     from setdiff_mega.parallel import initialize
 
     from .checkpointer import Checkpointer, ExitSignals
@@ -173,7 +146,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
         valid_ds = train_ds
     watch = DataWatch(prefixes)
     objective = objective_from_config(cfg, tok)
-    model = build_model(cfg.model, vocab, sequence_parallel=pc.sequence_parallel)
+    model = model_for(cfg, vocab, sequence_parallel=pc.sequence_parallel)
     checkpointer = Checkpointer(cfg, tok, model, None, None, log)
     found = checkpointer.find()
     if found is not None:

@@ -4,14 +4,15 @@ import shutil
 import numpy as np
 import pytest
 
-from .conftest import ROOT, TINY, one_line_error, run_tool
+from .conftest import TINY, one_line_error, run_tool
 
 
 def test_training_on_data_made_with_another_tokenizer_is_refused_before_any_work(two_tokenizers, tmp_path):
     d, a, b = two_tokenizers
     save = tmp_path / "run"
     r = run_tool(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=2",
-                  f"data.path={d / 'corpus'}", f"data.tokenizer={d / 'other_tokenizer.json'}", f"train.save_dir={save}"])
+                  f"data.path={d / 'corpus'}", f"data.tokenizer={d / 'other_tokenizer.json'}",
+                  f"train.save_dir={save}"])
     one_line_error(r, f"'{d / 'corpus'}' was tokenized with tokenizer {a.hash}", f"is tokenizer {b.hash}",
                    "set data.tokenizer to the tokenizer.json the data was made with")
     assert not save.exists()                                   # nothing was written
