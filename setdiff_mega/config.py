@@ -20,7 +20,9 @@ from typing import Any, Optional
 
 import yaml
 
-OBJECTIVE_NAMES = ("ar", "mdlm", "bd3lm", "setdlm")
+from setdiff_mega import methods
+
+OBJECTIVE_NAMES = methods.names()                # the registry (setdiff_mega/methods.py)
 
 
 class ConfigError(ValueError):
@@ -282,9 +284,9 @@ def _choice(value, allowed, name):
 def validate(cfg: RunConfig) -> RunConfig:
     """Cross-field checks; raises ConfigError naming the field and the fix."""
     m, o, d, t = cfg.model, cfg.objective, cfg.data, cfg.train
-    _choice(o.name, OBJECTIVE_NAMES, "objective.name")
+    _choice(o.name, methods.names(), "objective.name")
     _choice(o.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
-    if o.fim_rate and o.name != "setdlm":
+    if o.fim_rate and "fim_rate" not in methods.get(o.name).options:
         raise ConfigError(f"objective.fim_rate is a SetDLM option (objective.name={o.name}); set it to 0")
     if not 0.0 <= o.fim_rate <= 1.0 or o.fim_max_middle < 0 or o.fim_max_suffix < 0:
         raise ConfigError(f"objective.fim_rate={o.fim_rate} must be in [0, 1] and objective.fim_max_middle="
@@ -325,23 +327,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     if m.num_attention_heads % groups:
         raise ConfigError(f"model.num_query_groups={groups} must divide model.num_attention_heads="
                           f"{m.num_attention_heads}")
-    if o.name == "setdlm":
-        s_max = 2 * o.D if o.S_max is None else o.S_max
-        if o.D < 1:
-            raise ConfigError(f"objective.D={o.D} must be >= 1")
-        if o.D > s_max:
-            raise ConfigError(f"objective.D={o.D} exceeds objective.S_max={s_max}; set S_max >= D "
-                              f"(the default is 2*D: remove the S_max override)")
-        if s_max > L:
-            raise ConfigError(f"objective.S_max={s_max} exceeds data.seq_length L={L}; set S_max <= L "
-                              f"(or lower objective.D, since S_max defaults to 2*D)")
-        if o.k is not None and o.b is not None:
-            raise ConfigError("objective.k and objective.b are alternatives: set at most one")
-        if o.k is not None and o.k <= 0:
-            raise ConfigError(f"objective.k={o.k} must be > 0")
-    if o.name == "bd3lm":
-        if o.block_size < 1 or L % o.block_size:
-            raise ConfigError(f"objective.block_size={o.block_size} must be >= 1 and divide data.seq_length={L}")
+    methods.get(o.name).validate(o, L, ConfigError)    # the method's own checks (setdiff_mega/methods.py)
     if not (0.0 < o.t_eps < 1.0):
         raise ConfigError(f"objective.t_eps={o.t_eps} must be in (0, 1)")
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:

@@ -32,9 +32,13 @@ from typing import Callable
 
 import torch
 
+from setdiff_mega import methods
+from setdiff_mega.methods import default_s_max
+
 from .io import CheckpointError
 
 CODE_FILES = ("configuration_setdlm.py", "modeling_setdlm.py")
+MODEL_TYPE = "setdlm"                  # transformers' model_type of every export (any objective)
 AUTO_MAP = {"AutoConfig": "configuration_setdlm.SetDLMConfig",
             "AutoModel": "modeling_setdlm.SetDLMForDiffusionLM",
             "AutoModelForCausalLM": "modeling_setdlm.SetDLMForDiffusionLM",
@@ -133,9 +137,9 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
     from setdiff_mega.config import to_dict
 
     mc, oc = cfg.model, cfg.objective
-    s_max = oc.S_max if oc.S_max is not None else 2 * oc.D
+    s_max = default_s_max(oc.D, oc.S_max)
     return {
-        "architectures": ["SetDLMForDiffusionLM"], "model_type": "setdlm", "auto_map": AUTO_MAP,
+        "architectures": ["SetDLMForDiffusionLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
         "vocab_size": padded_vocab, "tokenizer_vocab_size": mc.vocab_size or tok.vocab_size,
         "hidden_size": mc.hidden_size, "num_hidden_layers": mc.num_layers,
         "num_attention_heads": mc.num_attention_heads,
@@ -146,7 +150,8 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "rotary_percent": mc.rotary_percent, "max_position_embeddings": mc.max_position_embeddings,
         "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad, "mask_token_id": tok.mask,
         "torch_dtype": "float32",
-        "method": {"objective": oc.name, "D": oc.D, "S_max": s_max, "block_size": oc.block_size, "k": oc.k,
+        "method": {"objective": oc.name, "causal": methods.get(oc.name).causal, "D": oc.D, "S_max": s_max,
+                   "block_size": oc.block_size, "k": oc.k,
                    "b": oc.b, "keep_clean_bos": oc.keep_clean_bos, "eos_last": oc.eos_last,
                    "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps,
                    "mask_token_id": tok.mask,
@@ -161,7 +166,7 @@ def is_hf_export(path: Path) -> bool:
     if not f.is_file():
         return False
     try:
-        return json.loads(f.read_text()).get("model_type") == "setdlm"
+        return json.loads(f.read_text()).get("model_type") == MODEL_TYPE
     except json.JSONDecodeError:
         raise CheckpointError(f"'{f}' is not valid JSON") from None
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from setdiff_mega import methods
 from setdiff_mega.checkpoint.io import (
     CheckpointError,
     checkpoints_root,
@@ -181,8 +182,9 @@ class Checkpointer:
         ck, state = found
         saved = checkpoint_config(ck)
         check_model_config(saved.model, self.cfg.model, f"checkpoint '{ck}'")
-        for section, name in (("objective", "name"), ("objective", "D"), ("objective", "S_max"),
-                              ("objective", "block_size"), ("data", "seq_length")):
+        identity = [("objective", "name"), *(("objective", f) for f in methods.get(saved.objective.name).run_fields),
+                    ("data", "seq_length")]                 # the method's record names its fields
+        for section, name in identity:
             a, b = getattr(getattr(saved, section), name), getattr(getattr(self.cfg, section), name)
             if a != b:
                 raise CheckpointError(f"checkpoint '{ck}' (train.resume={self.cfg.train.resume}) was trained with "

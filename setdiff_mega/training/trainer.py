@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from setdiff_mega import methods
 from setdiff_mega.build import model_for
 from setdiff_mega.build import objective_for as objective_from_config
 from setdiff_mega.build import tokenizer_for as resolve_tokenizer
@@ -181,7 +182,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     L = dc.seq_length
     sample_flops = flops_per_sample(cfg.model, model.padded_vocab_size, objective.name, L)
     peak = peak_flops(tc.peak_tflops)
-    proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
+    proc_per_sample = methods.get(objective.name).positions(L)[0]
     save_dir = Path(tc.save_dir)
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
         f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples; "
