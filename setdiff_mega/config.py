@@ -34,7 +34,7 @@ class ModelConfig:
     num_layers: int = 4
     hidden_size: int = 128
     num_attention_heads: int = 4
-    num_query_groups: Optional[int] = None       # GQA; None = num_attention_heads
+    num_query_groups: Optional[int] = None       # GQA; None = num_attention_heads (see query_groups)
     ffn_hidden_size: Optional[int] = None        # None = 4 * hidden_size
     vocab_size: Optional[int] = None             # None = from the tokenizer
     make_vocab_size_divisible_by: int = 128      # embedding/head padding (sliced off in the logits)
@@ -56,6 +56,45 @@ class ModelConfig:
     fp8: str = "none"                            # none | te (Transformer Engine) | torchao (float8 linears, TP=1)
     fp8_recipe: str = "tensorwise"               # tensorwise (current scaling) | delayed (te) | rowwise (torchao)
 
+    @property
+    def query_groups(self) -> int:
+        """KV heads (GQA groups); num_attention_heads when not set."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    def check(self, tensor_parallel: int = 1) -> None:
+        """This section's own checks (ConfigError naming the field and the fix)."""
+        _choice(self.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
+        _choice(self.activation, ("gelu", "swiglu"), "model.activation")
+        _choice(self.attention_backend, ("sdpa", "flex", "setcausal", "local"), "model.attention_backend")
+        _choice(self.transformer_impl, ("auto", "local", "transformer_engine"), "model.transformer_impl")
+        _choice(self.fp8, ("none", "te", "torchao"), "model.fp8")
+        _choice(self.fp8_recipe, ("tensorwise", "delayed", "rowwise"), "model.fp8_recipe")
+        if self.fp8 == "te" and self.transformer_impl == "local":
+            raise ConfigError("model.fp8=te needs Transformer Engine: set model.transformer_impl=transformer_engine "
+                              "(or auto), or use model.fp8=torchao with the local implementation")
+        if self.fp8 == "te" and self.fp8_recipe == "rowwise":
+            raise ConfigError("model.fp8_recipe=rowwise is torchao's; with model.fp8=te use tensorwise or delayed")
+        if self.fp8 == "torchao" and self.fp8_recipe == "delayed":
+            raise ConfigError("model.fp8_recipe=delayed is Transformer Engine's; with model.fp8=torchao use "
+                              "tensorwise or rowwise")
+        if self.fp8 == "torchao" and tensor_parallel > 1:
+            raise ConfigError("model.fp8=torchao runs with parallel.tensor_model_parallel_size=1 only; use "
+                              "model.fp8=te (Transformer Engine) for tensor parallelism")
+        _at_least_one(("model.num_layers", self.num_layers), ("model.hidden_size", self.hidden_size),
+                      ("model.num_attention_heads", self.num_attention_heads))
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by model.num_attention_heads="
+                              f"{self.num_attention_heads}; pick a head count that divides the hidden size")
+        if self.num_attention_heads % self.query_groups:
+            raise ConfigError(f"model.num_query_groups={self.query_groups} must divide model.num_attention_heads="
+                              f"{self.num_attention_heads}")
+        if self.vocab_size is not None and self.vocab_size < 4:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
+
 
 @dataclass
 class ObjectiveConfig:
@@ -73,6 +112,24 @@ class ObjectiveConfig:
     loss_weighting: str = "unweighted"           # MDLM/BD3LM: unweighted | elbo
     t_eps: float = 1e-3
 
+    @property
+    def s_max(self) -> int:
+        """SetDLM's window S_max (2D unless set)."""
+        return methods.default_s_max(self.D, self.S_max)
+
+    def check(self, L: int) -> None:
+        """This section's own checks, then the method's (its registry record)."""
+        _choice(self.name, methods.names(), "objective.name")
+        _choice(self.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
+        if self.fim_rate and "fim_rate" not in methods.get(self.name).options:
+            raise ConfigError(f"objective.fim_rate is a SetDLM option (objective.name={self.name}); set it to 0")
+        if not 0.0 <= self.fim_rate <= 1.0 or self.fim_max_middle < 0 or self.fim_max_suffix < 0:
+            raise ConfigError(f"objective.fim_rate={self.fim_rate} must be in [0, 1] and objective.fim_max_middle="
+                              f"{self.fim_max_middle} / fim_max_suffix={self.fim_max_suffix} >= 0 (0 = no cap)")
+        methods.get(self.name).validate(self, L, ConfigError)
+        if not (0.0 < self.t_eps < 1.0):
+            raise ConfigError(f"objective.t_eps={self.t_eps} must be in (0, 1)")
+
 
 @dataclass
 class DataConfig:
@@ -84,6 +141,18 @@ class DataConfig:
     cache_dir: Optional[str] = None              # None = <data dir>/cache
     chunk_bos_eos: bool = False                  # wrap convention: force BOS first / EOS last in each sample
     check_tokenizer: bool = True                 # refuse data whose manifest names another tokenizer
+
+    def check(self) -> None:
+        if self.seq_length < 2:
+            raise ConfigError(f"data.seq_length={self.seq_length} must be >= 2")
+        parts = self.split.replace("/", ",").split(",")
+        try:
+            weights = [float(x) for x in parts]
+        except ValueError:
+            raise ConfigError(f"data.split={self.split!r} must be comma-separated weights like '96,2,2'") from None
+        if len(weights) != 3 or any(w < 0 for w in weights) or weights[0] <= 0:
+            raise ConfigError(f"data.split={self.split!r} needs three non-negative weights with a positive train "
+                              f"weight")
 
 
 @dataclass
@@ -122,6 +191,30 @@ class TrainConfig:
     zero_stage: int = 0                          # 0: project AdamW; 1/2/3: DeepSpeed ZeRO over the DP group
     peak_tflops: Optional[float] = None          # per-device dense bf16 peak for MFU (None: known GPUs only)
 
+    def global_batch(self, dp: int = 1) -> int:
+        """Samples per optimizer step over ``dp`` data-parallel replicas."""
+        return self.micro_batch_size * self.grad_accum_steps * dp
+
+    def check(self) -> None:
+        _choice(self.precision, ("fp32", "bf16"), "train.precision")
+        _choice(self.lr_schedule, ("constant", "cosine", "linear", "wsd"), "train.lr_schedule")
+        _at_least_one(("train.micro_batch_size", self.micro_batch_size), ("train.train_steps", self.train_steps),
+                      ("train.grad_accum_steps", self.grad_accum_steps))
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"train.lr={self.lr} must be > 0 and train.min_lr={self.min_lr} in [0, lr]")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay={self.ema_decay} must be in [0, 1) (0 = no EMA; the diffusion repos "
+                              f"use 0.9999)")
+        _choice(self.nonfinite, ("stop", "skip"), "train.nonfinite")
+        if self.max_skipped_steps < 0 or not (self.spike_factor == 0 or self.spike_factor > 1):
+            raise ConfigError(f"train.max_skipped_steps={self.max_skipped_steps} must be >= 0 and "
+                              f"train.spike_factor={self.spike_factor} 0 (off) or > 1")
+        if self.nonfinite == "skip" and self.zero_stage > 0:
+            raise ConfigError(f"train.nonfinite=skip is not supported with DeepSpeed ZeRO (train.zero_stage="
+                              f"{self.zero_stage}: the engine owns the update); use train.nonfinite=stop")
+
 
 @dataclass
 class LoggingConfig:
@@ -130,6 +223,9 @@ class LoggingConfig:
     run_name: Optional[str] = None
     progress: bool = True                        # tqdm progress bar
     jsonl: bool = True                           # metrics.jsonl in save_dir
+
+    def check(self) -> None:
+        _choice(self.wandb, ("offline", "online", "disabled"), "logging.wandb")
 
 
 @dataclass
@@ -281,79 +377,21 @@ def _choice(value, allowed, name):
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}")
 
 
-def validate(cfg: RunConfig) -> RunConfig:
-    """Cross-field checks; raises ConfigError naming the field and the fix."""
-    m, o, d, t = cfg.model, cfg.objective, cfg.data, cfg.train
-    _choice(o.name, methods.names(), "objective.name")
-    _choice(o.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
-    if o.fim_rate and "fim_rate" not in methods.get(o.name).options:
-        raise ConfigError(f"objective.fim_rate is a SetDLM option (objective.name={o.name}); set it to 0")
-    if not 0.0 <= o.fim_rate <= 1.0 or o.fim_max_middle < 0 or o.fim_max_suffix < 0:
-        raise ConfigError(f"objective.fim_rate={o.fim_rate} must be in [0, 1] and objective.fim_max_middle="
-                          f"{o.fim_max_middle} / fim_max_suffix={o.fim_max_suffix} >= 0 (0 = no cap)")
-    _choice(m.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
-    _choice(m.activation, ("gelu", "swiglu"), "model.activation")
-    _choice(m.attention_backend, ("sdpa", "flex", "setcausal", "local"), "model.attention_backend")
-    _choice(m.transformer_impl, ("auto", "local", "transformer_engine"), "model.transformer_impl")
-    _choice(m.fp8, ("none", "te", "torchao"), "model.fp8")
-    _choice(m.fp8_recipe, ("tensorwise", "delayed", "rowwise"), "model.fp8_recipe")
-    if m.fp8 == "te" and m.transformer_impl == "local":
-        raise ConfigError("model.fp8=te needs Transformer Engine: set model.transformer_impl=transformer_engine "
-                          "(or auto), or use model.fp8=torchao with the local implementation")
-    if m.fp8 == "te" and m.fp8_recipe == "rowwise":
-        raise ConfigError("model.fp8_recipe=rowwise is torchao's; with model.fp8=te use tensorwise or delayed")
-    if m.fp8 == "torchao" and m.fp8_recipe == "delayed":
-        raise ConfigError("model.fp8_recipe=delayed is Transformer Engine's; with model.fp8=torchao use "
-                          "tensorwise or rowwise")
-    if m.fp8 == "torchao" and cfg.parallel.tensor_model_parallel_size > 1:
-        raise ConfigError("model.fp8=torchao runs with parallel.tensor_model_parallel_size=1 only; use "
-                          "model.fp8=te (Transformer Engine) for tensor parallelism")
-    _choice(t.precision, ("fp32", "bf16"), "train.precision")
-    _choice(t.lr_schedule, ("constant", "cosine", "linear", "wsd"), "train.lr_schedule")
-    _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")
-    L = d.seq_length
-    if L < 2:
-        raise ConfigError(f"data.seq_length={L} must be >= 2")
-    for name, val in (("model.num_layers", m.num_layers), ("model.hidden_size", m.hidden_size),
-                      ("model.num_attention_heads", m.num_attention_heads),
-                      ("train.micro_batch_size", t.micro_batch_size), ("train.train_steps", t.train_steps),
-                      ("train.grad_accum_steps", t.grad_accum_steps)):
+def _at_least_one(*pairs) -> None:
+    for name, val in pairs:
         if val < 1:
             raise ConfigError(f"{name}={val} must be >= 1")
-    if m.hidden_size % m.num_attention_heads:
-        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
-                          f"{m.num_attention_heads}; pick a head count that divides the hidden size")
-    groups = m.num_query_groups or m.num_attention_heads
-    if m.num_attention_heads % groups:
-        raise ConfigError(f"model.num_query_groups={groups} must divide model.num_attention_heads="
-                          f"{m.num_attention_heads}")
-    methods.get(o.name).validate(o, L, ConfigError)    # the method's own checks (setdiff_mega/methods.py)
-    if not (0.0 < o.t_eps < 1.0):
-        raise ConfigError(f"objective.t_eps={o.t_eps} must be in (0, 1)")
-    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
-        raise ConfigError(f"train.lr={t.lr} must be > 0 and train.min_lr={t.min_lr} in [0, lr]")
-    if t.warmup_steps < 0:
-        raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
-    if not 0.0 <= t.ema_decay < 1.0:
-        raise ConfigError(f"train.ema_decay={t.ema_decay} must be in [0, 1) (0 = no EMA; the diffusion repos use "
-                          f"0.9999)")
-    _choice(t.nonfinite, ("stop", "skip"), "train.nonfinite")
-    if t.max_skipped_steps < 0 or not (t.spike_factor == 0 or t.spike_factor > 1):
-        raise ConfigError(f"train.max_skipped_steps={t.max_skipped_steps} must be >= 0 and train.spike_factor="
-                          f"{t.spike_factor} 0 (off) or > 1")
-    if t.nonfinite == "skip" and t.zero_stage > 0:
-        raise ConfigError(f"train.nonfinite=skip is not supported with DeepSpeed ZeRO (train.zero_stage="
-                          f"{t.zero_stage}: the engine owns the update); use train.nonfinite=stop")
-    if m.vocab_size is not None and m.vocab_size < 4:
-        raise ConfigError(f"model.vocab_size={m.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Every section's own checks (``<Section>.check``), then the layout across sections; raises a
+    ConfigError naming the field and the fix."""
+    cfg.data.check()
+    cfg.objective.check(cfg.data.seq_length)
+    cfg.model.check(cfg.parallel.tensor_model_parallel_size)
+    cfg.train.check()
+    cfg.logging.check()
     validate_layout(cfg)
-    parts = d.split.replace("/", ",").split(",")
-    try:
-        weights = [float(x) for x in parts]
-    except ValueError:
-        raise ConfigError(f"data.split={d.split!r} must be comma-separated weights like '96,2,2'") from None
-    if len(weights) != 3 or any(w < 0 for w in weights) or weights[0] <= 0:
-        raise ConfigError(f"data.split={d.split!r} needs three non-negative weights with a positive train weight")
     return cfg
 
 
@@ -363,13 +401,13 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
     if tp < 1 or pp < 1:
         raise ConfigError(f"parallel sizes must be >= 1 (TP={tp}, PP={pp})")
-    groups = m.num_query_groups or m.num_attention_heads
+    groups = m.query_groups
     if m.num_attention_heads % tp:
         raise ConfigError(f"TP={tp} does not divide model.num_attention_heads={m.num_attention_heads}; "
                           f"choose a TP size that divides the head count")
     if groups % tp:
         raise ConfigError(f"TP={tp} does not divide the {groups} KV groups (model.num_query_groups)")
-    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    ffn = m.ffn_size
     if ffn % tp:
         raise ConfigError(f"TP={tp} does not divide the MLP width {ffn} (model.ffn_hidden_size)")
     if p.sequence_parallel:

@@ -44,7 +44,7 @@ AUTO_MAP = {"AutoConfig": "configuration_setdlm.SetDLMConfig",
             "AutoModelForCausalLM": "modeling_setdlm.SetDLMForDiffusionLM",
             "AutoModelForMaskedLM": "modeling_setdlm.SetDLMForDiffusionLM"}
 def _qkv_split(t: torch.Tensor, mc) -> tuple:
-    heads, groups = mc.num_attention_heads, mc.num_query_groups or mc.num_attention_heads
+    heads, groups = mc.num_attention_heads, mc.query_groups
     per = heads // groups
     d = t.shape[0] // (groups * (per + 2))
     g = t.reshape(groups, (per + 2) * d, *t.shape[1:])
@@ -53,7 +53,7 @@ def _qkv_split(t: torch.Tensor, mc) -> tuple:
 
 
 def _qkv_fuse(parts: tuple, mc) -> torch.Tensor:
-    groups = mc.num_query_groups or mc.num_attention_heads
+    groups = mc.query_groups
     grouped = [x.reshape(groups, -1, *x.shape[1:]) for x in parts]
     return torch.cat(grouped, dim=1).reshape(-1, *parts[0].shape[1:]).contiguous()
 
@@ -143,8 +143,8 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "vocab_size": padded_vocab, "tokenizer_vocab_size": mc.vocab_size or tok.vocab_size,
         "hidden_size": mc.hidden_size, "num_hidden_layers": mc.num_layers,
         "num_attention_heads": mc.num_attention_heads,
-        "num_key_value_heads": mc.num_query_groups or mc.num_attention_heads,
-        "intermediate_size": mc.ffn_hidden_size or 4 * mc.hidden_size, "hidden_act": mc.activation,
+        "num_key_value_heads": mc.query_groups,
+        "intermediate_size": mc.ffn_size, "hidden_act": mc.activation,
         "normalization": mc.normalization, "norm_eps": 1e-5, "attention_bias": mc.add_bias_linear,
         "head_bias": mc.head_bias, "tie_word_embeddings": mc.tie_embeddings, "rope_theta": float(mc.rotary_base),
         "rotary_percent": mc.rotary_percent, "max_position_embeddings": mc.max_position_embeddings,

@@ -150,8 +150,7 @@ class Checkpointer:
         tc = self.cfg.train
         state = {"kind": "training", "consumed_samples": consumed, **metrics, "optimizer": self.optimizer_kind,
                  "zero_stage": self.zero, "seed": tc.seed,
-                 "global_batch_samples": tc.micro_batch_size * tc.grad_accum_steps
-                 * ps.get_data_parallel_world_size()}
+                 "global_batch_samples": tc.global_batch(ps.get_data_parallel_world_size())}
         return staged_save(self.save_dir, step, write_shards, self.cfg, self.tok, state, tc.keep_last)
 
     def _save_zero(self, tmp: Path) -> None:

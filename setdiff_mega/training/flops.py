@@ -34,9 +34,9 @@ def body_parameters(mc) -> int:
     """Parameters of the transformer layers (attention, MLP, norms), from the model config."""
     h = mc.hidden_size
     heads = mc.num_attention_heads
-    groups = mc.num_query_groups or heads
+    groups = mc.query_groups
     d = h // heads
-    ffn = mc.ffn_hidden_size or 4 * h
+    ffn = mc.ffn_size
     bias = 1 if mc.add_bias_linear else 0
     qkv = h * (heads + 2 * groups) * d + bias * (heads + 2 * groups) * d
     proj = heads * d * h + bias * h

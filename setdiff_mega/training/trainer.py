@@ -137,7 +137,7 @@ def train(cfg: RunConfig, log=print) -> TrainResult:
     if not main:
         log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
     torch.manual_seed(tc.seed)
-    samples_per_step = tc.micro_batch_size * tc.grad_accum_steps * dp
+    samples_per_step = tc.global_batch(dp)
     n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size * dp
     train_ds, valid_ds, _ = build_splits(dc.path, tok, dc.seq_length, dc.split, dc.seed,
                                          (tc.train_steps * samples_per_step, n_valid, n_valid), dc.cache_dir,
