@@ -4,7 +4,7 @@ sweep of sampler settings on the embedded tasks, plus infilling and likelihood t
 A *model spec* is a dict: ``objective`` (ar | mdlm | bd3lm | setdlm) and any of ``D``, ``block_size``,
 ``fim_rate`` (objective fields), ``seed`` (``train.seed``: initialisation and noise; the data order is
 the same for every model) and ``zero_init_head`` (``model.zero_init_head``). Each model is trained by a
-``pretrain.py`` subprocess into ``<out>/models/<tag>`` and reused when its ``summary.json`` shows the
+``python -m setdiff_mega.train`` subprocess into ``<out>/models/<tag>`` and reused when its ``summary.json`` shows the
 requested steps. Math points (one per model and setting; exact match on the held-out arithmetic
 problems, greedy, the reference's protocol of method.md 5):
 
@@ -69,7 +69,7 @@ def train_model(m: dict, steps: int, out_dir: Path, base_config: str, overrides:
     log(f"training {tag} ({steps} steps)")
     save.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    cmd = [sys.executable, str(ROOT / "pretrain" / "pretrain.py"), "--config", base_config, *overrides,
+    cmd = [sys.executable, "-m", "setdiff_mega.train", "--config", base_config, *overrides,
            *train_overrides(m), f"train.train_steps={steps}", f"train.save_dir={save}"]
     with open(save / "train.log", "a") as f:
         p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)

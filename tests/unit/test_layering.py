@@ -18,7 +18,7 @@ LAYERS = [
     ("setdiff_mega.checkpoint", "setdiff_mega.hf"),
     ("setdiff_mega.training", "setdiff_mega.inference"),
     ("setdiff_mega.eval",),
-    ("setdiff_mega.cli",),
+    ("setdiff_mega.cli", "setdiff_mega.train"),
 ]
 
 
