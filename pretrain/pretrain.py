@@ -1,49 +1,16 @@
 #!/usr/bin/env python
-"""Pretrain AR / MDLM / BD3LM / SetDLM from a YAML preset with dotted overrides.
+"""Pretrain AR / MDLM / BD3LM / SetDLM from a YAML preset with dotted overrides (a thin wrapper of
+``setdiff_mega.train``, also run as ``python -m setdiff_mega.train`` or ``setdiff-pretrain``).
 
     python pretrain/pretrain.py --config configs/tiny_cpu.yaml [section.field=value ...]
     python pretrain/pretrain.py --config configs/tiny_cpu.yaml objective.name=ar train.train_steps=100
 """
-import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from setdiff_mega.cli import run_cli  # noqa: E402
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="configs/tiny_cpu.yaml", help="YAML preset (default: %(default)s)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 objective.D=8")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help=argparse.SUPPRESS)     # passed by the deepspeed launcher; LOCAL_RANK is read from env
-    args = p.parse_args(argv)
-    from setdiff_mega.config import load_config, to_dict
-    from setdiff_mega.parallel import is_main_process
-    from setdiff_mega.training import train
-
-    cfg = load_config(args.config, args.overrides)
-    if args.print_config:
-        print(json.dumps(to_dict(cfg), indent=2))
-        return 0
-    result = train(cfg)
-    summary = {"final_step": result.final_step, "initial_val_loss": round(result.initial_val_loss, 4),
-               "final_val_loss": round(result.final_val_loss, 4), "checkpoint": result.checkpoint,
-               "sample_tokens_per_s": round(result.sample_tokens_per_s, 1),
-               "processed_tokens_per_s": round(result.processed_tokens_per_s, 1),
-               "num_parameters": result.num_parameters, "stopped_by": result.stopped_by}
-    if result.final_val_loss_ema is not None:
-        summary["final_val_loss_ema"] = round(result.final_val_loss_ema, 4)
-    if is_main_process():                     # one summary per job, not one per rank
-        out = Path(cfg.train.save_dir) / "summary.json"
-        out.write_text(json.dumps(summary, indent=2))
-        print(json.dumps(summary))
-    return 0
-
+from setdiff_mega.train import cli  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    cli()

@@ -6,7 +6,8 @@
 In one run, on the same model and prompts (the embedded held-out math questions, batch 1): SetDLM for
 W in {1,2,4,8} x tau in {1e6, 0.9, 0.7, 0.5}, BD3LM for block sizes {2,4,8}, AR and MDLM; then the
 SetDLM cache-on vs cache-off speed ratio when decoding --long-length positions (one token per step, no
-EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model). Writes bench_generate.csv, cache_speedup.json and speed_vs_tau.png.
+EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model). Writes
+bench_generate.csv, cache_speedup.json and speed_vs_tau.png.
 """
 import argparse
 import csv
@@ -18,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.methods import SETDLM  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
     speedup = {"length": args.long_length, "model_parameters": model.num_parameters(),
                "cache_on_tokens_per_s": on.tokens_per_s,
                "cache_off_tokens_per_s": off.tokens_per_s, "speedup": on.tokens_per_s / off.tokens_per_s,
-               "setdlm_tokens_per_step_tau_0.9_W_4": next(r.tokens_per_step for r in rows if r.method == "setdlm"
+               "setdlm_tokens_per_step_tau_0.9_W_4": next(r.tokens_per_step for r in rows if r.method == SETDLM.name
                                                            and r.window == 4 and r.tau == 0.9 and r.use_cache)}
     if args.ratio_model != "none":
         from setdiff_mega.model import build_model

@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     from setdiff_mega.data.preprocess import preprocess
     from setdiff_mega.data.tokenizer import Tokenizer
     from setdiff_mega.model import mcore_cpu  # noqa: F401
+    # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.methods import SETDLM  # noqa: E402
 
 
 def _write_csv(path, rows):
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
         _write_csv(out / "bench_train.csv", rows)          # after every setting: a timeout keeps what ran
 
     plot_mfu(rows, out / "mfu.png")
-    ok = [r for r in rows if not r.error and r.objective == "setdlm"]
+    ok = [r for r in rows if not r.error and r.objective == SETDLM.name]
     best = max(ok, key=lambda r: r.processed_tok_s, default=None)
     summary = {"device": name, "torch": torch.__version__, "preset": args.preset,
                "tokens_per_step": args.tokens_per_step,

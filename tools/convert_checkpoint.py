@@ -36,17 +36,17 @@ def main(argv=None) -> int:
     b.add_argument("save_dir", help="run directory; the checkpoint goes to <save_dir>/checkpoints/step_N")
     b.add_argument("--step", type=int, default=None, help="step number to record (default: the exported one)")
     args = p.parse_args(argv)
-    from setdiff_mega.checkpoint import hf
+    from setdiff_mega.checkpoint import convert, hf
 
     if args.direction == "to-hf":
-        out = hf.export(args.checkpoint, args.out_dir, args.weights)
+        out = convert.export(args.checkpoint, args.out_dir, args.weights)
         print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights) -> {out} (load with "
               f"AutoModel.from_pretrained('{out}', trust_remote_code=True))")
     else:
         if not hf.is_hf_export(Path(args.hf_dir)):
             raise FileNotFoundError(f"'{args.hf_dir}' is not an exported setdiff-mega directory (no config.json "
                                     f"with model_type 'setdlm')")
-        out = hf.import_export(args.hf_dir, args.save_dir, args.step)
+        out = convert.import_export(args.hf_dir, args.save_dir, args.step)
         print(f"imported {args.hf_dir} -> {out}")
     return 0
 

@@ -99,7 +99,8 @@ def main(argv=None) -> int:
     from setdiff_mega.inference.options import add_generation_arguments, config_from_args
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="run directory, checkpoints/ directory, step directory or Hugging Face export")
+    p.add_argument("--checkpoint", required=True,
+                   help="run directory, checkpoints/ directory, step directory or Hugging Face export")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--file", help="prompts file (.txt / .jsonl) or '-' for stdin")
     p.add_argument("--demo", metavar="TASK_DIR", help="three demo requests (unconditional, math, infill) "

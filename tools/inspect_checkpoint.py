@@ -33,6 +33,7 @@ def native_tensors(ck: Path) -> dict:
 
     from setdiff_mega.checkpoint.io import CheckpointError
     from setdiff_mega.model import mcore_cpu  # noqa: F401
+    # isort: split
     from setdiff_mega.parallel import initialize
 
     initialize()

@@ -28,6 +28,7 @@ def main(argv=None) -> int:
     from setdiff_mega.data.indexed import check_dataset
     from setdiff_mega.data.tokenizer import Tokenizer
     from setdiff_mega.model import mcore_cpu  # noqa: F401  (megatron import with the CPU shim)
+    # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     tok_path = Path(args.tokenizer) if args.tokenizer else Path(args.prefix).parent / "tokenizer.json"

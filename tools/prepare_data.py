@@ -19,7 +19,8 @@ from setdiff_mega.cli import run_cli  # noqa: E402
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--embedded", action="store_true", help="generate the embedded corpus (math, stories, arithmetic, quests)")
+    src.add_argument("--embedded", action="store_true",
+                     help="generate the embedded corpus (math, stories, arithmetic, quests)")
     src.add_argument("--input", nargs="+", help=".jsonl or plain-text files (blank-line separated documents)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--json-key", default="text")

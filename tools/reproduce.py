@@ -46,12 +46,14 @@ def main(argv=None) -> int:
             rc.overrides.append(f"data.path={args.data}")
     rc.overrides += list(args.overrides)
     assets = args.assets or str(Path(args.report).parent / "results" / "reproduce")
-    command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
     res = R.run(rc, command.strip(), args.report, assets)
     for c in res["claims"]:
         print(f"[{'holds' if c['holds'] else 'FAILS'}] {c['claim']}: {c['value']}")
     m = res["meta"]
-    print(f"wrote {args.report} and {assets}/ in {m['wall_s'] / 60:.1f} min (from scratch {m['from_scratch_s'] / 60:.1f} min)")
+    print(f"wrote {args.report} and {assets}/ in {m['wall_s'] / 60:.1f} min "
+          f"(from scratch {m['from_scratch_s'] / 60:.1f} min)")
     return 0
 
 

@@ -1,5 +1,5 @@
 """Checkpoints: the directory protocol (io), sharded model/optimizer state (sharded), models from
-checkpoints (native) and the Hugging Face format (hf)."""
+checkpoints (native), the Hugging Face format (hf) and the conversions to and from it (convert)."""
 from .io import CheckpointError, latest_checkpoint, read_state, resolve_checkpoint
 from .native import full_state_dict, load_model, load_weights, save_model_checkpoint
 

@@ -1,4 +1,6 @@
-"""Hugging Face export and import: native checkpoint <-> ``config.json`` + ``model.safetensors`` + code.
+"""The Hugging Face format: the name and layout mapping (one declarative table, :data:`RULES`, read in
+both directions), ``config.json``, reading an export (the conversions that write one, or a native
+checkpoint from one, are in :mod:`.convert`).
 
 Name and layout mapping (single-process state dict -> transformers names; ``i`` = layer):
 
@@ -24,80 +26,97 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
+
+from setdiff_mega import methods
+from setdiff_mega.methods import default_s_max
 
 from .io import CheckpointError
 
 CODE_FILES = ("configuration_setdlm.py", "modeling_setdlm.py")
+MODEL_TYPE = "setdlm"                  # transformers' model_type of every export (any objective)
 AUTO_MAP = {"AutoConfig": "configuration_setdlm.SetDLMConfig",
             "AutoModel": "modeling_setdlm.SetDLMForDiffusionLM",
             "AutoModelForCausalLM": "modeling_setdlm.SetDLMForDiffusionLM",
             "AutoModelForMaskedLM": "modeling_setdlm.SetDLMForDiffusionLM"}
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_SIMPLE = {"input_layernorm": "input_layernorm", "pre_mlp_layernorm": "post_attention_layernorm",
-           "self_attention.linear_proj": "self_attn.o_proj", "mlp.linear_fc2": "mlp.down_proj"}
-
-
-def _qkv_split(t: torch.Tensor, heads: int, groups: int):
+def _qkv_split(t: torch.Tensor, mc) -> tuple:
+    heads, groups = mc.num_attention_heads, mc.query_groups
     per = heads // groups
     d = t.shape[0] // (groups * (per + 2))
     g = t.reshape(groups, (per + 2) * d, *t.shape[1:])
     q, k, v = torch.split(g, [per * d, d, d], dim=1)
-    return (x.reshape(-1, *t.shape[1:]).contiguous() for x in (q, k, v))
+    return tuple(x.reshape(-1, *t.shape[1:]).contiguous() for x in (q, k, v))
 
 
-def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
-    parts = [x.reshape(groups, -1, *x.shape[1:]) for x in (q, k, v)]
-    return torch.cat(parts, dim=1).reshape(-1, *q.shape[1:]).contiguous()
+def _qkv_fuse(parts: tuple, mc) -> torch.Tensor:
+    groups = mc.query_groups
+    grouped = [x.reshape(groups, -1, *x.shape[1:]) for x in parts]
+    return torch.cat(grouped, dim=1).reshape(-1, *parts[0].shape[1:]).contiguous()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One native tensor <-> one or more transformers tensors. ``native`` is a regex over the native name
+    (groups ``i`` = layer, ``kind`` = weight / bias), ``hf`` the transformers names it becomes (formatted
+    with the groups); ``split`` / ``fuse`` move rows between the two layouts (exact inverses); ``when``
+    selects the rule for a ModelConfig."""
+    native: str
+    hf: tuple
+    split: Callable = lambda t, mc: (t,)
+    fuse: Callable = lambda parts, mc: parts[0]
+    when: Callable = lambda mc: True
+
+
+_L = r"decoder\.layers\.(?P<i>\d+)\."
+_K = r"\.(?P<kind>weight|bias)"
+RULES = (
+    Rule(r"embedding\.word_embeddings" + _K, ("model.embed_tokens.{kind}",)),
+    Rule(r"decoder\.final_layernorm" + _K, ("model.norm.{kind}",)),
+    Rule(r"output_layer\.bias", ("lm_head_bias",), when=lambda mc: mc.tie_embeddings),
+    Rule(r"output_layer" + _K, ("lm_head.{kind}",)),
+    Rule(_L + r"input_layernorm" + _K, ("model.layers.{i}.input_layernorm.{kind}",)),
+    Rule(_L + r"pre_mlp_layernorm" + _K, ("model.layers.{i}.post_attention_layernorm.{kind}",)),
+    Rule(_L + r"self_attention\.linear_qkv" + _K,
+         tuple(f"model.layers.{{i}}.self_attn.{p}_proj.{{kind}}" for p in "qkv"), _qkv_split, _qkv_fuse),
+    Rule(_L + r"self_attention\.linear_proj" + _K, ("model.layers.{i}.self_attn.o_proj.{kind}",)),
+    Rule(_L + r"mlp\.linear_fc1" + _K, ("model.layers.{i}.mlp.gate_proj.{kind}", "model.layers.{i}.mlp.up_proj.{kind}"),
+         lambda t, mc: tuple(x.contiguous() for x in t.chunk(2, dim=0)), lambda parts, mc: torch.cat(parts),
+         when=lambda mc: mc.activation == "swiglu"),
+    Rule(_L + r"mlp\.linear_fc1" + _K, ("model.layers.{i}.mlp.up_proj.{kind}",)),
+    Rule(_L + r"mlp\.linear_fc2" + _K, ("model.layers.{i}.mlp.down_proj.{kind}",)),
+)
+
+
+def _rule(name: str, mc) -> tuple:
+    """(rule, the transformers names) of a native tensor name."""
+    for r in RULES:
+        m = re.fullmatch(r.native, name)
+        if m and r.when(mc):
+            return r, [h.format(**m.groupdict()) for h in r.hf]
+    raise CheckpointError(f"no Hugging Face name for tensor '{name}' (unsupported model or layer variant)")
+
+
+def _tensors(state: dict):
+    return ((k, v) for k, v in state.items() if isinstance(v, torch.Tensor) and not k.endswith("_extra_state"))
 
 
 def native_to_hf(state: dict, mc) -> dict:
-    """Single-process native state dict -> transformers names (tensors only)."""
-    heads, groups = mc.num_attention_heads, mc.num_query_groups or mc.num_attention_heads
-    swiglu = mc.activation == "swiglu"
+    """Single-process native state dict -> transformers names (tensors only), by :data:`RULES`."""
     out = {}
-    for name, t in state.items():
-        if not isinstance(t, torch.Tensor) or name.endswith("_extra_state"):
-            continue
-        t = t.detach().cpu().contiguous()
-        m = _LAYER.match(name)
-        if name.startswith("embedding.word_embeddings."):
-            out["model.embed_tokens." + name.rsplit(".", 1)[1]] = t
-        elif name.startswith("decoder.final_layernorm."):
-            out["model.norm." + name.rsplit(".", 1)[1]] = t
-        elif name.startswith("output_layer."):
-            kind = name.rsplit(".", 1)[1]
-            out["lm_head_bias" if (mc.tie_embeddings and kind == "bias") else f"lm_head.{kind}"] = t
-        elif m:
-            i, rest = m.group(1), m.group(2)
-            mod, kind = rest.rsplit(".", 1)
-            pre = f"model.layers.{i}."
-            if mod == "self_attention.linear_qkv":
-                for proj, x in zip("qkv", _qkv_split(t, heads, groups)):
-                    out[f"{pre}self_attn.{proj}_proj.{kind}"] = x
-            elif mod == "mlp.linear_fc1":
-                if swiglu:
-                    gate, up = t.chunk(2, dim=0)
-                    out[f"{pre}mlp.gate_proj.{kind}"] = gate.contiguous()
-                    out[f"{pre}mlp.up_proj.{kind}"] = up.contiguous()
-                else:
-                    out[f"{pre}mlp.up_proj.{kind}"] = t
-            elif mod in _SIMPLE:
-                out[f"{pre}{_SIMPLE[mod]}.{kind}"] = t
-            else:
-                raise CheckpointError(f"no Hugging Face name for tensor '{name}' (unsupported layer variant)")
-        else:
-            raise CheckpointError(f"no Hugging Face name for tensor '{name}' (unsupported model variant)")
+    for name, t in _tensors(state):
+        rule, names = _rule(name, mc)
+        out.update(zip(names, rule.split(t.detach().cpu().contiguous(), mc)))
     return out
 
 
 def hf_to_native(weights: dict, template: dict, mc, source: str) -> dict:
-    """transformers names -> the native state dict with the keys (and non-tensor entries) of ``template``."""
-    groups = mc.num_query_groups or mc.num_attention_heads
-    expected = native_to_hf({k: v for k, v in template.items()}, mc)
+    """transformers names -> the native state dict with the keys (and non-tensor entries) of ``template``,
+    by the same :data:`RULES`."""
+    expected = native_to_hf(template, mc)
     for k, v in expected.items():
         if k not in weights:
             raise CheckpointError(f"{source} has no tensor '{k}' (the config's architecture needs it)")
@@ -107,31 +126,10 @@ def hf_to_native(weights: dict, template: dict, mc, source: str) -> dict:
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise CheckpointError(f"{source} has tensors the config's architecture does not use: {extra[:4]}")
-    out = {}
-    for name, t in template.items():
-        if not isinstance(t, torch.Tensor) or name.endswith("_extra_state"):
-            out[name] = t
-            continue
-        m = _LAYER.match(name)
-        if name.startswith("embedding.word_embeddings."):
-            out[name] = weights["model.embed_tokens." + name.rsplit(".", 1)[1]]
-        elif name.startswith("decoder.final_layernorm."):
-            out[name] = weights["model.norm." + name.rsplit(".", 1)[1]]
-        elif name.startswith("output_layer."):
-            kind = name.rsplit(".", 1)[1]
-            out[name] = weights["lm_head_bias" if (mc.tie_embeddings and kind == "bias") else f"lm_head.{kind}"]
-        else:
-            i, rest = m.group(1), m.group(2)
-            mod, kind = rest.rsplit(".", 1)
-            pre = f"model.layers.{i}."
-            if mod == "self_attention.linear_qkv":
-                out[name] = _qkv_fuse(*(weights[f"{pre}self_attn.{p}_proj.{kind}"] for p in "qkv"), groups)
-            elif mod == "mlp.linear_fc1":
-                up = weights[f"{pre}mlp.up_proj.{kind}"]
-                out[name] = torch.cat([weights[f"{pre}mlp.gate_proj.{kind}"], up]) if mc.activation == "swiglu" \
-                    else up
-            else:
-                out[name] = weights[f"{pre}{_SIMPLE[mod]}.{kind}"]
+    out = dict(template)
+    for name, _ in _tensors(template):
+        rule, names = _rule(name, mc)
+        out[name] = rule.fuse(tuple(weights[n] for n in names), mc)
     return out
 
 
@@ -139,22 +137,24 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
     from setdiff_mega.config import to_dict
 
     mc, oc = cfg.model, cfg.objective
-    s_max = oc.S_max if oc.S_max is not None else 2 * oc.D
+    s_max = default_s_max(oc.D, oc.S_max)
     return {
-        "architectures": ["SetDLMForDiffusionLM"], "model_type": "setdlm", "auto_map": AUTO_MAP,
+        "architectures": ["SetDLMForDiffusionLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
         "vocab_size": padded_vocab, "tokenizer_vocab_size": mc.vocab_size or tok.vocab_size,
         "hidden_size": mc.hidden_size, "num_hidden_layers": mc.num_layers,
         "num_attention_heads": mc.num_attention_heads,
-        "num_key_value_heads": mc.num_query_groups or mc.num_attention_heads,
-        "intermediate_size": mc.ffn_hidden_size or 4 * mc.hidden_size, "hidden_act": mc.activation,
+        "num_key_value_heads": mc.query_groups,
+        "intermediate_size": mc.ffn_size, "hidden_act": mc.activation,
         "normalization": mc.normalization, "norm_eps": 1e-5, "attention_bias": mc.add_bias_linear,
         "head_bias": mc.head_bias, "tie_word_embeddings": mc.tie_embeddings, "rope_theta": float(mc.rotary_base),
         "rotary_percent": mc.rotary_percent, "max_position_embeddings": mc.max_position_embeddings,
         "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad, "mask_token_id": tok.mask,
         "torch_dtype": "float32",
-        "method": {"objective": oc.name, "D": oc.D, "S_max": s_max, "block_size": oc.block_size, "k": oc.k,
+        "method": {"objective": oc.name, "causal": methods.get(oc.name).causal, "D": oc.D, "S_max": s_max,
+                   "block_size": oc.block_size, "k": oc.k,
                    "b": oc.b, "keep_clean_bos": oc.keep_clean_bos, "eos_last": oc.eos_last,
-                   "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps, "mask_token_id": tok.mask,
+                   "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps,
+                   "mask_token_id": tok.mask,
                    "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
                    "seq_length": cfg.data.seq_length},
         "setdiff_mega": to_dict(cfg),
@@ -166,7 +166,7 @@ def is_hf_export(path: Path) -> bool:
     if not f.is_file():
         return False
     try:
-        return json.loads(f.read_text()).get("model_type") == "setdlm"
+        return json.loads(f.read_text()).get("model_type") == MODEL_TYPE
     except json.JSONDecodeError:
         raise CheckpointError(f"'{f}' is not valid JSON") from None
 
@@ -174,41 +174,6 @@ def is_hf_export(path: Path) -> bool:
 def export_weights(path: Path) -> str:
     """Which weights an export holds: "ema" or "raw" (exports before EMA existed: raw)."""
     return json.loads((Path(path) / "config.json").read_text()).get("setdiff_mega_weights", "raw")
-
-
-def export(checkpoint: str | Path, out_dir: str | Path, weights: str | None = None) -> Path:
-    """Write the Hugging Face directory of a native checkpoint (weights in fp32, bit-exact); ``weights``:
-    ema | raw | None (the EMA when the checkpoint has one)."""
-    from safetensors.torch import save_file
-
-    from .io import resolve_checkpoint
-    from .native import load_model
-
-    ck, state = resolve_checkpoint(checkpoint)
-    model, _, tok, cfg = load_model(ck, weights=weights)
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = native_to_hf(model.state_dict(), cfg.model)
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "setdiff-mega"})
-    meta = {**hf_config(cfg, tok, model.padded_vocab_size), "setdiff_mega_step": int(state.get("step", 0)),
-            "setdiff_mega_weights": model.weights_kind}
-    (tmp / "config.json").write_text(json.dumps(meta, indent=2))
-    tok.save(tmp / "tokenizer.json")
-    special = {"bos_token": tok.token(tok.bos), "eos_token": tok.token(tok.eos), "pad_token": tok.token(tok.pad),
-               "mask_token": tok.token(tok.mask)}
-    (tmp / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.model.max_position_embeddings,
-         **special}, indent=2))
-    (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
-    code = Path(__file__).resolve().parent.parent / "hf"
-    for f in CODE_FILES:
-        shutil.copyfile(code / f, tmp / f)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
 
 
 def read_export(path: str | Path):
@@ -245,15 +210,5 @@ def load_into(model, weights: dict, path: Path, mc) -> None:
     model.load_state_dict(hf_to_native(weights, model.state_dict(), mc, src))
 
 
-def import_export(hf_dir: str | Path, save_dir: str | Path, step: int | None = None) -> Path:
-    """An exported directory -> a weights-only native checkpoint under ``save_dir`` (returns its dir)."""
-    from .native import load_model, save_model_checkpoint
-
-    model, _, tok, cfg = load_model(hf_dir)
-    meta = json.loads((Path(hf_dir) / "config.json").read_text())
-    step = int(meta.get("setdiff_mega_step", 0)) if step is None else step
-    return save_model_checkpoint(save_dir, step, model, cfg, tok, state={"imported_from": str(hf_dir)})
-
-
-__all__ = ["export", "export_weights", "import_export", "read_export", "is_hf_export", "native_to_hf", "hf_to_native",
-           "hf_config", "load_into"]
+__all__ = ["CODE_FILES", "RULES", "Rule", "export_weights", "read_export", "is_hf_export", "native_to_hf",
+           "hf_to_native", "hf_config", "load_into"]

@@ -137,9 +137,9 @@ class _write_errors:
         shutil.rmtree(self.tmp, ignore_errors=True)
         prev = latest_checkpoint(self.tmp.parent)
         where = os_error.filename or self.tmp
-        raise CheckpointError(f"could not write checkpoint step {self.step} ('{where}': {os_error.strerror or os_error}); "
-                              f"nothing was published and "
-                              + (f"the previous checkpoint '{prev}' is intact" if prev else "no earlier checkpoint exists")
+        kept = f"the previous checkpoint '{prev}' is intact" if prev else "no earlier checkpoint exists"
+        raise CheckpointError(f"could not write checkpoint step {self.step} ('{where}': "
+                              f"{os_error.strerror or os_error}); nothing was published and {kept}"
                               + "; free space (or point train.save_dir elsewhere) and resume with train.resume=auto"
                               ) from None
 
@@ -163,9 +163,8 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
     """
     import dataclasses
 
-    from setdiff_mega.model import build_model
+    from setdiff_mega.build import model_for, objective_for, vocab_for
     from setdiff_mega.parallel import initialize
-    from setdiff_mega.training.trainer import objective_from_config
 
     from . import hf
 
@@ -180,7 +179,7 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
         initialize(seed=cfg.train.seed)
         if model_overrides:
             cfg.model = dataclasses.replace(cfg.model, **model_overrides)
-        model = build_model(cfg.model, cfg.model.vocab_size or tok.vocab_size)
+        model = model_for(cfg, vocab_for(cfg, tok))
         hf.load_into(model, tensors, p, cfg.model)
         kind = hf.export_weights(p)
     else:
@@ -190,10 +189,8 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
         initialize(seed=cfg.train.seed)      # no-op when the caller already set up parallel state
         if model_overrides:
             cfg.model = dataclasses.replace(cfg.model, **model_overrides)
-        model = build_model(cfg.model, cfg.model.vocab_size or tok.vocab_size)
-        from setdiff_mega.training.ema import has_ema
-
-        from .sharded import load_sharded
+        model = model_for(cfg, vocab_for(cfg, tok))
+        from .sharded import has_ema, load_sharded
 
         kind = weights or ("ema" if has_ema(ck / "dist") else "raw")
         load_sharded(ck / "dist", model, weights=kind)
@@ -201,7 +198,7 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
     model.eval()
     model.tokenizer_hash = tok.hash          # generation refuses any other tokenizer
     model.training_length = cfg.data.seq_length   # the samplers' default context budget (cache + chunk <= L)
-    return model, objective_from_config(cfg, tok), tok, cfg
+    return model, objective_for(cfg, tok), tok, cfg
 
 
 def full_state_dict(path: str | Path, weights: str = "raw") -> dict:

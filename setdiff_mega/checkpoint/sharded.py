@@ -25,6 +25,15 @@ import torch
 
 from .io import CheckpointError
 
+EMA_PREFIX = "ema."                     # keys of the weights' EMA (setdiff_mega.training.ema)
+
+
+def has_ema(path) -> bool:
+    """Whether the distributed checkpoint at ``path`` holds EMA tensors."""
+    from megatron.core import dist_checkpointing
+
+    return any(k.startswith(EMA_PREFIX) for k in dist_checkpointing.load_tensors_metadata(str(path)))
+
 
 def _optim_params(optimizer):
     return itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups)
@@ -40,8 +49,10 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def optimizer_sharded_state_dict(optimizer: torch.optim.Optimizer, model_ssd: dict) -> dict:
     """The optimizer's state dict with every per-parameter tensor sharded like its parameter."""
-    from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
-                                                            optim_state_to_sharding_state)
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
 
     osd = optimizer.state_dict()
     steps = {float(s["step"]) for s in osd["state"].values() if "step" in s}
@@ -102,7 +113,7 @@ def check_compatible(ssd: dict, path: Path, what: str = "model", complete: bool 
             raise CheckpointError(f"'{path}': tensor '{key}' has global shape {saved[key]}, this {what} expects "
                                   f"{shape}{hint}")
     unused = sorted(k for k in saved if k.startswith(prefix) and not k.startswith("optimizer.") and k not in wanted
-                    and (prefix or not k.startswith("ema.")))
+                    and (prefix or not k.startswith(EMA_PREFIX)))
     if complete and unused:
         raise CheckpointError(f"'{path}' has weights this {what} does not have ({', '.join(unused[:3])}"
                               f"{' ...' if len(unused) > 3 else ''}): the checkpoint is of a different architecture")
@@ -120,7 +131,8 @@ def start_writer_service() -> None:
     before training, with an initializer (:func:`setdiff_mega.lifeline.tie_to_parent`) that ignores the
     two signals, asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and polls the
     parent as a fallback; its queue is handed to megatron-core. The resource tracker that multiprocessing
-    starts beside it exits by itself once every holder of its pipe (trainer and helper) is gone. Also moves the ~2 s start-up out of the first save.
+    starts beside it exits by itself once every holder of its pipe (trainer and helper) is gone. Also
+    moves the ~2 s start-up out of the first save.
     Tied to megatron-core 0.16.1's ``filesystem_async._results_queue``; a no-op when that moves.
     """
     import multiprocessing as mp
@@ -159,7 +171,7 @@ def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
 
     if weights == "ema" and optimizer is not None:
         raise ValueError("the optimizer state belongs to the raw weights: load it with weights='raw'")
-    prefix = "ema." if weights == "ema" else ""
+    prefix = EMA_PREFIX if weights == "ema" else ""
     model_ssd = model.sharded_state_dict(prefix=prefix)
     check_compatible(model_ssd, path, complete=bool(model.pre_process and model.post_process), prefix=prefix)
     request = {"model": model_ssd}
@@ -200,7 +212,7 @@ def load_ema(path: Path, ema) -> None:
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     ssd, leaves = ema.sharded_state_dict()
-    check_compatible(ssd, path, "EMA", complete=False, prefix="ema.")
+    check_compatible(ssd, path, "EMA", complete=False, prefix=EMA_PREFIX)
     try:
         loaded = dist_checkpointing.load({"ema": ssd}, str(path), strict=StrictHandling.LOG_UNEXPECTED)
     except Exception as e:
@@ -209,6 +221,7 @@ def load_ema(path: Path, ema) -> None:
     ema.load(loaded["ema"], leaves, ssd)
 
 
-__all__ = ["save_sharded", "load_sharded", "load_ema", "start_writer_service", "check_compatible",
+__all__ = ["save_sharded", "load_sharded", "load_ema", "has_ema", "EMA_PREFIX", "start_writer_service",
+           "check_compatible",
            "init_optimizer_state",
            "optimizer_sharded_state_dict"]

@@ -11,12 +11,37 @@ Public API (stable names, listed in the README):
 * objectives: :func:`build_objective`, :class:`ARObjective`, :class:`MDLMObjective`,
   :class:`BD3LMObjective`, :class:`SetDLMObjective`, :class:`ModelInputs`, :func:`masked_token_nll`
 """
-from .masks import (bidirectional_mask, block_diffusion_mask, causal_mask, setcausal_mask,
-                    setcausal_mask_from_ranks, with_key_padding)
-from .objectives import (OBJECTIVES, ARObjective, BD3LMObjective, MDLMObjective, ModelInputs, Objective,
-                         SetDLMObjective, build_inputs_per_sample, build_objective, collate_inputs, masked_token_nll)
-from .orders import (hitting_times, invert, move_eos_last, order_from_exponentials, order_from_times,
-                     permute, sample_exponentials, sample_order)
+from .masks import (
+    bidirectional_mask,
+    block_diffusion_mask,
+    causal_mask,
+    setcausal_mask,
+    setcausal_mask_from_ranks,
+    with_key_padding,
+)
+from .objectives import (
+    OBJECTIVES,
+    ARObjective,
+    BD3LMObjective,
+    MDLMObjective,
+    ModelInputs,
+    Objective,
+    SetDLMObjective,
+    build_inputs_per_sample,
+    build_objective,
+    collate_inputs,
+    masked_token_nll,
+)
+from .orders import (
+    hitting_times,
+    invert,
+    move_eos_last,
+    order_from_exponentials,
+    order_from_times,
+    permute,
+    sample_exponentials,
+    sample_order,
+)
 from .schedules import LinearSchedule, StaggeredSchedule, mean_lag_slots
 
 __all__ = [

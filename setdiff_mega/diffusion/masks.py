@@ -76,7 +76,8 @@ def with_key_padding(mask: torch.Tensor, valid: torch.Tensor | None) -> torch.Te
     """AND a key-validity mask ``valid`` [B, T] into ``mask`` [T, T] or [B, T, T] -> [B, T, T].
 
     Invalid (padding) keys are hidden from every query; a padding query additionally keeps itself so
-    no row is empty (a fully masked softmax row would be NaN). Padding rows never enter a loss. Returns ``mask`` unchanged if ``valid`` is None.
+    no row is empty (a fully masked softmax row would be NaN). Padding rows never enter a loss. Returns
+    ``mask`` unchanged if ``valid`` is None.
     """
     if valid is None:
         return mask
@@ -187,5 +188,5 @@ def merge_patterns(patterns: list, batch_sizes: list[int]) -> Optional[MaskPatte
     return first.with_padding(torch.cat([r.to(dev) for r in rows], 0))
 
 
-__all__ = ["MaskPattern", "merge_patterns", "causal_mask", "bidirectional_mask", "block_diffusion_mask", "setcausal_mask",
-           "setcausal_mask_from_ranks", "with_key_padding"]
+__all__ = ["MaskPattern", "merge_patterns", "causal_mask", "bidirectional_mask", "block_diffusion_mask",
+           "setcausal_mask", "setcausal_mask_from_ranks", "with_key_padding"]

@@ -30,12 +30,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from setdiff_mega import methods
+from setdiff_mega.methods import default_s_max
+
 from . import masks as M
-from .orders import (hitting_times, invert, move_eos_last, order_from_times, permute, sample_exponentials,
-                     sample_order)
+from .orders import hitting_times, invert, move_eos_last, order_from_times, permute, sample_exponentials, sample_order
 from .schedules import LinearSchedule, StaggeredSchedule
 
-OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
+OBJECTIVES = methods.names()
 
 
 @dataclass
@@ -109,10 +111,6 @@ class Objective(abc.ABC):
             return self._cached(("mask", kind, T, block_size, dev), lambda: static.dense(dev)), static
         pattern = static.with_padding(key_valid)
         return pattern.dense(dev), pattern
-
-    def processed_length(self, L: int) -> int:
-        """Tokens the model processes per L-token sample (for throughput and FLOP counts)."""
-        return 2 * L if self.two_stream else L
 
     @abc.abstractmethod
     def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True) -> ModelInputs:
@@ -258,7 +256,7 @@ class SetDLMObjective(Objective):
                  eos_id: int | None = None, fim_rate: float = 0.0, fim_max_middle: int = 0,
                  fim_max_suffix: int = 0):
         super().__init__(mask_id, "unweighted")
-        self.D, self.S_max = int(D), (2 * int(D) if S_max is None else int(S_max))
+        self.D, self.S_max = int(D), default_s_max(D, S_max)
         self.k, self.b = k, b
         self.keep_clean_bos, self.eos_last, self.eos_id = keep_clean_bos, eos_last, eos_id
         if eos_last and eos_id is None:
@@ -266,7 +264,8 @@ class SetDLMObjective(Objective):
         if not 0.0 <= fim_rate <= 1.0 or fim_max_middle < 0 or fim_max_suffix < 0:
             raise ValueError(f"fim_rate must be in [0, 1] and fim_max_middle / fim_max_suffix >= 0, got "
                              f"{fim_rate}, {fim_max_middle}, {fim_max_suffix}")
-        self.fim_rate, self.fim_max_middle, self.fim_max_suffix = float(fim_rate), int(fim_max_middle), int(fim_max_suffix)
+        self.fim_rate = float(fim_rate)
+        self.fim_max_middle, self.fim_max_suffix = int(fim_max_middle), int(fim_max_suffix)
 
     def schedule(self, L: int) -> StaggeredSchedule:
         return self._cached(("sched", L), lambda: StaggeredSchedule.create(L, self.D, self.S_max, self.k, self.b))
@@ -347,7 +346,8 @@ def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
             extras[k] = torch.cat([p.extras[k] for p in parts], 0)
         elif isinstance(v, torch.Tensor) and v.dim() == 0:
             extras[k] = sum(p.extras[k] for p in parts)
-    return ModelInputs(tokens=torch.cat([p.tokens for p in parts]), position_ids=torch.cat([p.position_ids for p in parts]),
+    return ModelInputs(tokens=torch.cat([p.tokens for p in parts]),
+                       position_ids=torch.cat([p.position_ids for p in parts]),
                        attention_mask=mask, logits_start=first.logits_start,
                        targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
                        weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
@@ -370,19 +370,20 @@ def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
                     S_max: int | None = None, k: float | None = None, b: float | None = None,
                     keep_clean_bos: bool = False, eos_last: bool = False, eos_id: int | None = None,
                     loss_weighting: str = "unweighted", t_eps: float = 1e-3, fim_rate: float = 0.0,
-                    fim_max_middle: int = 48, fim_max_suffix: int = 64) -> Objective:
-    """Factory by name: 'ar' | 'mdlm' | 'bd3lm' | 'setdlm'."""
-    if name == "ar":
-        return ARObjective(mask_id)
-    if name == "mdlm":
-        return MDLMObjective(mask_id, loss_weighting, t_eps)
-    if name == "bd3lm":
-        return BD3LMObjective(mask_id, block_size, loss_weighting, t_eps)
-    if name == "setdlm":
-        return SetDLMObjective(mask_id, D, S_max, k, b, keep_clean_bos, eos_last, eos_id, fim_rate, fim_max_middle,
-                              fim_max_suffix)
-    raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
+                    fim_max_middle: int = 0, fim_max_suffix: int = 0) -> Objective:
+    """Factory by name through the method registry (:mod:`setdiff_mega.methods`); the keyword arguments are
+    the ObjectiveConfig fields (each method takes the ones it uses)."""
+    from types import SimpleNamespace
+
+    try:
+        method = methods.get(name)
+    except methods.MethodError:
+        raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(methods.names())}") from None
+    fields = SimpleNamespace(block_size=block_size, D=D, S_max=S_max, k=k, b=b, keep_clean_bos=keep_clean_bos,
+                             eos_last=eos_last, loss_weighting=loss_weighting, t_eps=t_eps, fim_rate=fim_rate,
+                             fim_max_middle=fim_max_middle, fim_max_suffix=fim_max_suffix)
+    return method.build(fields, mask_id, eos_id)
 
 
-__all__ = ["OBJECTIVES", "ModelInputs", "collate_inputs", "build_inputs_per_sample", "Objective", "ARObjective", "MDLMObjective", "BD3LMObjective",
-           "SetDLMObjective", "build_objective", "masked_token_nll"]
+__all__ = ["OBJECTIVES", "ModelInputs", "collate_inputs", "build_inputs_per_sample", "Objective", "ARObjective",
+           "MDLMObjective", "BD3LMObjective", "SetDLMObjective", "build_objective", "masked_token_nll"]

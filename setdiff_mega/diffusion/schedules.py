@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from setdiff_mega.methods import default_s_max
+
 _EPS64 = torch.finfo(torch.float64).eps
 
 
@@ -52,7 +54,7 @@ class StaggeredSchedule:
             raise ValueError(f"length must be >= 1, got {length}")
         if D < 1:
             raise ValueError(f"D must be >= 1, got {D}")
-        S_max = 2 * D if S_max is None else int(S_max)
+        S_max = default_s_max(D, S_max)
         if D > S_max:
             raise ValueError(f"D={D} must not exceed S_max={S_max}")
         if S_max > length:

@@ -4,7 +4,7 @@ sweep of sampler settings on the embedded tasks, plus infilling and likelihood t
 A *model spec* is a dict: ``objective`` (ar | mdlm | bd3lm | setdlm) and any of ``D``, ``block_size``,
 ``fim_rate`` (objective fields), ``seed`` (``train.seed``: initialisation and noise; the data order is
 the same for every model) and ``zero_init_head`` (``model.zero_init_head``). Each model is trained by a
-``pretrain.py`` subprocess into ``<out>/models/<tag>`` and reused when its ``summary.json`` shows the
+``python -m setdiff_mega.train`` subprocess into ``<out>/models/<tag>`` and reused when its ``summary.json`` shows the
 requested steps. Math points (one per model and setting; exact match on the held-out arithmetic
 problems, greedy, the reference's protocol of method.md 5):
 
@@ -17,7 +17,8 @@ Infilling (``infill_rows``): the reference's infill preset (tau 1e6, repetition 
 prefix and suffix prefilled), oracle span length; AR and every method's "left only" row see the prefix
 only. The quests are decoded without the repetition penalty (``INFILL_OVERRIDES``): their sentences
 repeat phrases by construction ("our hero" twice in the masked span), which the penalty, tuned for
-ROCStories, breaks (measured in ``docs/results.md``). Likelihood (``likelihood_rows``): validation NLL per token with the method's own estimator (AR
+ROCStories, breaks (measured in ``docs/results.md``). Likelihood (``likelihood_rows``): validation NLL per
+token with the method's own estimator (AR
 exact, SetDLM one-order and K-order bounds, MDLM / BD3LM NELBO). Weights: EMA when the checkpoint has it.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from setdiff_mega import methods
 
 ROOT = Path(__file__).resolve().parents[2]
 _FIELD = {"D": "objective.D", "block_size": "objective.block_size", "fim_rate": "objective.fim_rate",
@@ -42,8 +45,9 @@ def method_tag(m: dict) -> str:
 
 def method_label(m: dict) -> str:
     """The method without seed: 'SetDLM (D=4)', 'SetDLM (D=4) + FIM', 'BD3LM (S=4)', 'AR', 'MDLM'."""
-    o = m["objective"]
-    label = {"bd3lm": f"BD3LM (S={m.get('block_size')})", "setdlm": f"SetDLM (D={m.get('D')})"}.get(o, o.upper())
+    rec = methods.get(m["objective"])
+    label = rec.label + (f" (D={m.get('D')})" if rec.window else f" (S={m.get('block_size')})"
+                         if "block_size" in rec.run_fields else "")
     if m.get("fim_rate"):
         label += f" + FIM {m['fim_rate']}"
     if "zero_init_head" in m:
@@ -65,7 +69,7 @@ def train_model(m: dict, steps: int, out_dir: Path, base_config: str, overrides:
     log(f"training {tag} ({steps} steps)")
     save.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    cmd = [sys.executable, str(ROOT / "pretrain" / "pretrain.py"), "--config", base_config, *overrides,
+    cmd = [sys.executable, "-m", "setdiff_mega.train", "--config", base_config, *overrides,
            *train_overrides(m), f"train.train_steps={steps}", f"train.save_dir={save}"]
     with open(save / "train.log", "a") as f:
         p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
@@ -90,9 +94,11 @@ def val_curve(run_dir: Path, key: str = "val/loss") -> list[tuple[int, float]]:
 
 
 def settings(m: dict, taus: list) -> list[dict]:
-    if m["objective"] == "ar":
+    """The sampler settings of a method: one token per step (causal), W in {D, 2D} x taus (a window), taus."""
+    rec = methods.get(m["objective"])
+    if rec.causal:
         return [{"tau": 1e6}]
-    if m["objective"] == "setdlm":
+    if rec.window:
         return [{"window": w, "tau": t} for w in (m["D"], 2 * m["D"]) for t in taus]
     return [{"tau": t} for t in taus]
 
@@ -133,7 +139,7 @@ def infill_rows(m: dict, loaded: tuple, task_rows: dict, batch_size: int) -> lis
     out = []
     for task, rows in task_rows.items():
         gc = generation_config(cfg.objective, L, "infill", {"max_new_tokens": 64, **INFILL_OVERRIDES.get(task, {})})
-        for left in ((True,) if m["objective"] == "ar" else (False, True)):
+        for left in ((True,) if methods.get(m["objective"]).causal else (False, True)):
             r = story_infill(model, tok, objective, rows, gc, L, batch_size, left_only=left, task=task)
             out.append({"task": task, "method": method_label(m), "tag": method_tag(m), **m,
                         "context": "left only" if left else "both sides", "exact_match": r["exact_match"],
@@ -147,10 +153,10 @@ def likelihood_rows(m: dict, loaded: tuple, sequences: int, orders: int) -> dict
 
     model, objective, tok, cfg = loaded
     r = split_nll(model, objective, tok, cfg, None, sequences, orders)
-    estimator = {"ar": "exact", "setdlm": "any-order bound"}.get(m["objective"], "NELBO")
+    estimator = methods.get(m["objective"]).likelihood
     row = {"method": method_label(m), "tag": method_tag(m), **m, "estimator": estimator,
            "nll_per_token": r["nll_per_token"], "tokens": r["tokens"], "orders": orders}
-    if m["objective"] == "setdlm":
+    if estimator == "any-order bound":           # one order and the K-order (log-mean-exp) bound
         one = split_nll(model, objective, tok, cfg, None, sequences, 1)
         row.update(nll_one_order=one["nll_per_token"], nll_k_orders=r["nll_per_token_lme"])
     return row
@@ -176,8 +182,8 @@ def summarise(points: list[dict]) -> dict:
     """SetDLM's fastest setting at least as accurate as BD3LM's most accurate one (seed means)."""
     out = {}
     for metric in ("accuracy", "step_accuracy"):
-        bd = [p for p in points if p["objective"] == "bd3lm"]
-        sd = [p for p in points if p["objective"] == "setdlm" and not p.get("fim_rate")]
+        bd = [p for p in points if p["objective"] == methods.BD3LM.name]       # the claim compares these two
+        sd = [p for p in points if p["objective"] == methods.SETDLM.name and not p.get("fim_rate")]
         if not bd or not sd:
             continue
         best = max(bd, key=lambda p: (p[metric], p["tokens_per_s"]))

@@ -21,15 +21,16 @@ import math
 
 import torch
 
+from setdiff_mega import methods
 from setdiff_mega.diffusion import build_objective
 from setdiff_mega.diffusion.objectives import masked_token_nll
 
 
 def elbo_objective(objective):
     """The same objective with 1/t ELBO weights (MDLM / BD3LM); others are returned unchanged."""
-    if objective.name not in ("mdlm", "bd3lm") or getattr(objective, "loss_weighting", "") == "elbo":
+    if methods.get(objective.name).likelihood != "NELBO" or getattr(objective, "loss_weighting", "") == "elbo":
         return objective
-    kw = {"block_size": objective.block_size} if objective.name == "bd3lm" else {}
+    kw = {"block_size": objective.block_size} if hasattr(objective, "block_size") else {}
     t_eps = getattr(getattr(objective, "schedule", None), "eps", 1e-3)
     return build_objective(objective.name, objective.mask_id, loss_weighting="elbo", t_eps=t_eps, **kw)
 
@@ -51,7 +52,7 @@ def sequence_nll(model, objective, tokens: torch.Tensor, context: torch.Tensor |
     draws = []
     count = None
     is_greedy = []
-    for k in range(max(1, samples) if obj.name != "ar" else 1):
+    for k in range(1 if methods.get(obj.name).likelihood == "exact" else max(1, samples)):
         rows = []
         for i in range(B):
             g = torch.Generator(device=tokens.device).manual_seed(

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from setdiff_mega import methods
+
 from .likelihood import chunk_documents, pad_batch, sequence_nll
 
 
@@ -59,7 +61,7 @@ class SetDiffLMCore:
         ctx = ctx[-keep:]
         seq = ctx + cont
         n = len(seq)
-        T = n if self.objective.name == "ar" else self.L
+        T = n if methods.get(self.objective.name).causal else self.L
         tokens, padding = pad_batch([seq], T, self.tok.pad)
         context = torch.zeros_like(padding)
         context[0, :len(ctx)] = True
@@ -145,4 +147,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["SetDiffLM", "SetDiffLMCore", "make_lm_class"]
+__all__ = ["SetDiffLM", "SetDiffLMCore", "make_lm_class"]  # noqa: F822  (SetDiffLM: module __getattr__)

@@ -5,7 +5,8 @@ Files under ``assets``: ``math_points.csv`` (one row per model and sampler setti
 the head study, ``study.csv`` (final validation losses, raw and EMA, and training seconds),
 ``frontier.png`` (accuracy against tokens/s and against tokens per step, one curve per method),
 ``infill.png`` (exact-match bars), ``curves.png`` (the main models' validation loss against step, and
-the head study's training loss with and without the zero-initialised head). The report section sits between ``<!-- reproduce:begin -->`` and
+the head study's training loss with and without the zero-initialised head). The report section sits
+between ``<!-- reproduce:begin -->`` and
 ``<!-- reproduce:end -->`` in the report file; the rest of the file is kept.
 """
 from __future__ import annotations
@@ -146,7 +147,8 @@ def _pm(r, k, nd=3):
 
 
 def _table(head: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(map(str, r)) + " |" for r in rows)]
 
 
 def _study_table(study: list[dict]) -> list[list]:
@@ -172,7 +174,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
              f"* Command: `{m['command']}`", f"* Commit: {m['commit']}{' (uncommitted changes)' if m['dirty'] else ''}",
              f"* Machine: {m['machine']}",
              f"* Wall time of this run: {m['wall_s'] / 60:.1f} min (training {m['train_wall_s'] / 60:.1f} min"
-             + (", some models reused from an earlier run" if m["models_reused"] else "") + f"); from scratch: {scratch}",
+             + (", some models reused from an earlier run" if m["models_reused"] else "")
+             + f"); from scratch: {scratch}",
              f"* Budget: {m['train_steps']} steps per model"
              + (f" (head study {m['study_steps']})" if results["study"] else "") + f", seeds {m['seeds']}, "
              f"{m['limit']} arithmetic problems per point, {m['infill_limit']} stories / quests per infilling row, "
@@ -185,7 +188,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                     [[r["method"], r.get("seed"), _f(r["final_val_loss"], 4), _f(r["final_val_loss_ema"], 4),
                       r["first_step_below_2"] or "never", r["train_seconds"]] for r in results["training"]])
     if results["study"]:
-        lines += ["", f"### Head study ({m['study_steps']} steps, zero-initialised vs normally initialised output head)",
+        lines += ["", f"### Head study ({m['study_steps']} steps, zero-initialised vs normally initialised "
+                      f"output head)",
                   ""]
         lines += _table(["model", "head", "seeds", "train loss at step 50", "at step 100", "first step train loss < 2",
                          "final val loss (mean ± sd)"], _study_table(results["study"]))
@@ -206,7 +210,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                       _f(r["tokens_per_s"], 0)] for r in results["infill_means"]])
     lines += ["", "### Likelihood (validation NLL per token; upper bounds except AR)", ""]
     lines += _table(["model", "seed", "estimator", "NLL/token", "SetDLM one order", "SetDLM K-order bound", "K"],
-                    [[r["method"], r.get("seed"), r["estimator"], _f(r["nll_per_token"], 4), _f(r.get("nll_one_order"), 4),
+                    [[r["method"], r.get("seed"), r["estimator"], _f(r["nll_per_token"], 4),
+                      _f(r.get("nll_one_order"), 4),
                       _f(r.get("nll_k_orders"), 4), r["orders"]] for r in results["likelihood"]])
     lines += ["", "Plots: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".png"))
               + "; tables: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".csv")) + ".",

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from setdiff_mega import methods
+
 from . import frontier as F
 
 CPU_OVERRIDES = ["model.zero_init_head=false", "train.ema_decay=0.99", "train.eval_interval=100",
@@ -80,7 +82,8 @@ class ReproConfig:
         if budget != 1:
             self.train_steps = max(1, round(self.train_steps * budget))
             self.study_steps = max(1, round(self.study_steps * budget))
-            self.limit, self.infill_limit = (max(1, min(128, round(n * budget))) for n in (self.limit, self.infill_limit))
+            self.limit, self.infill_limit = (max(1, min(128, round(n * budget)))
+                                             for n in (self.limit, self.infill_limit))
         return self
 
 
@@ -117,7 +120,7 @@ def claims(results: dict) -> list[dict]:
     ``results["frontier"]`` and ``results["infill_means"]``)."""
     pts = results["frontier"]
     out = []
-    ar = [p for p in pts if p["objective"] == "ar"]
+    ar = [p for p in pts if p["objective"] == methods.AR.name]
     if ar:
         a = ar[0]["accuracy"]
         out.append({"claim": "AR math (arithmetic) exact match >= 40%", "value": f"{a:.3f}", "holds": a >= 0.40})
@@ -133,13 +136,14 @@ def claims(results: dict) -> list[dict]:
     q = [r for r in results["infill_means"] if r["task"] == "quests"]
     best = lambda o, ctx: max([r["exact_match"] for r in q if r["objective"] == o and r["context"] == ctx],  # noqa
                               default=None)
-    sd, bd, arl = best("setdlm", "both sides"), best("bd3lm", "both sides"), best("ar", "left only")
+    sd, bd = best(methods.SETDLM.name, "both sides"), best(methods.BD3LM.name, "both sides")
+    arl = best(methods.AR.name, "left only")
     if None not in (sd, bd, arl):
         out.append({"claim": "quests infill: SetDLM (best of recipe / FIM) beats BD3LM by >= 20 EM points",
                     "value": f"SetDLM {sd:.3f}, BD3LM {bd:.3f}", "holds": sd - bd >= 0.20})
         out.append({"claim": "quests infill: SetDLM beats left-context-only AR by >= 30 EM points",
                     "value": f"SetDLM {sd:.3f}, AR {arl:.3f}", "holds": sd - arl >= 0.30})
-    d4 = {(p["window"], p["tau"]): p for p in pts if p["objective"] == "setdlm" and p["D"] == 4
+    d4 = {(p["window"], p["tau"]): p for p in pts if p["objective"] == methods.SETDLM.name and p["D"] == 4
           and not p.get("fim_rate")}
     ws = sorted({w for w, t in d4 if (w, 0.9) in d4 and (w, 1e6) in d4})
     if ws:

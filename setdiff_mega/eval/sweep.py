@@ -181,7 +181,7 @@ def command(grid, run: Run, launcher: bool = False) -> list[str]:
     base = ["--config", str(write_config(grid, run))]
     if launcher or grid["data_parallel_size"] > 1:
         return ["bash", "launch.sh", "--nproc-per-node", str(grid["data_parallel_size"]), "--", *base]
-    return [sys.executable, "pretrain/pretrain.py", *base]
+    return [sys.executable, "-m", "setdiff_mega.train", *base]
 
 
 def run_local(grid, runs: list[Run], log=print, env=None) -> dict:

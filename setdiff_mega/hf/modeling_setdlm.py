@@ -28,6 +28,8 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from .configuration_setdlm import SetDLMConfig
 
+CAUSAL_OBJECTIVES = ("ar",)     # objectives decoded left to right (config.json "method" of old exports)
+
 
 def _norm(config: SetDLMConfig) -> nn.Module:
     if config.normalization == "RMSNorm":
@@ -144,7 +146,8 @@ class SetDLMModel(SetDLMPreTrainedModel):
 
     def _keep_mask(self, attention_mask, b, t, device):
         """-> boolean [B, 1, T, T], True = may attend."""
-        causal = self.config.method.get("objective", "ar") == "ar"
+        method = self.config.method
+        causal = method.get("causal", method.get("objective", "ar") in CAUSAL_OBJECTIVES)   # exports before the flag
         base = (torch.ones(t, t, dtype=torch.bool, device=device).tril() if causal
                 else torch.ones(t, t, dtype=torch.bool, device=device))
         if attention_mask is None:

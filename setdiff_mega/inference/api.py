@@ -22,11 +22,11 @@ from dataclasses import replace
 
 import torch
 
-from .base import Canvas, GenerationConfig
-from .baselines import ARSampler, BD3LMSampler, MDLMSampler
-from .setdlm import SetDLMSampler
+from setdiff_mega import methods
 
-SAMPLERS = {"setdlm": SetDLMSampler, "ar": ARSampler, "bd3lm": BD3LMSampler, "mdlm": MDLMSampler}
+from .base import Canvas, GenerationConfig
+
+SAMPLERS = {n: methods.get(n).sampler_class() for n in methods.names()}    # objective name -> sampler class
 
 
 class RequestError(ValueError):
@@ -61,10 +61,13 @@ def encode_request(tokenizer, request, *, context: int | None = None) -> list[in
 def build_sampler(method, model, tokenizer, config: GenerationConfig):
     """``method``: an objective name, or the checkpoint's objective (whose order prior FHT writes use)."""
     name = getattr(method, "name", method)
-    if name not in SAMPLERS:
-        raise RequestError(f"no sampler for objective {name!r}; choose one of {', '.join(SAMPLERS)}")
+    try:
+        cls = methods.get(name).sampler_class()
+    except methods.MethodError:
+        raise RequestError(f"no sampler for objective {name!r}; choose one of {', '.join(methods.names())}") \
+            from None
     prior = method if hasattr(method, "D") else None
-    return SAMPLERS[name](model, tokenizer.mask, tokenizer.pad, tokenizer.eos, config, tokenizer=tokenizer,
+    return cls(model, tokenizer.mask, tokenizer.pad, tokenizer.eos, config, tokenizer=tokenizer,
                           order_prior=prior)
 
 

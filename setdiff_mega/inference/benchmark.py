@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from setdiff_mega import methods
+
 from .api import build_sampler, encode_request
 from .base import Canvas, GenerationConfig
 
@@ -54,9 +56,10 @@ def measure(model, tokenizer, method: str, prompts: list, config: GenerationConf
         nfe.append(out.nfe)
         tps_step.append(out.tokens_per_step[0])
         ntok.append(n)
-    return BenchRow(method=method, window=config.window if method == "setdlm" else 0, tau=config.tau,
-                    block_size=config.block_size if method in ("bd3lm", "mdlm") else 0,
-                    use_cache=config.use_cache if method != "mdlm" else False,
+    rec = methods.get(method)
+    return BenchRow(method=method, window=config.window if rec.window else 0, tau=config.tau,
+                    block_size=config.block_size if rec.block else 0,
+                    use_cache=config.use_cache if rec.cached else False,
                     max_new_tokens=config.max_new_tokens, tokens_per_s=statistics.mean(tps),
                     tokens_per_s_std=statistics.pstdev(tps), nfe=statistics.mean(nfe),
                     tokens_per_step=statistics.mean(tps_step), tokens=statistics.mean(ntok))
@@ -78,14 +81,14 @@ def plot_speed_vs_tau(rows: list[BenchRow], path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
-    set_rows = [r for r in rows if r.method == "setdlm" and r.use_cache]
+    set_rows = [r for r in rows if methods.get(r.method).window and r.use_cache]
     for w in sorted({r.window for r in set_rows}):
         rs = sorted((r for r in set_rows if r.window == w), key=lambda r: -min(r.tau, 1.0))
         x = [min(r.tau, 1.0) for r in rs]
         a1.plot(x, [r.tokens_per_s for r in rs], "o-", label=f"SetDLM W={w}")
         a2.plot(x, [r.tokens_per_step for r in rs], "o-", label=f"SetDLM W={w}")
     for r in rows:
-        if r.method in ("ar", "bd3lm", "mdlm"):
+        if not methods.get(r.method).window:
             lab = r.method.upper() + (f" S={r.block_size}" if r.block_size else "")
             a1.axhline(r.tokens_per_s, ls="--", lw=0.8, color="gray")
             a1.annotate(lab, (0.02, r.tokens_per_s), fontsize=7, xycoords=("axes fraction", "data"))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from setdiff_mega import methods
+
 from .base import GenerationConfig
 
 # the paper's protocols (method.md 7); "window_per_D" scales the checkpoint's D
@@ -68,7 +70,7 @@ def generation_config(objective_cfg, seq_length: int, preset: str | None = None,
     """Checkpoint defaults -> preset -> overrides (already typed values or strings)."""
     o = objective_cfg
     cfg = base or GenerationConfig()
-    cfg = replace(cfg, window=o.D, block_size=o.block_size if o.name == "bd3lm" else 32, context_length=seq_length)
+    cfg = replace(cfg, window=o.D, block_size=methods.get(o.name).default_block(o) or 32, context_length=seq_length)
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")

@@ -27,6 +27,7 @@ import dataclasses
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
+
 def hardware_fp8() -> bool:
     """True on a CUDA device with FP8 tensor cores (compute capability >= 8.9)."""
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)

@@ -118,4 +118,5 @@ def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
     return spec, impl
 
 
-__all__ = ["SequenceParallelNorm", "block_spec", "layer_spec", "core_attention_class", "resolve_impl", "transformer_engine_available"]
+__all__ = ["SequenceParallelNorm", "block_spec", "layer_spec", "core_attention_class", "resolve_impl",
+           "transformer_engine_available"]

@@ -31,8 +31,8 @@ import math
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
-from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.enums import ModelType
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -55,7 +55,7 @@ def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
     swiglu = mc.activation == "swiglu"
     return TransformerConfig(
         num_layers=mc.num_layers, hidden_size=mc.hidden_size, num_attention_heads=mc.num_attention_heads,
-        num_query_groups=mc.num_query_groups, ffn_hidden_size=mc.ffn_hidden_size or 4 * mc.hidden_size,
+        num_query_groups=mc.num_query_groups, ffn_hidden_size=mc.ffn_size,
         hidden_dropout=mc.hidden_dropout, attention_dropout=mc.attention_dropout,
         init_method_std=mc.init_method_std, add_bias_linear=mc.add_bias_linear,
         gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,

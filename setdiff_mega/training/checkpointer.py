@@ -30,8 +30,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from setdiff_mega.checkpoint.io import (CheckpointError, checkpoints_root, latest_checkpoint, read_state,
-                                        resolve_checkpoint)
+from setdiff_mega import methods
+from setdiff_mega.checkpoint.io import (
+    CheckpointError,
+    checkpoints_root,
+    latest_checkpoint,
+    read_state,
+    resolve_checkpoint,
+)
 from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config, staged_save
 from setdiff_mega.checkpoint.sharded import load_ema, load_sharded, save_sharded, start_writer_service
 
@@ -144,8 +150,7 @@ class Checkpointer:
         tc = self.cfg.train
         state = {"kind": "training", "consumed_samples": consumed, **metrics, "optimizer": self.optimizer_kind,
                  "zero_stage": self.zero, "seed": tc.seed,
-                 "global_batch_samples": tc.micro_batch_size * tc.grad_accum_steps
-                 * ps.get_data_parallel_world_size()}
+                 "global_batch_samples": tc.global_batch(ps.get_data_parallel_world_size())}
         return staged_save(self.save_dir, step, write_shards, self.cfg, self.tok, state, tc.keep_last)
 
     def _save_zero(self, tmp: Path) -> None:
@@ -176,8 +181,9 @@ class Checkpointer:
         ck, state = found
         saved = checkpoint_config(ck)
         check_model_config(saved.model, self.cfg.model, f"checkpoint '{ck}'")
-        for section, name in (("objective", "name"), ("objective", "D"), ("objective", "S_max"),
-                              ("objective", "block_size"), ("data", "seq_length")):
+        identity = [("objective", "name"), *(("objective", f) for f in methods.get(saved.objective.name).run_fields),
+                    ("data", "seq_length")]                 # the method's record names its fields
+        for section, name in identity:
             a, b = getattr(getattr(saved, section), name), getattr(getattr(self.cfg, section), name)
             if a != b:
                 raise CheckpointError(f"checkpoint '{ck}' (train.resume={self.cfg.train.resume}) was trained with "

@@ -20,7 +20,8 @@ import dataclasses
 
 import torch
 
-PREFIX = "ema."
+from setdiff_mega.checkpoint.sharded import EMA_PREFIX as PREFIX
+from setdiff_mega.checkpoint.sharded import has_ema  # noqa: F401  (re-exported)
 
 
 def _zero3(p) -> bool:
@@ -87,7 +88,8 @@ class EMA:
             if isinstance(v, (ShardedTensor, ShardedTensorFactory)) and id(v.data) in by_param:
                 p, s = by_param[id(v.data)]
                 full = self._full(p, s)
-                new = dataclasses.replace(v, data=full, **({"dtype": full.dtype} if isinstance(v, ShardedTensor) else {}))
+                extra = {"dtype": full.dtype} if isinstance(v, ShardedTensor) else {}
+                new = dataclasses.replace(v, data=full, **extra)
                 leaves.append((new, p, s, full))
                 return new
             return v
@@ -145,13 +147,6 @@ def _flatten(tree, path=()) -> dict:
             out.update(_flatten(v, path + (k,)))
         return out
     return {path: tree}
-
-
-def has_ema(path) -> bool:
-    """Whether the distributed checkpoint at ``path`` holds EMA tensors."""
-    from megatron.core import dist_checkpointing
-
-    return any(k.startswith(PREFIX) for k in dist_checkpointing.load_tensors_metadata(str(path)))
 
 
 __all__ = ["EMA", "PREFIX", "has_ema"]

@@ -17,27 +17,26 @@ from __future__ import annotations
 
 import torch
 
+from setdiff_mega import methods
+
 # dense bf16 peak TFLOP/s per device (no sparsity)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
                "B200": 2250.0, "GH200": 989.0}
 
 
 def processed_positions(objective: str, L: int) -> tuple[int, int]:
-    """(T positions the model processes, N positions that get logits) per L-token sample."""
-    if objective == "ar":
-        return L - 1, L - 1
-    if objective == "mdlm":
-        return L, L
-    return 2 * L, L
+    """(T positions the model processes, N positions that get logits) per L-token sample (the method's
+    registry record, :meth:`setdiff_mega.methods.Method.positions`)."""
+    return methods.get(objective).positions(L)
 
 
 def body_parameters(mc) -> int:
     """Parameters of the transformer layers (attention, MLP, norms), from the model config."""
     h = mc.hidden_size
     heads = mc.num_attention_heads
-    groups = mc.num_query_groups or heads
+    groups = mc.query_groups
     d = h // heads
-    ffn = mc.ffn_hidden_size or 4 * h
+    ffn = mc.ffn_size
     bias = 1 if mc.add_bias_linear else 0
     qkv = h * (heads + 2 * groups) * d + bias * (heads + 2 * groups) * d
     proj = heads * d * h + bias * h

@@ -8,13 +8,20 @@
   with one flat all-reduce per step (:func:`allreduce_dp_grads`).
 * Clipping (:func:`clip_grad_norm`): the global L2 norm sums squared gradients over every TP / PP shard,
   counting TP-replicated parameters (norms, row-parallel biases) once, so it equals the single-process norm.
+* Also the step-level helpers the trainer composes: :func:`evaluate` (layout-independent validation),
+  :func:`zero_step` (one DeepSpeed step), :func:`mean_over_dp`, :func:`step_epoch`, :func:`autocast_context`.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
+
+from setdiff_mega.diffusion import build_inputs_per_sample
+
+from .guard import TrainingError
 
 
 def _schedule_run(model, objective, micro, forward_only: bool, autocast):
@@ -136,5 +143,103 @@ def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
     return norm
 
 
+def autocast_context(precision: str):
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def evaluate(model, objective, dataset, cfg, iters: int, seed: int = 0, bos_eos=None) -> dict:
+    """Validation on the first ``iters * micro_batch_size * DP`` samples, split over the data-parallel
+    ranks, with per-sample noise: the result does not depend on the parallel layout.
+
+    ``loss`` is the token-weighted NLL (sum of per-token NLL / number of scored tokens; for packed data
+    without padding it equals the training loss's per-sequence mean), ``ppl`` its exponential.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from setdiff_mega.data.loader import batches
+
+    was_training = model.training
+    model.eval()
+    mbs = cfg.train.micro_batch_size
+    dp = ps.get_data_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    dp_rank = ps.get_data_parallel_rank() if ps.model_parallel_is_initialized() else 0
+    sums = torch.zeros(2, dtype=torch.float64)
+    it = batches(dataset, mbs, dp_rank * mbs, dp * mbs, bos_eos=bos_eos)
+    # interleaved pipeline stages need >= PP micro-batches per schedule run: split each batch into PP parts
+    parts = ps.get_pipeline_model_parallel_world_size() \
+        if ps.model_parallel_is_initialized() and ps.get_virtual_pipeline_model_parallel_world_size() else 1
+    for _ in range(iters):
+        batch = next(it)
+        ids = batch["sample_ids"]
+        step = len(ids) // parts
+        micro = [build_inputs_per_sample(objective, batch["tokens"][j:j + step], ids[j:j + step], seed,
+                                         training=False) for j in range(0, len(ids), step)]
+        s, n = evaluate_batch(model, objective, micro, lambda: autocast_context(cfg.train.precision))
+        sums += torch.tensor([s, n], dtype=torch.float64)
+    if dp > 1:
+        dist.all_reduce(sums, group=ps.get_data_parallel_group())
+    model.train(was_training)
+    mean_nll = float(sums[0] / sums[1].clamp(min=1.0))
+    return {"loss": mean_nll, "nll_per_token": mean_nll, "ppl": math.exp(min(mean_nll, 50))}
+
+
+def mean_over_dp(value: float, dp: int) -> float:
+    """Mean of a per-replica value over the data-parallel group (all TP / PP ranks of a replica hold the
+    same value, so a NaN on any rank still reaches every rank)."""
+    if dp == 1:
+        return value
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, group=ps.get_data_parallel_group())
+    return t.item() / dp
+
+
+def zero_step(engine, objective, micro, autocast):
+    """One optimizer step through a DeepSpeed engine; a non-finite loss on any rank stops before the update."""
+    import torch.distributed as dist
+
+    total = 0.0
+    for inp in micro:
+        with autocast():
+            logits = engine(**inp.model_kwargs())
+            loss, _ = objective.loss(logits, inp)
+        bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0])
+        dist.all_reduce(bad)
+        if bad.item():
+            raise TrainingError(f"non-finite loss on {int(bad.item())} rank(s); no update was applied. Lower "
+                                f"train.lr or use train.precision=fp32")
+        engine.backward(loss)          # scaled by 1 / gradient_accumulation_steps inside DeepSpeed
+        engine.step()                  # the optimizer steps at the accumulation boundary
+        total += loss.item() / len(micro)
+    norm = engine.get_global_grad_norm()
+    return total, torch.tensor(float(norm) if norm is not None else 0.0)
+
+
+def step_epoch(sample_index: int, n: int) -> int:
+    """Epoch of a sample position in the (wrapping) sample stream, so repeated samples get fresh noise."""
+    return (sample_index // max(n, 1)) * 7919
+
+
+def total_parameters(model) -> int:
+    """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once; under
+    ZeRO-3 a partitioned parameter's full size is its ``ds_numel``)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    n = torch.tensor([sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
+                          if param_is_not_tensor_parallel_duplicate(p))])
+    group = ps.get_model_parallel_group()
+    if torch.distributed.get_world_size(group) > 1:
+        torch.distributed.all_reduce(n, group=group)
+    return int(n)
+
+
 __all__ = ["forward_backward", "evaluate_batch", "allreduce_dp_grads", "allreduce_sequence_parallel_grads",
-           "clip_grad_norm"]
+           "clip_grad_norm", "autocast_context", "evaluate", "mean_over_dp", "zero_step",
+           "step_epoch", "total_parameters"]

@@ -1,4 +1,5 @@
-"""The training loop: config -> data -> model + objective -> optimizer -> checkpoint.
+"""The training loop (:class:`Trainer`: ``setup`` / ``train_step`` / ``validate`` / ``save`` / ``run``):
+config -> data -> model + objective -> optimizer -> checkpoint.
 
 Runs on one process or data-parallel under torchrun (``launch.sh``): each of the D ranks reads its own
 slice of every global batch (``micro_batch_size * grad_accum_steps * D`` samples per optimizer step),
@@ -22,7 +23,6 @@ resume (``train.resume=auto``) and SIGTERM / SIGUSR1 handling are in :mod:`.chec
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -30,47 +30,17 @@ from pathlib import Path
 
 import torch
 
-from setdiff_mega.config import ConfigError, RunConfig, to_dict
-from setdiff_mega.data.indexed import DataError, DataWatch, check_dataset, check_matches
+from setdiff_mega import methods
+from setdiff_mega.build import model_for
+from setdiff_mega.build import objective_for as objective_from_config
+from setdiff_mega.build import tokenizer_for as resolve_tokenizer
+from setdiff_mega.build import vocab_for as resolve_vocab
+from setdiff_mega.config import RunConfig, to_dict
+from setdiff_mega.data.indexed import DataWatch, check_dataset, check_matches
+from setdiff_mega.diffusion import build_inputs_per_sample
 
 from .guard import StepGuard, TrainingError
-from setdiff_mega.data.tokenizer import Tokenizer
-from setdiff_mega.diffusion import build_inputs_per_sample, build_objective
-
-
-
-
-def objective_from_config(cfg: RunConfig, tokenizer: Tokenizer):
-    o = cfg.objective
-    return build_objective(o.name, tokenizer.mask, block_size=o.block_size, D=o.D, S_max=o.S_max, k=o.k,
-                           b=o.b, keep_clean_bos=o.keep_clean_bos, eos_last=o.eos_last,
-                           eos_id=tokenizer.eos, loss_weighting=o.loss_weighting, t_eps=o.t_eps,
-                           fim_rate=o.fim_rate, fim_max_middle=o.fim_max_middle, fim_max_suffix=o.fim_max_suffix)
-
-
-def resolve_tokenizer(cfg: RunConfig) -> Tokenizer:
-    from setdiff_mega.data.loader import parse_blend
-
-    path = cfg.data.tokenizer or str(Path(parse_blend(cfg.data.path)[0][0]).parent / "tokenizer.json")
-    try:
-        return Tokenizer.from_file(path)
-    except FileNotFoundError as e:
-        raise DataError(f"{e} (data.tokenizer)") from None
-
-
-def resolve_vocab(cfg: RunConfig, tok: Tokenizer) -> int:
-    vocab = cfg.model.vocab_size or tok.vocab_size
-    top = max(tok.special_ids.values())
-    if vocab <= top:
-        raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's special ids (up to {top}, "
-                          f"vocabulary {tok.vocab_size}); remove the override or set it >= {tok.vocab_size}")
-    return vocab
-
-
-def autocast_context(precision: str):
-    if precision != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+from .step import autocast_context, evaluate, mean_over_dp, step_epoch, total_parameters, zero_step
 
 
 @dataclass
@@ -87,297 +57,279 @@ class TrainResult:
     final_val_loss_ema: float | None = None   # with train.ema_decay: the validation loss of the EMA weights
 
 
-@torch.no_grad()
-def evaluate(model, objective, dataset, cfg: RunConfig, iters: int, seed: int = 0, bos_eos=None) -> dict:
-    """Validation on the first ``iters * micro_batch_size * DP`` samples, split over the data-parallel
-    ranks, with per-sample noise: the result does not depend on the parallel layout.
+class Trainer:
+    """One training run with seams, in the manner of torchtitan's ``Trainer``:
 
-    ``loss`` is the token-weighted NLL (sum of per-token NLL / number of scored tokens; for packed data
-    without padding it equals the training loss's per-sequence mean), ``ppl`` its exponential.
+    ``setup()``        data checks, process groups, datasets, objective, model, optimizer (DDP / ZeRO),
+                       EMA, checkpointer and resume, logger, the initial validation
+    ``train_step(s)``  one optimizer step: ``grad_accum_steps`` micro-batches, gradient reductions,
+                       clipping, the non-finite guard, the update and the EMA
+    ``validate()``     the validation loss (and the EMA's at the end)
+    ``save(s)``        a checkpoint of the current state
+    ``run()``          setup, then the loop: the interval decisions (log, validate, save, signals)
     """
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
 
-    from setdiff_mega.data.loader import batches
+    def __init__(self, cfg: RunConfig, log=print):
+        self.cfg, self.log = cfg, log
 
-    from .step import evaluate_batch
+    # -- setup ------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from megatron.core import parallel_state as ps
 
-    was_training = model.training
-    model.eval()
-    mbs = cfg.train.micro_batch_size
-    dp = ps.get_data_parallel_world_size() if ps.model_parallel_is_initialized() else 1
-    dp_rank = ps.get_data_parallel_rank() if ps.model_parallel_is_initialized() else 0
-    sums = torch.zeros(2, dtype=torch.float64)
-    it = batches(dataset, mbs, dp_rank * mbs, dp * mbs, bos_eos=bos_eos)
-    # interleaved pipeline stages need >= PP micro-batches per schedule run: split each batch into PP parts
-    parts = ps.get_pipeline_model_parallel_world_size() \
-        if ps.model_parallel_is_initialized() and ps.get_virtual_pipeline_model_parallel_world_size() else 1
-    for _ in range(iters):
-        batch = next(it)
-        ids = batch["sample_ids"]
-        step = len(ids) // parts
-        micro = [build_inputs_per_sample(objective, batch["tokens"][j:j + step], ids[j:j + step], seed,
-                                         training=False) for j in range(0, len(ids), step)]
-        s, n = evaluate_batch(model, objective, micro, lambda: autocast_context(cfg.train.precision))
-        sums += torch.tensor([s, n], dtype=torch.float64)
-    if dp > 1:
-        dist.all_reduce(sums, group=ps.get_data_parallel_group())
-    model.train(was_training)
-    mean_nll = float(sums[0] / sums[1].clamp(min=1.0))
-    return {"loss": mean_nll, "nll_per_token": mean_nll, "ppl": math.exp(min(mean_nll, 50))}
+        from setdiff_mega.config import validate_layout
+        from setdiff_mega.data.loader import parse_blend
+        from setdiff_mega.parallel import initialize
+
+        cfg, tc, dc, pc = self.cfg, self.cfg.train, self.cfg.data, self.cfg.parallel
+        if tc.num_threads:
+            torch.set_num_threads(tc.num_threads)
+        prefixes, _ = parse_blend(dc.path)
+        infos = [check_dataset(p) for p in prefixes]      # clear errors before any expensive set-up
+        self.tok = tok = resolve_tokenizer(cfg)
+        self.vocab = resolve_vocab(cfg, tok)
+        for p, info in zip(prefixes, infos):               # vocabulary, and the tokenizer the data was made with
+            check_matches(p, info, self.vocab, tok if dc.check_tokenizer else None)
+        validate_layout(cfg)                               # sizes against the model, before any process group
+        self.env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed,
+                              virtual_pipeline_model_parallel_size=pc.virtual_pipeline_model_parallel_size)
+        validate_layout(cfg, self.env.world_size)
+        self.main = self.env.rank == 0
+        self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        self.pp = ps.get_pipeline_model_parallel_world_size()
+        if not self.main:
+            self.log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
+        torch.manual_seed(tc.seed)
+        self._setup_data(prefixes)
+        self.objective = objective_from_config(cfg, tok)
+        self.model = model_for(cfg, self.vocab, sequence_parallel=pc.sequence_parallel)
+        self._setup_state()
+        self._setup_logging()
+
+    def _setup_data(self, prefixes) -> None:
+        from setdiff_mega.data.loader import build_splits
+
+        tc, dc = self.cfg.train, self.cfg.data
+        self.samples_per_step = tc.global_batch(self.dp)
+        n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size * self.dp
+        self.train_ds, self.valid_ds, _ = build_splits(
+            dc.path, self.tok, dc.seq_length, dc.split, dc.seed,
+            (tc.train_steps * self.samples_per_step, n_valid, n_valid), dc.cache_dir, dc.check_tokenizer)
+        if self.valid_ds is None or len(self.valid_ds) == 0:
+            self.log("warning: no validation split (data.split gives it weight 0): validating on training samples")
+            self.valid_ds = self.train_ds
+        self.watch = DataWatch(prefixes)
+
+    def _setup_state(self) -> None:
+        """Weights (resumed or initialised), optimizer / DDP / ZeRO engine, EMA, and the training state."""
+        from megatron.core import parallel_state as ps
+
+        from setdiff_mega.checkpoint import load_weights
+
+        from .checkpointer import Checkpointer
+        from .optim import build_optimizer
+
+        cfg, tc, model = self.cfg, self.cfg.train, self.model
+        self.checkpointer = checkpointer = Checkpointer(cfg, self.tok, model, None, None, self.log)
+        self.found = found = checkpointer.find()
+        if found is not None:
+            checkpointer.load_weights(found)
+        elif tc.init_from:
+            ck = load_weights(model, tc.init_from, cfg.model)
+            self.log(f"initialised the weights from {ck}")
+        model.train()
+        self.optimizer = build_optimizer(model, tc)
+        self.ddp, self.engine = model, None
+        if tc.zero_stage > 0:
+            from setdiff_mega.parallel.zero import zero_engine
+
+            self.engine = zero_engine(model, self.optimizer, tc)
+            self.optimizer = self.engine.optimizer
+        elif self.dp > 1 and self.pp == 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(model, broadcast_buffers=False,
+                                               process_group=ps.get_data_parallel_group())
+        checkpointer.optimizer, checkpointer.engine = self.optimizer, self.engine
+        self.ema = None
+        if tc.ema_decay > 0:
+            from .ema import EMA
+
+            self.ema = checkpointer.ema = EMA(model, tc.ema_decay)   # after the engine: ZeRO-3 partitions exist
+        self.start_step, self.consumed, self.resumed = 0, 0, None
+        if found is not None:
+            self.resumed = checkpointer.load_training_state(found)
+            self.start_step, self.consumed = int(self.resumed["step"]), int(self.resumed["consumed_samples"])
+
+    def _setup_logging(self) -> None:
+        from setdiff_mega.data.loader import batches, wrap_ids
+
+        from .flops import flops_per_sample, peak_flops
+        from .loggers import MetricLogger
+
+        cfg, tc, dc, model, resumed = self.cfg, self.cfg.train, self.cfg.data, self.model, self.resumed
+        self.n_params = total_parameters(model)
+        L = self.L = dc.seq_length
+        self.sample_flops = flops_per_sample(cfg.model, model.padded_vocab_size, self.objective.name, L)
+        self.peak = peak_flops(tc.peak_tflops)
+        self.proc_per_sample = methods.get(self.objective.name).positions(L)[0]
+        self.log(f"model: {self.n_params / 1e6:.2f}M parameters, vocab {self.vocab} (padded "
+                 f"{model.padded_vocab_size}); objective {self.objective.name}; L={L}; {len(self.train_ds)} train / "
+                 f"{len(self.valid_ds)} valid samples; layout TP={cfg.parallel.tensor_model_parallel_size} "
+                 f"PP={self.pp} DP={self.dp}, {self.samples_per_step} samples per step")
+        self.logger = MetricLogger(Path(tc.save_dir), tc.train_steps, self.start_step, cfg.logging, to_dict(cfg),
+                                   enabled=self.main, resume_step=self.start_step if resumed is not None else None)
+        self.bos_eos = wrap_ids(dc, self.tok)
+        if resumed is None:
+            init_eval = self.validate()
+            self.logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
+            self.logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
+        else:
+            init_eval = {"loss": resumed.get("initial_val_loss", float("nan"))}
+            self.logger.write(f"resumed from {self.found[0]} at step {self.start_step} ({self.consumed} samples "
+                              f"consumed)")
+        self.initial_val = init_eval["loss"]
+        self.last_eval = init_eval if resumed is None else {"loss": resumed.get("val_loss", float("nan"))}
+        self.guard = StepGuard(tc, int(resumed.get("skipped_steps", 0)) if resumed is not None else 0,
+                               self.logger.write)
+        # noise of a sample depends on (seed, epoch, sample index) only: every rank of one data-parallel
+        # replica (its TP / PP ranks) sees the same inputs, and DP = 1 and DP = N train on identical inputs
+        self.noise_seed = tc.seed + 1
+        mbs = tc.micro_batch_size
+        self.stream = batches(self.train_ds, mbs, self.consumed + self.dp_rank * mbs, self.dp * mbs, self.bos_eos)
+        self.tok_window = self.proc_window = 0
+
+    # -- one step, validation, saving -------------------------------------------------------------------
+    def train_step(self, step: int) -> tuple[float, torch.Tensor, float]:
+        """One optimizer step; returns (mean loss over DP, global gradient norm, learning rate)."""
+        from .optim import lr_at, set_lr
+        from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
+
+        tc, dp, objective = self.cfg.train, self.dp, self.objective
+        lr = lr_at(self.guard.schedule_step(step), tc)
+        set_lr(self.optimizer, lr)
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = []
+        self.watch.check()                             # the data files are the ones we started with
+        for _ in range(tc.grad_accum_steps):
+            batch = next(self.stream)
+            tokens = batch["tokens"]
+            seed = self.noise_seed + step_epoch(batch["sample_index"], len(self.train_ds))
+            micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], seed))
+            self.consumed += tokens.shape[0] * dp
+            self.tok_window += tokens.numel() * dp
+            self.proc_window += tokens.shape[0] * self.proc_per_sample * dp
+        autocast = lambda: autocast_context(tc.precision)  # noqa: E731
+        if self.engine is not None:    # DeepSpeed: accumulation, DP reduction, clipping and the update
+            total, gnorm = zero_step(self.engine, objective, micro, autocast)
+        else:
+            total = forward_backward(self.model, self.ddp, objective, micro, autocast)
+            if self.cfg.parallel.sequence_parallel:
+                allreduce_sequence_parallel_grads(self.model)
+            if self.pp > 1:
+                allreduce_dp_grads(self.model)
+            gnorm = clip_grad_norm(self.model, tc.clip_grad)
+        total = mean_over_dp(total, dp)
+        if self.guard.accept(step, total, gnorm):      # every rank agrees (train.nonfinite: stop | skip)
+            if self.engine is None:
+                self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        return total, gnorm, lr
+
+    def validate(self) -> dict:
+        return evaluate(self.model, self.objective, self.valid_ds, self.cfg, max(self.cfg.train.eval_iters, 1),
+                        bos_eos=self.bos_eos)
+
+    def save(self, step: int) -> Path:
+        tc = self.cfg.train
+        return self.checkpointer.save(step, self.consumed, {
+            "val_loss": self.last_eval["loss"], "initial_val_loss": self.initial_val, "train_steps": tc.train_steps,
+            "skipped_steps": self.guard.skipped})
+
+    def _log_step(self, done: int, total: float, gnorm, lr: float, t_window: float) -> None:
+        dt = time.perf_counter() - t_window
+        self.sample_tps, self.proc_tps = self.tok_window / dt, self.proc_window / dt
+        tflops = self.sample_tps / self.L * self.sample_flops / self.env.world_size / 1e12      # per device
+        perf = {"perf/sample_tokens_per_s": self.sample_tps, "perf/processed_tokens_per_s": self.proc_tps,
+                "perf/model_tflops_per_device": tflops}
+        if self.peak:
+            perf["perf/mfu"] = tflops * 1e12 / self.peak
+        self.logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm), **perf,
+                         "data/consumed_samples": self.consumed, **self.guard.metrics()}, done)
+        self.tok_window = self.proc_window = 0
+
+    def _finish(self) -> None:
+        """The last step's validation (raw and EMA weights) and checkpoint."""
+        tc = self.cfg.train
+        self.last_eval = self.validate()
+        self.logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, tc.train_steps)
+        if self.ema is not None:
+            with self.ema.swapped():
+                ema_eval = self.validate()
+            self.last_eval["ema_loss"] = ema_eval["loss"]
+            self.logger.log({"val/ema_loss": ema_eval["loss"]}, tc.train_steps)
+        self.ckpt = self.save(tc.train_steps)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        from .checkpointer import ExitSignals
+        from .loggers import plot_loss_curve
+
+        self.setup()
+        tc, logger = self.cfg.train, self.logger
+        t_window = t_start = time.perf_counter()
+        self.sample_tps = self.proc_tps = 0.0
+        self.ckpt, stop_signal, done = (self.found[0] if self.found is not None else None), None, self.start_step
+        try:
+            with ExitSignals(tc.exit_on_signal) as signals:
+                for step in range(self.start_step, tc.train_steps):
+                    total, gnorm, lr = self.train_step(step)
+                    done = step + 1
+                    if done % tc.log_interval == 0 or done == tc.train_steps:
+                        self._log_step(done, total, gnorm, lr, t_window)
+                        t_window = time.perf_counter()
+                    logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{self.sample_tps:,.0f}"})
+                    if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:
+                        self.last_eval = self.validate()
+                        logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, done)
+                        logger.write(f"step {done}: train loss {total:.4f}  val loss {self.last_eval['loss']:.4f}  "
+                                     f"lr {lr:.2e}  {self.sample_tps:,.0f} sample tok/s ({self.proc_tps:,.0f} "
+                                     f"processed)")
+                    stop_signal = signals.agreed()
+                    if stop_signal is not None and done != tc.train_steps:
+                        self.ckpt = self.save(done)
+                        logger.write(f"{stop_signal} received: saved step {done} to {self.ckpt}; stopping (resume "
+                                     f"with train.resume=auto)")
+                        break
+                    if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
+                        self.ckpt = self.save(done)
+                else:
+                    if self.start_step < tc.train_steps or self.resumed is None:
+                        self._finish()
+                    else:
+                        logger.write(f"{self.found[0]} is already at train.train_steps={tc.train_steps}: nothing "
+                                     f"to train")
+        finally:
+            logger.close()
+        wall = time.perf_counter() - t_start
+        if self.main:
+            plot_loss_curve(logger.history, Path(tc.save_dir) / "loss_curve.png",
+                            f"{self.objective.name}, L={self.L}, {self.n_params / 1e6:.2f}M params")
+        last = self.last_eval["loss"]
+        self.log(f"{'stopped' if stop_signal else 'done'}: step {done} of {tc.train_steps} in {wall:.0f}s; val loss "
+                 f"{self.initial_val:.4f} -> {last:.4f} (ppl {math.exp(min(last, 50)):.2f}); checkpoint {self.ckpt}")
+        return TrainResult(final_step=done, initial_val_loss=self.initial_val, final_val_loss=last,
+                           checkpoint=str(self.ckpt), history=logger.history, sample_tokens_per_s=self.sample_tps,
+                           processed_tokens_per_s=self.proc_tps, num_parameters=self.n_params, stopped_by=stop_signal,
+                           final_val_loss_ema=self.last_eval.get("ema_loss"))
 
 
 def train(cfg: RunConfig, log=print) -> TrainResult:
     """Run a full training job as configured; returns losses, throughput and the checkpoint path."""
-    from megatron.core import parallel_state as ps
-
-    from setdiff_mega.checkpoint import load_weights
-    from setdiff_mega.config import validate_layout
-    from setdiff_mega.data.loader import batches, build_splits, parse_blend, wrap_ids
-    from setdiff_mega.model import build_model
-    from setdiff_mega.parallel import initialize
-
-    from .checkpointer import Checkpointer, ExitSignals
-    from .flops import flops_per_sample, peak_flops
-    from .loggers import MetricLogger, plot_loss_curve
-    from .optim import build_optimizer, lr_at, set_lr
-    from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
-
-    tc, dc = cfg.train, cfg.data
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
-    prefixes, _ = parse_blend(dc.path)
-    infos = [check_dataset(p) for p in prefixes]      # clear errors before any expensive set-up
-    tok = resolve_tokenizer(cfg)
-    vocab = resolve_vocab(cfg, tok)
-    for p, info in zip(prefixes, infos):               # vocabulary, and the tokenizer the data was made with
-        check_matches(p, info, vocab, tok if dc.check_tokenizer else None)
-    pc = cfg.parallel
-    validate_layout(cfg)                               # sizes against the model, before any process group
-    env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed,
-                     virtual_pipeline_model_parallel_size=pc.virtual_pipeline_model_parallel_size)
-    validate_layout(cfg, env.world_size)
-    main = env.rank == 0
-    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    pp = ps.get_pipeline_model_parallel_world_size()
-    if not main:
-        log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
-    torch.manual_seed(tc.seed)
-    samples_per_step = tc.micro_batch_size * tc.grad_accum_steps * dp
-    n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size * dp
-    train_ds, valid_ds, _ = build_splits(dc.path, tok, dc.seq_length, dc.split, dc.seed,
-                                         (tc.train_steps * samples_per_step, n_valid, n_valid), dc.cache_dir,
-                                         dc.check_tokenizer)
-    if valid_ds is None or len(valid_ds) == 0:
-        log("warning: no validation split (data.split gives it weight 0): validating on training samples")
-        valid_ds = train_ds
-    watch = DataWatch(prefixes)
-    objective = objective_from_config(cfg, tok)
-    model = build_model(cfg.model, vocab, sequence_parallel=pc.sequence_parallel)
-    checkpointer = Checkpointer(cfg, tok, model, None, None, log)
-    found = checkpointer.find()
-    if found is not None:
-        checkpointer.load_weights(found)
-    elif tc.init_from:
-        ck = load_weights(model, tc.init_from, cfg.model)
-        log(f"initialised the weights from {ck}")
-    model.train()
-    optimizer = build_optimizer(model, tc)
-    ddp = model
-    engine = None
-    if tc.zero_stage > 0:
-        from setdiff_mega.parallel.zero import zero_engine
-
-        engine = zero_engine(model, optimizer, tc)
-        optimizer = engine.optimizer
-    elif dp > 1 and pp == 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ddp = DistributedDataParallel(model, broadcast_buffers=False, process_group=ps.get_data_parallel_group())
-    checkpointer.optimizer, checkpointer.engine = optimizer, engine
-    ema = None
-    if tc.ema_decay > 0:
-        from .ema import EMA
-
-        ema = checkpointer.ema = EMA(model, tc.ema_decay)        # after the engine: ZeRO-3 partitions exist
-    start_step, consumed, resumed = 0, 0, None
-    if found is not None:
-        resumed = checkpointer.load_training_state(found)
-        start_step, consumed = int(resumed["step"]), int(resumed["consumed_samples"])
-    n_params = _total_parameters(model)
-    L = dc.seq_length
-    sample_flops = flops_per_sample(cfg.model, model.padded_vocab_size, objective.name, L)
-    peak = peak_flops(tc.peak_tflops)
-    proc_per_sample = objective.processed_length(L) - (1 if objective.name == "ar" else 0)
-    save_dir = Path(tc.save_dir)
-    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab} (padded {model.padded_vocab_size}); "
-        f"objective {objective.name}; L={L}; {len(train_ds)} train / {len(valid_ds)} valid samples; "
-        f"layout TP={pc.tensor_model_parallel_size} PP={pp} DP={dp}, {samples_per_step} samples per step")
-    logger = MetricLogger(save_dir, tc.train_steps, start_step, cfg.logging, to_dict(cfg), enabled=main,
-                          resume_step=start_step if resumed is not None else None)
-    eval_iters = max(tc.eval_iters, 1)
-    bos_eos = wrap_ids(dc, tok)
-    if resumed is None:
-        init_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
-        logger.log({"val/loss": init_eval["loss"], "val/ppl": init_eval["ppl"]}, 0)
-        logger.write(f"step 0: val loss {init_eval['loss']:.4f}")
-    else:
-        init_eval = {"loss": resumed.get("initial_val_loss", float("nan"))}
-        logger.write(f"resumed from {found[0]} at step {start_step} ({consumed} samples consumed)")
-    initial_val = init_eval["loss"]
-    guard = StepGuard(tc, int(resumed.get("skipped_steps", 0)) if resumed is not None else 0, logger.write)
-    # noise of a sample depends on (seed, epoch, sample index) only: every rank of one data-parallel
-    # replica (its TP / PP ranks) sees the same inputs, and DP = 1 and DP = N train on identical inputs
-    noise_seed = tc.seed + 1
-    stream = batches(train_ds, tc.micro_batch_size, consumed + dp_rank * tc.micro_batch_size,
-                     dp * tc.micro_batch_size, bos_eos)
-    last_eval = init_eval if resumed is None else {"loss": resumed.get("val_loss", float("nan"))}
-    t_window, tok_window, proc_window = time.perf_counter(), 0, 0
-    t_start = time.perf_counter()
-    sample_tps = proc_tps = 0.0
-    ckpt, stop_signal, done = (found[0] if found is not None else None), None, start_step
-
-    def save(at_step):
-        return checkpointer.save(at_step, consumed, {"val_loss": last_eval["loss"], "initial_val_loss": initial_val,
-                                                     "train_steps": tc.train_steps, "skipped_steps": guard.skipped})
-
-    try:
-        with ExitSignals(tc.exit_on_signal) as signals:
-            for step in range(start_step, tc.train_steps):
-                lr = lr_at(guard.schedule_step(step), tc)
-                set_lr(optimizer, lr)
-                optimizer.zero_grad(set_to_none=True)
-                micro = []
-                watch.check()                              # the data files are the ones we started with
-                for _ in range(tc.grad_accum_steps):
-                    batch = next(stream)
-                    tokens = batch["tokens"]
-                    seed = noise_seed + step_epoch(batch["sample_index"], len(train_ds))
-                    micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], seed))
-                    consumed += tokens.shape[0] * dp
-                    tok_window += tokens.numel() * dp
-                    proc_window += tokens.shape[0] * proc_per_sample * dp
-                if engine is not None:     # DeepSpeed: accumulation, DP reduction, clipping and the update
-                    total, gnorm = _zero_step(engine, objective, micro, lambda: autocast_context(tc.precision))
-                else:
-                    total = forward_backward(model, ddp, objective, micro, lambda: autocast_context(tc.precision))
-                    if pc.sequence_parallel:
-                        allreduce_sequence_parallel_grads(model)
-                    if pp > 1:
-                        allreduce_dp_grads(model)
-                    gnorm = clip_grad_norm(model, tc.clip_grad)
-                total = _mean_over_ranks(total, dp)
-                if guard.accept(step, total, gnorm):       # every rank agrees (train.nonfinite: stop | skip)
-                    if engine is None:
-                        optimizer.step()
-                    if ema is not None:
-                        ema.update()
-                else:
-                    optimizer.zero_grad(set_to_none=True)
-                done = step + 1
-                if done % tc.log_interval == 0 or done == tc.train_steps:
-                    dt = time.perf_counter() - t_window
-                    sample_tps, proc_tps = tok_window / dt, proc_window / dt
-                    tflops = sample_tps / L * sample_flops / env.world_size / 1e12      # per device
-                    perf = {"perf/sample_tokens_per_s": sample_tps, "perf/processed_tokens_per_s": proc_tps,
-                            "perf/model_tflops_per_device": tflops}
-                    if peak:
-                        perf["perf/mfu"] = tflops * 1e12 / peak
-                    logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm), **perf,
-                                "data/consumed_samples": consumed, **guard.metrics()}, done)
-                    t_window, tok_window, proc_window = time.perf_counter(), 0, 0
-                logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{sample_tps:,.0f}"})
-                if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:
-                    last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
-                    logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, done)
-                    logger.write(f"step {done}: train loss {total:.4f}  val loss {last_eval['loss']:.4f}  "
-                                 f"lr {lr:.2e}  {sample_tps:,.0f} sample tok/s ({proc_tps:,.0f} processed)")
-                stop_signal = signals.agreed()
-                if stop_signal is not None and done != tc.train_steps:
-                    ckpt = save(done)
-                    logger.write(f"{stop_signal} received: saved step {done} to {ckpt}; stopping (resume with "
-                                 f"train.resume=auto)")
-                    break
-                if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
-                    ckpt = save(done)
-            else:
-                if start_step < tc.train_steps or resumed is None:
-                    last_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
-                    logger.log({"val/loss": last_eval["loss"], "val/ppl": last_eval["ppl"]}, tc.train_steps)
-                    if ema is not None:
-                        with ema.swapped():
-                            ema_eval = evaluate(model, objective, valid_ds, cfg, eval_iters, bos_eos=bos_eos)
-                        last_eval["ema_loss"] = ema_eval["loss"]
-                        logger.log({"val/ema_loss": ema_eval["loss"]}, tc.train_steps)
-                    ckpt = save(tc.train_steps)
-                else:
-                    logger.write(f"{found[0]} is already at train.train_steps={tc.train_steps}: nothing to train")
-    finally:
-        logger.close()
-    wall = time.perf_counter() - t_start
-    if main:
-        plot_loss_curve(logger.history, save_dir / "loss_curve.png",
-                        f"{objective.name}, L={L}, {n_params / 1e6:.2f}M params")
-    log(f"{'stopped' if stop_signal else 'done'}: step {done} of {tc.train_steps} in {wall:.0f}s; val loss "
-        f"{initial_val:.4f} -> {last_eval['loss']:.4f} (ppl {math.exp(min(last_eval['loss'], 50)):.2f}); "
-        f"checkpoint {ckpt}")
-    return TrainResult(final_step=done, initial_val_loss=initial_val,
-                       final_val_loss=last_eval["loss"], checkpoint=str(ckpt), history=logger.history,
-                       sample_tokens_per_s=sample_tps, processed_tokens_per_s=proc_tps, num_parameters=n_params,
-                       stopped_by=stop_signal, final_val_loss_ema=last_eval.get("ema_loss"))
+    return Trainer(cfg, log).run()
 
 
-def _mean_over_ranks(value: float, dp: int) -> float:
-    """Mean of a per-replica value over the data-parallel group (all TP / PP ranks of a replica hold the
-    same value, so a NaN on any rank still reaches every rank)."""
-    if dp == 1:
-        return value
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, group=ps.get_data_parallel_group())
-    return t.item() / dp
-
-
-def _zero_step(engine, objective, micro, autocast):
-    """One optimizer step through a DeepSpeed engine; a non-finite loss on any rank stops before the update."""
-    import torch.distributed as dist
-
-    total = 0.0
-    for inp in micro:
-        with autocast():
-            logits = engine(**inp.model_kwargs())
-            loss, _ = objective.loss(logits, inp)
-        bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0])
-        dist.all_reduce(bad)
-        if bad.item():
-            raise TrainingError(f"non-finite loss on {int(bad.item())} rank(s); no update was applied. Lower "
-                                f"train.lr or use train.precision=fp32")
-        engine.backward(loss)          # scaled by 1 / gradient_accumulation_steps inside DeepSpeed
-        engine.step()                  # the optimizer steps at the accumulation boundary
-        total += loss.item() / len(micro)
-    norm = engine.get_global_grad_norm()
-    return total, torch.tensor(float(norm) if norm is not None else 0.0)
-
-
-def step_epoch(sample_index: int, n: int) -> int:
-    """Epoch of a sample position in the (wrapping) sample stream, so repeated samples get fresh noise."""
-    return (sample_index // max(n, 1)) * 7919
-
-
-def _total_parameters(model) -> int:
-    """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once; under
-    ZeRO-3 a partitioned parameter's full size is its ``ds_numel``)."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-    n = torch.tensor([sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
-                          if param_is_not_tensor_parallel_duplicate(p))])
-    group = ps.get_model_parallel_group()
-    if torch.distributed.get_world_size(group) > 1:
-        torch.distributed.all_reduce(n, group=group)
-    return int(n)
-
-
-__all__ = ["train", "evaluate", "TrainResult", "TrainingError", "objective_from_config", "resolve_tokenizer"]
+__all__ = ["Trainer", "train", "evaluate", "TrainResult", "TrainingError", "objective_from_config",
+           "resolve_tokenizer"]

@@ -61,9 +61,8 @@ def _weights(rank, world, path):
 
 
 def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4, zero=0, sp=False, extra=()):
-    from setdiff_mega.training import train
-
     from setdiff_mega.model import setcausal
+    from setdiff_mega.training import train
 
     calls = []
     real = setcausal.setcausal_attention

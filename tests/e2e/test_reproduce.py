@@ -9,7 +9,8 @@ from .conftest import _run
 def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
     out, report, assets = tmp_path / "run", tmp_path / "docs" / "results.md", tmp_path / "docs" / "results" / "r"
     report.parent.mkdir()
-    report.write_text("# Measured results\n\nkept above\n<!-- reproduce:begin -->\nold\n<!-- reproduce:end -->\nkept below\n")
+    report.write_text("# Measured results\n\nkept above\n<!-- reproduce:begin -->\nold\n<!-- reproduce:end -->\n"
+                      "kept below\n")
     args = ["tools/reproduce.py", "--toy", "--data", str(data_dir / "corpus"), "--tasks", str(data_dir / "tasks"),
             "--out", str(out), "--report", str(report), "--assets", str(assets)]
     r = _run(args)
@@ -33,7 +34,8 @@ def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
     sd = {(p["window"], p["tau"]): p["tokens_per_step"] for p in points if p["tag"] == "setdlm_D2_s1234"}
     assert sd[(2, 1e6)] == 1.0                                                # tau > 1: one token per step
     infill = {(r["task"], r["tag"], r["context"]) for r in res["infill"]}
-    assert ("quests", "ar_s1234", "left only") in infill and ("quests", "setdlm_D2_fim0.3_s1234", "both sides") in infill
+    assert ("quests", "ar_s1234", "left only") in infill
+    assert ("quests", "setdlm_D2_fim0.3_s1234", "both sides") in infill
     assert all(r["n"] > 0 for r in res["infill"])                             # every quest / story fits L
     assert [c["claim"][:2] for c in res["claims"]] and all(isinstance(c["holds"], bool) for c in res["claims"])
     lik = {r["tag"]: r for r in res["likelihood"]}

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ..distributed.test_parallel_training import tiny_data  # noqa: F401  (a fixture: DP/TP runs)
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4", "data.seq_length=32",
         "train.micro_batch_size=4", "train.eval_iters=2", "train.eval_interval=5", "train.log_interval=2",

@@ -4,14 +4,15 @@ import shutil
 import numpy as np
 import pytest
 
-from .conftest import ROOT, TINY, one_line_error, run_tool
+from .conftest import TINY, one_line_error, run_tool
 
 
 def test_training_on_data_made_with_another_tokenizer_is_refused_before_any_work(two_tokenizers, tmp_path):
     d, a, b = two_tokenizers
     save = tmp_path / "run"
     r = run_tool(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=2",
-                  f"data.path={d / 'corpus'}", f"data.tokenizer={d / 'other_tokenizer.json'}", f"train.save_dir={save}"])
+                  f"data.path={d / 'corpus'}", f"data.tokenizer={d / 'other_tokenizer.json'}",
+                  f"train.save_dir={save}"])
     one_line_error(r, f"'{d / 'corpus'}' was tokenized with tokenizer {a.hash}", f"is tokenizer {b.hash}",
                    "set data.tokenizer to the tokenizer.json the data was made with")
     assert not save.exists()                                   # nothing was written
@@ -59,3 +60,23 @@ def test_a_damaged_index_is_one_line_without_a_library_traceback(two_tokenizers,
     one_line_error(r, f"index file '{tmp_path / 'corpus'}.idx'", needle, "regenerate the dataset")
     r = run_tool(["tools/inspect_data.py", str(tmp_path / "corpus")])
     assert r.returncode != 0 and "Traceback" not in r.stderr and needle in r.stderr, r.stderr[-2000:]
+
+
+def test_preprocess_cli_reports_bad_input_in_one_line_and_keeps_the_old_dataset(two_tokenizers, tmp_path):
+    d, a, _ = two_tokenizers
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(f'{{"text": "doc {i}"}}\n' for i in range(2000)))
+    out = tmp_path / "out" / "c"
+    args = ["tools/preprocess_data.py", "--tokenizer", str(d / "tokenizer.json"), "--output-prefix", str(out),
+            "--workers", "2", "--unit-mb", "0.01"]
+    r = run_tool([*args, "--input", str(good)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = (tmp_path / "out" / "c.bin").read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(good.read_bytes() + b'{"text": null}\n')
+    r = run_tool([*args, "--input", str(bad)])
+    one_line_error(r, f"{bad}:2001: the value of 'text' is null")
+    bad.write_bytes(good.read_bytes() + b'{"text": "caf\xe9"}\n')
+    r = run_tool([*args, "--input", str(bad)])
+    one_line_error(r, f"{bad}:2001: not valid UTF-8 (byte 0xe9 at column 14)", "re-encode the file as UTF-8")
+    assert (tmp_path / "out" / "c.bin").read_bytes() == before          # the previous dataset is intact

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ..distributed.harness import run_ranks
-from ..distributed.test_parallel_training import _config, _make_init, _weights, tiny_data  # noqa: F401
+from ..distributed.test_parallel_training import _config, _make_init, _weights
 
 BAD_STEP = 1          # 0-based: the second of four steps
 

@@ -86,7 +86,8 @@ def test_model_backends_agree_in_bf16(mcore):
             logits = model(**inp.model_kwargs())
         loss, _ = obj.loss(logits, inp)
         loss.backward()
-        res[name] = (logits.float()[rows].detach(), loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()]))
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        res[name] = (logits.float()[rows].detach(), loss.item(), grads)
     ref = res["sdpa"]
     for name in ("setcausal", "flex"):
         logits, loss, grads = res[name]

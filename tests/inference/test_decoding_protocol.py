@@ -6,8 +6,16 @@ import torch
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty, RepetitionPenaltyLogitsProcessor
 
 from setdiff_mega.diffusion import SetDLMObjective
-from setdiff_mega.inference import (ARSampler, BD3LMSampler, Canvas, GenerationConfig, MDLMSampler, SetDLMSampler,
-                                    StopCriteria, choose_tokens)
+from setdiff_mega.inference import (
+    ARSampler,
+    BD3LMSampler,
+    Canvas,
+    GenerationConfig,
+    MDLMSampler,
+    SetDLMSampler,
+    StopCriteria,
+    choose_tokens,
+)
 from setdiff_mega.inference.context import Ledger
 from setdiff_mega.inference.processors import length_penalty, prefix_lengths, repetition_context, repetition_penalty
 from setdiff_mega.inference.setdlm import first_hitting_times

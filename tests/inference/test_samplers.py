@@ -7,8 +7,15 @@ import pytest
 import torch
 
 from setdiff_mega.diffusion import SetDLMObjective
-from setdiff_mega.inference import (ARSampler, BD3LMSampler, Canvas, GenerationConfig, MDLMSampler, SetDLMSampler,
-                                    commit_mask)
+from setdiff_mega.inference import (
+    ARSampler,
+    BD3LMSampler,
+    Canvas,
+    GenerationConfig,
+    MDLMSampler,
+    SetDLMSampler,
+    commit_mask,
+)
 
 MASK, PAD, EOS = 60, 59, 58
 PROMPTS = {
@@ -103,8 +110,9 @@ def test_committed_tokens_never_change(rand_model):
     assert (out.trace[-1][:, :6] != MASK).all()
 
 
-@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}), (SetDLMSampler, {"window": 2, "tau": 1.5}),
-                                    (ARSampler, {}), (BD3LMSampler, {"block_size": 4, "tau": 0.5}),
+@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}),
+                                    (SetDLMSampler, {"window": 2, "tau": 1.5}), (ARSampler, {}),
+                                    (BD3LMSampler, {"block_size": 4, "tau": 0.5}),
                                     (MDLMSampler, {"block_size": 4, "tau": 0.5})])
 def test_batched_equals_separate_batch_one_runs(rand_model, cls, kw):
     prompts = PROMPTS["prompt"] + PROMPTS["infill"] + [[57, 11, 12]]

@@ -5,8 +5,13 @@ import pytest
 import torch
 
 from setdiff_mega.diffusion import masks as M
-from setdiff_mega.diffusion.objectives import (ARObjective, BD3LMObjective, MDLMObjective, SetDLMObjective,
-                                               build_inputs_per_sample)
+from setdiff_mega.diffusion.objectives import (
+    ARObjective,
+    BD3LMObjective,
+    MDLMObjective,
+    SetDLMObjective,
+    build_inputs_per_sample,
+)
 
 MASK_ID = 60
 L = 12

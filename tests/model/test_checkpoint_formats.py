@@ -44,11 +44,11 @@ def _checkpoint(tmp_path, tokenizer, variant, objective="setdlm"):
 def test_hf_export_matches_native_logits_and_converts_back_bit_identically(mcore, tmp_path, tokenizer, variant):
     from transformers import AutoModel
 
-    from setdiff_mega.checkpoint import full_state_dict, hf
+    from setdiff_mega.checkpoint import convert, full_state_dict
     from setdiff_mega.diffusion import build_objective
 
     ck, model, cfg = _checkpoint(tmp_path, tokenizer, variant)
-    out = hf.export(ck, tmp_path / "hf")
+    out = convert.export(ck, tmp_path / "hf")
     hf_model = AutoModel.from_pretrained(str(out), trust_remote_code=True).eval()
     objective = build_objective("setdlm", tokenizer.mask, D=2)
     tokens = torch.randint(0, tokenizer.vocab_size - 4, (3, 16), generator=torch.Generator().manual_seed(0))
@@ -60,7 +60,7 @@ def test_hf_export_matches_native_logits_and_converts_back_bit_identically(mcore
     assert exported.shape == native.shape == (3, 16, tokenizer.vocab_size)
     torch.testing.assert_close(exported, native, rtol=1e-5, atol=1e-5)
 
-    back = hf.import_export(out, tmp_path / "back")
+    back = convert.import_export(out, tmp_path / "back")
     assert back.name == "step_0000007"
     original, reimported = full_state_dict(ck), full_state_dict(back)
     assert set(original) == set(reimported)
@@ -71,10 +71,10 @@ def test_hf_export_matches_native_logits_and_converts_back_bit_identically(mcore
 def test_export_records_the_method_and_tokenizer(mcore, tmp_path, tokenizer):
     from transformers import AutoTokenizer
 
-    from setdiff_mega.checkpoint import hf, load_model
+    from setdiff_mega.checkpoint import convert, load_model
 
     ck, model, cfg = _checkpoint(tmp_path, tokenizer, "gelu")
-    out = hf.export(ck, tmp_path / "hf")
+    out = convert.export(ck, tmp_path / "hf")
     meta = json.loads((out / "config.json").read_text())
     assert meta["method"]["objective"] == "setdlm" and meta["method"]["D"] == 2 and meta["method"]["S_max"] == 4
     assert meta["method"]["mask_token_id"] == tokenizer.mask == meta["mask_token_id"]
@@ -96,10 +96,10 @@ def test_default_masks_of_the_exported_model(mcore, tmp_path, tokenizer):
     """Without a mask: causal for an AR model, bidirectional otherwise; a [B, T] padding mask hides keys."""
     from transformers import AutoModel
 
-    from setdiff_mega.checkpoint import hf
+    from setdiff_mega.checkpoint import convert
 
     ck, model, _ = _checkpoint(tmp_path, tokenizer, "gelu", objective="ar")
-    hf_model = AutoModel.from_pretrained(str(hf.export(ck, tmp_path / "hf")), trust_remote_code=True).eval()
+    hf_model = AutoModel.from_pretrained(str(convert.export(ck, tmp_path / "hf")), trust_remote_code=True).eval()
     ids = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(4))
     pos = torch.arange(9).expand(2, 9)
     causal = torch.ones(9, 9, dtype=torch.bool).tril()[None]
@@ -112,7 +112,7 @@ def test_default_masks_of_the_exported_model(mcore, tmp_path, tokenizer):
 
 
 def test_missing_truncated_and_corrupt_checkpoints_name_the_file(mcore, tmp_path, tokenizer):
-    from setdiff_mega.checkpoint import CheckpointError, hf, load_model
+    from setdiff_mega.checkpoint import CheckpointError, convert, load_model
 
     ck, _, _ = _checkpoint(tmp_path, tokenizer, "gelu")
     with pytest.raises(CheckpointError, match="does not exist"):
@@ -139,7 +139,7 @@ def test_missing_truncated_and_corrupt_checkpoints_name_the_file(mcore, tmp_path
     (ck / "state.json").write_text(state)
     load_model(ck)                                                        # restored: loads again
 
-    out = hf.export(ck, tmp_path / "hf")
+    out = convert.export(ck, tmp_path / "hf")
     st = out / "model.safetensors"
     st.write_bytes(st.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match=rf"'{st}' is truncated or unreadable"):
@@ -152,10 +152,10 @@ def test_missing_truncated_and_corrupt_checkpoints_name_the_file(mcore, tmp_path
 def test_exported_weights_of_another_shape_name_the_tensor(mcore, tmp_path, tokenizer):
     from safetensors.torch import load_file, save_file
 
-    from setdiff_mega.checkpoint import CheckpointError, hf, load_model
+    from setdiff_mega.checkpoint import CheckpointError, convert, load_model
 
     ck, _, _ = _checkpoint(tmp_path, tokenizer, "gelu")
-    out = hf.export(ck, tmp_path / "hf")
+    out = convert.export(ck, tmp_path / "hf")
     w = load_file(str(out / "model.safetensors"))
     w["model.layers.1.mlp.up_proj.weight"] = torch.zeros(64, 32)
     save_file(w, str(out / "model.safetensors"))

@@ -2,8 +2,15 @@
 import pytest
 import torch
 
-from setdiff_mega.diffusion import (ARObjective, BD3LMObjective, MDLMObjective, SetDLMObjective, invert,
-                                    masked_token_nll, setcausal_mask_from_ranks)
+from setdiff_mega.diffusion import (
+    ARObjective,
+    BD3LMObjective,
+    MDLMObjective,
+    SetDLMObjective,
+    invert,
+    masked_token_nll,
+    setcausal_mask_from_ranks,
+)
 
 from ..conftest import MASK_ID
 

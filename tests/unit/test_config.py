@@ -92,7 +92,8 @@ def test_world_size_must_be_a_multiple_of_tp_times_pp():
      r"splits the 127 processed positions \(objective ar, L=128\) over TP=5"),
     (["parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=5", "train.zero_stage=1"],
      r"not supported with DeepSpeed ZeRO"),
-    (["parallel.pipeline_model_parallel_size=2", "train.zero_stage=3"], r"ZeRO \(train.zero_stage=3\) is not supported together with PP=2"),
+    (["parallel.pipeline_model_parallel_size=2", "train.zero_stage=3"],
+     r"ZeRO \(train.zero_stage=3\) is not supported together with PP=2"),
 ])
 def test_parallel_feature_conflicts(overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):

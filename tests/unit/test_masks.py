@@ -2,8 +2,15 @@
 import pytest
 import torch
 
-from setdiff_mega.diffusion import (bidirectional_mask, block_diffusion_mask, causal_mask, invert, setcausal_mask,
-                                    setcausal_mask_from_ranks, with_key_padding)
+from setdiff_mega.diffusion import (
+    bidirectional_mask,
+    block_diffusion_mask,
+    causal_mask,
+    invert,
+    setcausal_mask,
+    setcausal_mask_from_ranks,
+    with_key_padding,
+)
 
 
 @pytest.mark.parametrize("L", [1, 2, 7, 32])

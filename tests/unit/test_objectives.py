@@ -4,8 +4,15 @@ import math
 import pytest
 import torch
 
-from setdiff_mega.diffusion import (ARObjective, BD3LMObjective, MDLMObjective, SetDLMObjective, build_objective,
-                                    masked_token_nll, setcausal_mask)
+from setdiff_mega.diffusion import (
+    ARObjective,
+    BD3LMObjective,
+    MDLMObjective,
+    SetDLMObjective,
+    build_objective,
+    masked_token_nll,
+    setcausal_mask,
+)
 
 MASK = 50
 V = 51
@@ -194,7 +201,8 @@ def test_setdlm_fim_reveals_prefix_then_rest_of_document_first_in_position_order
     plain = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS)
     assert torch.equal(ev, plain.build_inputs(x, generator=_g(3), training=False).extras["perm"])  # eval: plain
     off = SetDLMObjective(MASK, D=4, keep_clean_bos=True, eos_id=EOS, fim_rate=0.0)
-    assert torch.equal(off.build_inputs(x, generator=_g(3)).extras["perm"], plain.build_inputs(x, generator=_g(3)).extras["perm"])
+    assert torch.equal(off.build_inputs(x, generator=_g(3)).extras["perm"],
+                       plain.build_inputs(x, generator=_g(3)).extras["perm"])
     with pytest.raises(ValueError, match="fim_rate"):
         SetDLMObjective(MASK, D=4, fim_rate=1.5)
 

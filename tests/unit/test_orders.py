@@ -2,8 +2,15 @@
 import pytest
 import torch
 
-from setdiff_mega.diffusion import (StaggeredSchedule, invert, move_eos_last, order_from_exponentials, permute,
-                                    sample_exponentials, sample_order)
+from setdiff_mega.diffusion import (
+    StaggeredSchedule,
+    invert,
+    move_eos_last,
+    order_from_exponentials,
+    permute,
+    sample_exponentials,
+    sample_order,
+)
 
 
 def _gen(seed=0):

@@ -8,7 +8,8 @@ import pytest
 from setdiff_mega.data import DataError, Tokenizer, check_dataset
 from setdiff_mega.data.preprocess import preprocess
 
-TEXTS = ["plain ascii document", "", "unicode: héllo wörld, 中文, emoji 😀🚀", "\n\nleading and\n\n\ntrailing blank lines\n\n",
+TEXTS = ["plain ascii document", "", "unicode: héllo wörld, 中文, emoji 😀🚀",
+         "\n\nleading and\n\n\ntrailing blank lines\n\n",
          "long " * 5000, "tabs\tand\r\nwindows newlines", "  spaces  ", "final"] * 25
 
 
@@ -25,6 +26,7 @@ def corpus(tmp_path_factory):
 
 def _docs(prefix):
     from setdiff_mega.model import mcore_cpu  # noqa: F401
+    # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     ds = IndexedDataset(str(prefix))
@@ -110,7 +112,8 @@ def test_undecodable_and_non_string_input_name_the_line_in_the_file(corpus, tmp_
     good = (corpus / "in.jsonl").read_bytes()
     n = good.count(b"\n")
     for tail, needle in ((b'{"text": "caf\xe9"}\n', rf"bad.jsonl:{n + 1}: not valid UTF-8 \(byte 0xe9 at column 14\)"),
-                         (b'{"text": null}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is null None; a document must"),
+                         (b'{"text": null}\n',
+                          rf"bad.jsonl:{n + 1}: the value of 'text' is null None; a document must"),
                          (b'{"text": 42}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is int 42"),
                          (b'{"text": ["a", 3]}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is list \['a', 3\]"),
                          (b'["text"]\n', rf"bad.jsonl:{n + 1}: expected a JSON object"),

@@ -1,0 +1,57 @@
+"""The composition root: a RunConfig becomes its tokenizer, vocabulary, objective and model here, and only
+here. Training (``training/trainer.py``), checkpoint loading (``checkpoint/native.py: load_model``), the
+evaluation and the tools all call these functions, so every path applies the same checks.
+
+    tokenizer_for(cfg)            data.tokenizer, or tokenizer.json next to the (first) dataset
+    vocab_for(cfg, tok)           model.vocab_size or the tokenizer's; must hold every special id
+    objective_for(cfg, tok)       the objective of ``cfg.objective`` with the tokenizer's MASK / EOS ids
+    model_for(cfg, vocab, ...)    this rank's part of the model (megatron-core parallel state must be set)
+
+Layering (checked by ``tests/unit/test_layering.py``): this module sits above ``config``, ``data``,
+``diffusion`` and ``model`` and below ``checkpoint``, ``training``, ``inference``, ``eval`` and ``cli``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from setdiff_mega.config import ConfigError, RunConfig
+from setdiff_mega.data.indexed import DataError
+from setdiff_mega.data.tokenizer import Tokenizer
+
+
+def tokenizer_for(cfg: RunConfig) -> Tokenizer:
+    from setdiff_mega.data.loader import parse_blend
+
+    path = cfg.data.tokenizer or str(Path(parse_blend(cfg.data.path)[0][0]).parent / "tokenizer.json")
+    try:
+        return Tokenizer.from_file(path)
+    except FileNotFoundError as e:
+        raise DataError(f"{e} (data.tokenizer)") from None
+
+
+def vocab_for(cfg: RunConfig, tok: Tokenizer) -> int:
+    vocab = cfg.model.vocab_size or tok.vocab_size
+    top = max(tok.special_ids.values())
+    if vocab <= top:
+        raise ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's special ids (up to {top}, "
+                          f"vocabulary {tok.vocab_size}); remove the override or set it >= {tok.vocab_size}")
+    return vocab
+
+
+def objective_for(cfg: RunConfig, tok: Tokenizer):
+    from setdiff_mega.diffusion import build_objective
+
+    o = cfg.objective
+    return build_objective(o.name, tok.mask, block_size=o.block_size, D=o.D, S_max=o.S_max, k=o.k, b=o.b,
+                           keep_clean_bos=o.keep_clean_bos, eos_last=o.eos_last, eos_id=tok.eos,
+                           loss_weighting=o.loss_weighting, t_eps=o.t_eps, fim_rate=o.fim_rate,
+                           fim_max_middle=o.fim_max_middle, fim_max_suffix=o.fim_max_suffix)
+
+
+def model_for(cfg: RunConfig, vocab: int, *, sequence_parallel: bool = False):
+    from setdiff_mega.model import build_model
+
+    return build_model(cfg.model, vocab, sequence_parallel=sequence_parallel)
+
+
+__all__ = ["tokenizer_for", "vocab_for", "objective_for", "model_for"]

@@ -1,0 +1,325 @@
+"""The config sections: one dataclass per component (model, objective, data, train, logging, parallel),
+each with its own ``check`` and derived values, and the cross-section :func:`validate` /
+:func:`validate_layout` (ConfigError naming the field and the fix). Loading (YAML, dotted overrides,
+type coercion) is :mod:`.loading`; the package re-exports both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from setdiff_mega import methods
+
+OBJECTIVE_NAMES = methods.names()                # the registry (setdiff_mega/methods.py)
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the field and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None       # GQA; None = num_attention_heads (see query_groups)
+    ffn_hidden_size: Optional[int] = None        # None = 4 * hidden_size
+    vocab_size: Optional[int] = None             # None = from the tokenizer
+    make_vocab_size_divisible_by: int = 128      # embedding/head padding (sliced off in the logits)
+    max_position_embeddings: int = 4096          # initial RoPE table; grows on demand at inference
+    rotary_base: int = 10000
+    rotary_percent: float = 1.0
+    normalization: str = "LayerNorm"             # LayerNorm | RMSNorm
+    activation: str = "gelu"                     # gelu | swiglu
+    add_bias_linear: bool = False
+    head_bias: bool = True                       # DiT head: untied, with bias, zero-initialised
+    zero_init_head: bool = True
+    tie_embeddings: bool = False
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_method_std: float = 0.02
+    attention_backend: str = "sdpa"              # sdpa (dense-mask reference) | flex (FlexAttention, GPU
+                                                 # training) | setcausal (mask-free decomposition) | local
+    transformer_impl: str = "auto"               # auto | local | transformer_engine
+    fp8: str = "none"                            # none | te (Transformer Engine) | torchao (float8 linears, TP=1)
+    fp8_recipe: str = "tensorwise"               # tensorwise (current scaling) | delayed (te) | rowwise (torchao)
+
+    @property
+    def query_groups(self) -> int:
+        """KV heads (GQA groups); num_attention_heads when not set."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    def check(self, tensor_parallel: int = 1) -> None:
+        """This section's own checks (ConfigError naming the field and the fix)."""
+        _choice(self.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
+        _choice(self.activation, ("gelu", "swiglu"), "model.activation")
+        _choice(self.attention_backend, ("sdpa", "flex", "setcausal", "local"), "model.attention_backend")
+        _choice(self.transformer_impl, ("auto", "local", "transformer_engine"), "model.transformer_impl")
+        _choice(self.fp8, ("none", "te", "torchao"), "model.fp8")
+        _choice(self.fp8_recipe, ("tensorwise", "delayed", "rowwise"), "model.fp8_recipe")
+        if self.fp8 == "te" and self.transformer_impl == "local":
+            raise ConfigError("model.fp8=te needs Transformer Engine: set model.transformer_impl=transformer_engine "
+                              "(or auto), or use model.fp8=torchao with the local implementation")
+        if self.fp8 == "te" and self.fp8_recipe == "rowwise":
+            raise ConfigError("model.fp8_recipe=rowwise is torchao's; with model.fp8=te use tensorwise or delayed")
+        if self.fp8 == "torchao" and self.fp8_recipe == "delayed":
+            raise ConfigError("model.fp8_recipe=delayed is Transformer Engine's; with model.fp8=torchao use "
+                              "tensorwise or rowwise")
+        if self.fp8 == "torchao" and tensor_parallel > 1:
+            raise ConfigError("model.fp8=torchao runs with parallel.tensor_model_parallel_size=1 only; use "
+                              "model.fp8=te (Transformer Engine) for tensor parallelism")
+        _at_least_one(("model.num_layers", self.num_layers), ("model.hidden_size", self.hidden_size),
+                      ("model.num_attention_heads", self.num_attention_heads))
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by model.num_attention_heads="
+                              f"{self.num_attention_heads}; pick a head count that divides the hidden size")
+        if self.num_attention_heads % self.query_groups:
+            raise ConfigError(f"model.num_query_groups={self.query_groups} must divide model.num_attention_heads="
+                              f"{self.num_attention_heads}")
+        if self.vocab_size is not None and self.vocab_size < 4:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = "setdlm"                         # ar | mdlm | bd3lm | setdlm
+    D: int = 4                                   # SetDLM: desired set size
+    S_max: Optional[int] = None                  # SetDLM: window; None = 2 * D
+    k: Optional[float] = None                    # SetDLM: optional schedule overrides
+    b: Optional[float] = None
+    block_size: int = 4                          # BD3LM block size S
+    keep_clean_bos: bool = False                 # SetDLM: pin position 0 (BOS) first
+    eos_last: bool = False                       # SetDLM: target EOS last in the order
+    fim_rate: float = 0.0                        # SetDLM, not the paper: rows trained with a revealed prefix and
+    fim_max_middle: int = 0                      #   the rest of the document (fill-in-the-middle; method.md 12),
+    fim_max_suffix: int = 0                      #   caps on the middle's and the suffix's lengths (0 = none)
+    loss_weighting: str = "unweighted"           # MDLM/BD3LM: unweighted | elbo
+    t_eps: float = 1e-3
+
+    @property
+    def s_max(self) -> int:
+        """SetDLM's window S_max (2D unless set)."""
+        return methods.default_s_max(self.D, self.S_max)
+
+    def check(self, L: int) -> None:
+        """This section's own checks, then the method's (its registry record)."""
+        _choice(self.name, methods.names(), "objective.name")
+        _choice(self.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
+        if self.fim_rate and "fim_rate" not in methods.get(self.name).options:
+            raise ConfigError(f"objective.fim_rate is a SetDLM option (objective.name={self.name}); set it to 0")
+        if not 0.0 <= self.fim_rate <= 1.0 or self.fim_max_middle < 0 or self.fim_max_suffix < 0:
+            raise ConfigError(f"objective.fim_rate={self.fim_rate} must be in [0, 1] and objective.fim_max_middle="
+                              f"{self.fim_max_middle} / fim_max_suffix={self.fim_max_suffix} >= 0 (0 = no cap)")
+        methods.get(self.name).validate(self, L, ConfigError)
+        if not (0.0 < self.t_eps < 1.0):
+            raise ConfigError(f"objective.t_eps={self.t_eps} must be in (0, 1)")
+
+
+@dataclass
+class DataConfig:
+    path: str = "data/embedded/corpus"           # prefix of <path>.bin/.idx, or a blend "0.7 pre/a 0.3 pre/b"
+    tokenizer: Optional[str] = None              # None = tokenizer.json next to the data
+    seq_length: int = 128                        # L
+    split: str = "96,2,2"                        # train, valid, test weights over documents
+    seed: int = 1234
+    cache_dir: Optional[str] = None              # None = <data dir>/cache
+    chunk_bos_eos: bool = False                  # wrap convention: force BOS first / EOS last in each sample
+    check_tokenizer: bool = True                 # refuse data whose manifest names another tokenizer
+
+    def check(self) -> None:
+        if self.seq_length < 2:
+            raise ConfigError(f"data.seq_length={self.seq_length} must be >= 2")
+        parts = self.split.replace("/", ",").split(",")
+        try:
+            weights = [float(x) for x in parts]
+        except ValueError:
+            raise ConfigError(f"data.split={self.split!r} must be comma-separated weights like '96,2,2'") from None
+        if len(weights) != 3 or any(w < 0 for w in weights) or weights[0] <= 0:
+            raise ConfigError(f"data.split={self.split!r} needs three non-negative weights with a positive train "
+                              f"weight")
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 16
+    grad_accum_steps: int = 1
+    train_steps: int = 400
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    lr_schedule: str = "constant"                # constant | cosine | linear | wsd
+    warmup_steps: int = 20
+    decay_fraction: float = 0.2                  # wsd: final fraction of steps spent decaying
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    nonfinite: str = "stop"                      # a NaN / inf loss or gradient: stop | skip (discard the update)
+    max_skipped_steps: int = 10                  # skip: stop after this many non-finite steps in a row
+    spike_factor: float = 0.0                    # warn when a step's loss exceeds factor x its running mean (0 = off)
+    ema_decay: float = 0.0                       # EMA of the weights after every step (0 = off; reference 0.9999)
+    seed: int = 1234
+    precision: str = "fp32"                      # fp32 | bf16
+    eval_interval: int = 100
+    eval_iters: int = 8
+    log_interval: int = 10
+    save_dir: str = "runs/default"
+    save_interval: int = 0                       # 0 = save only at the end (and on SIGTERM / SIGUSR1)
+    keep_last: int = 2                           # complete checkpoints kept (0 = all)
+    checkpoint_checksums: bool = True            # SHA-256 of every checkpoint file, verified on load
+    resume: str = "auto"                         # auto (newest complete checkpoint in save_dir) | none | a path
+    resume_optimizer: bool = True                # false: resume weights + data position, fresh optimizer
+    exit_on_signal: bool = True                  # SIGTERM / SIGUSR1: save at the end of the step and stop
+    num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
+    init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout)
+    zero_stage: int = 0                          # 0: project AdamW; 1/2/3: DeepSpeed ZeRO over the DP group
+    peak_tflops: Optional[float] = None          # per-device dense bf16 peak for MFU (None: known GPUs only)
+
+    def global_batch(self, dp: int = 1) -> int:
+        """Samples per optimizer step over ``dp`` data-parallel replicas."""
+        return self.micro_batch_size * self.grad_accum_steps * dp
+
+    def check(self) -> None:
+        _choice(self.precision, ("fp32", "bf16"), "train.precision")
+        _choice(self.lr_schedule, ("constant", "cosine", "linear", "wsd"), "train.lr_schedule")
+        _at_least_one(("train.micro_batch_size", self.micro_batch_size), ("train.train_steps", self.train_steps),
+                      ("train.grad_accum_steps", self.grad_accum_steps))
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"train.lr={self.lr} must be > 0 and train.min_lr={self.min_lr} in [0, lr]")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay={self.ema_decay} must be in [0, 1) (0 = no EMA; the diffusion repos "
+                              f"use 0.9999)")
+        _choice(self.nonfinite, ("stop", "skip"), "train.nonfinite")
+        if self.max_skipped_steps < 0 or not (self.spike_factor == 0 or self.spike_factor > 1):
+            raise ConfigError(f"train.max_skipped_steps={self.max_skipped_steps} must be >= 0 and "
+                              f"train.spike_factor={self.spike_factor} 0 (off) or > 1")
+        if self.nonfinite == "skip" and self.zero_stage > 0:
+            raise ConfigError(f"train.nonfinite=skip is not supported with DeepSpeed ZeRO (train.zero_stage="
+                              f"{self.zero_stage}: the engine owns the update); use train.nonfinite=stop")
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "offline"                       # offline | online | disabled
+    project: str = "setdiff-mega"
+    run_name: Optional[str] = None
+    progress: bool = True                        # tqdm progress bar
+    jsonl: bool = True                           # metrics.jsonl in save_dir
+
+    def check(self) -> None:
+        _choice(self.wandb, ("offline", "online", "disabled"), "logging.wandb")
+
+
+@dataclass
+class ParallelConfig:
+    tensor_model_parallel_size: int = 1          # TP: splits heads / MLP / vocab over ranks
+    pipeline_model_parallel_size: int = 1        # PP: splits layers over stages (megatron-core 1F1B)
+    virtual_pipeline_model_parallel_size: Optional[int] = None   # V >= 2: V model chunks per stage,
+                                                 # interleaved 1F1B (smaller pipeline bubble)
+    sequence_parallel: bool = False              # SP (needs TP > 1): norms / dropout on sequence shards
+                                                 # DP = world size / (TP * PP), from the launcher
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+# -------------------------------------------------------------------------------- validation
+
+def _choice(value, allowed, name):
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def _at_least_one(*pairs) -> None:
+    for name, val in pairs:
+        if val < 1:
+            raise ConfigError(f"{name}={val} must be >= 1")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Every section's own checks (``<Section>.check``), then the layout across sections; raises a
+    ConfigError naming the field and the fix."""
+    cfg.data.check()
+    cfg.objective.check(cfg.data.seq_length)
+    cfg.model.check(cfg.parallel.tensor_model_parallel_size)
+    cfg.train.check()
+    cfg.logging.check()
+    validate_layout(cfg)
+    return cfg
+
+
+def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
+    """TP / PP / DP sizes against the model and the world; every message names the sizes."""
+    m, p = cfg.model, cfg.parallel
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    if tp < 1 or pp < 1:
+        raise ConfigError(f"parallel sizes must be >= 1 (TP={tp}, PP={pp})")
+    groups = m.query_groups
+    if m.num_attention_heads % tp:
+        raise ConfigError(f"TP={tp} does not divide model.num_attention_heads={m.num_attention_heads}; "
+                          f"choose a TP size that divides the head count")
+    if groups % tp:
+        raise ConfigError(f"TP={tp} does not divide the {groups} KV groups (model.num_query_groups)")
+    ffn = m.ffn_size
+    if ffn % tp:
+        raise ConfigError(f"TP={tp} does not divide the MLP width {ffn} (model.ffn_hidden_size)")
+    if p.sequence_parallel:
+        if tp == 1:
+            raise ConfigError("parallel.sequence_parallel needs TP > 1 (it shards the sequence over the TP group)")
+        if cfg.train.zero_stage > 0:
+            raise ConfigError("parallel.sequence_parallel is not supported with DeepSpeed ZeRO (train.zero_stage="
+                              f"{cfg.train.zero_stage}); use one of them")
+        L = cfg.data.seq_length
+        T = {"ar": L - 1, "mdlm": L}.get(cfg.objective.name, 2 * L)
+        if T % tp:
+            raise ConfigError(f"sequence parallelism splits the {T} processed positions (objective "
+                              f"{cfg.objective.name}, L={L}) over TP={tp}; choose data.seq_length so they divide")
+    if pp > m.num_layers:
+        raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
+    if m.num_layers % pp:
+        raise ConfigError(f"PP={pp} does not divide model.num_layers={m.num_layers} into equal stages")
+    vp = p.virtual_pipeline_model_parallel_size
+    if vp is not None:
+        tc = cfg.train
+        if vp < 2 or pp < 2:
+            raise ConfigError(f"parallel.virtual_pipeline_model_parallel_size={vp} needs V >= 2 and PP >= 2 (PP={pp}); "
+                              f"remove it for the plain 1F1B schedule")
+        if m.num_layers % (pp * vp):
+            raise ConfigError(f"PP={pp} x V={vp} = {pp * vp} model chunks do not divide model.num_layers="
+                              f"{m.num_layers}; choose V so that layers / (PP x V) is a whole number")
+        if tc.grad_accum_steps % pp:
+            raise ConfigError(f"the interleaved schedule runs micro-batches in groups of PP={pp}: "
+                              f"train.grad_accum_steps={tc.grad_accum_steps} must be a multiple of {pp}")
+        if tc.micro_batch_size % pp:
+            raise ConfigError(f"with interleaved stages, validation splits each micro-batch into PP={pp} parts: "
+                              f"train.micro_batch_size={tc.micro_batch_size} must be a multiple of {pp}")
+    if cfg.train.keep_last < 0 or cfg.train.save_interval < 0:
+        raise ConfigError(f"train.keep_last={cfg.train.keep_last} and train.save_interval={cfg.train.save_interval} "
+                          f"must be >= 0 (0 = keep all / save only at the end)")
+    if not 0 <= cfg.train.zero_stage <= 3:
+        raise ConfigError(f"train.zero_stage={cfg.train.zero_stage} must be 0 (off), 1, 2 or 3")
+    if pp > 1 and cfg.train.zero_stage > 0:
+        raise ConfigError(f"DeepSpeed ZeRO (train.zero_stage={cfg.train.zero_stage}) is not supported together with "
+                          f"PP={pp} (megatron-core's pipeline schedule drives the model); use PP=1 or zero_stage=0")
+    if pp > 1 and m.tie_embeddings:
+        raise ConfigError(f"model.tie_embeddings needs the embedding and the head on one stage; PP={pp} splits them")
+    if world_size is not None and world_size % (tp * pp):
+        raise ConfigError(f"world size {world_size} is not divisible by TP*PP = {tp}*{pp} = {tp * pp}; "
+                          f"launch a multiple of {tp * pp} processes")
+
+
+__all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig",
+           "TrainConfig", "LoggingConfig", "RunConfig", "validate", "OBJECTIVE_NAMES"]

@@ -1,0 +1,54 @@
+"""Pretrain AR / MDLM / BD3LM / SetDLM from a YAML preset with dotted overrides: the package's training
+entry point (``python -m setdiff_mega.train``, the ``setdiff-pretrain`` console script, and
+``pretrain/pretrain.py``, its thin wrapper; the sweeps and the reproduction launch this module).
+
+    python -m setdiff_mega.train --config configs/tiny_cpu.yaml [section.field=value ...]
+    python pretrain/pretrain.py --config configs/tiny_cpu.yaml objective.name=ar train.train_steps=100
+
+Writes ``<train.save_dir>/summary.json`` (rank 0) and prints it as the last line.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from setdiff_mega.cli import run_cli
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/tiny_cpu.yaml", help="YAML preset (default: %(default)s)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 objective.D=8")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help=argparse.SUPPRESS)     # passed by the deepspeed launcher; LOCAL_RANK is read from env
+    args = p.parse_args(argv)
+    from setdiff_mega.config import load_config, to_dict
+    from setdiff_mega.parallel import is_main_process
+    from setdiff_mega.training import train
+
+    cfg = load_config(args.config, args.overrides)
+    if args.print_config:
+        print(json.dumps(to_dict(cfg), indent=2))
+        return 0
+    result = train(cfg)
+    summary = {"final_step": result.final_step, "initial_val_loss": round(result.initial_val_loss, 4),
+               "final_val_loss": round(result.final_val_loss, 4), "checkpoint": result.checkpoint,
+               "sample_tokens_per_s": round(result.sample_tokens_per_s, 1),
+               "processed_tokens_per_s": round(result.processed_tokens_per_s, 1),
+               "num_parameters": result.num_parameters, "stopped_by": result.stopped_by}
+    if result.final_val_loss_ema is not None:
+        summary["final_val_loss_ema"] = round(result.final_val_loss_ema, 4)
+    if is_main_process():                     # one summary per job, not one per rank
+        out = Path(cfg.train.save_dir) / "summary.json"
+        out.write_text(json.dumps(summary, indent=2))
+        print(json.dumps(summary))
+    return 0
+
+
+def cli() -> None:
+    sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

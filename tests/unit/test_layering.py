@@ -1,0 +1,118 @@
+"""The package's import graph (every import statement, also inside functions): no circles, no module
+importing a layer above it, the model blind to diffusion, the exported modelling code standalone, and
+every module importable on its own in a fresh interpreter (issue 15)."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "setdiff_mega"
+
+# lowest first; a module may import its own layer and the ones below
+LAYERS = [
+    ("setdiff_mega", "setdiff_mega.config", "setdiff_mega.lifeline", "setdiff_mega.diffusion", "setdiff_mega.data",
+     "setdiff_mega.model.mcore_cpu"),
+    ("setdiff_mega.model", "setdiff_mega.parallel"),
+    ("setdiff_mega.build",),
+    ("setdiff_mega.checkpoint", "setdiff_mega.hf"),
+    ("setdiff_mega.training", "setdiff_mega.inference"),
+    ("setdiff_mega.eval",),
+    ("setdiff_mega.cli", "setdiff_mega.train"),
+]
+
+
+def _modules() -> dict:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = f
+    return out
+
+
+def _graph(mods: dict) -> dict:
+    edges = {}
+    for name, f in mods.items():
+        pkg = name if f.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+                cands = subs if len(subs) == len(node.names) else [target, *subs]
+            elif isinstance(node, ast.Import):
+                cands = [a.name for a in node.names]
+            else:
+                continue
+            found |= {c for c in cands if c in mods and c != name}
+        edges[name] = found
+    return edges
+
+
+def _layer(name: str) -> int:
+    best = None
+    for i, group in enumerate(LAYERS):
+        for prefix in group:
+            if name == prefix or name.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (i, len(prefix))
+    assert best is not None, f"{name} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def _cycles(edges: dict) -> list:
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_and_no_upward_import():
+    edges = _graph(_modules())
+    assert len(edges) > 60
+    assert _cycles(edges) == []
+    upward = sorted((a, b) for a, bs in edges.items() for b in bs if _layer(b) > _layer(a))
+    assert upward == [], upward
+
+
+def test_the_model_knows_nothing_about_diffusion_and_the_exported_code_stands_alone():
+    edges = _graph(_modules())
+    for a, bs in edges.items():
+        if a.startswith("setdiff_mega.model"):
+            assert not any(b.startswith(("setdiff_mega.diffusion", "setdiff_mega.training")) for b in bs), (a, bs)
+        if a.startswith("setdiff_mega.diffusion"):
+            assert not any(b.startswith("setdiff_mega.model") for b in bs), (a, bs)
+        if a.startswith("setdiff_mega.hf."):                 # copied into every Hugging Face export
+            assert all(b.startswith("setdiff_mega.hf.") for b in bs), (a, bs)
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    names = sorted(_modules())
+    code = ("import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
+            "print('ok', len(sys.argv) - 1)")
+    r = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == f"ok {len(names)}", r.stderr[-3000:]
