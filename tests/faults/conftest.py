@@ -1,23 +1,10 @@
-"""Shared fixtures for the fault-injection suite: two small tokenizers and a dataset made with the first."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
+"""Shared fixtures for the fault-injection suite: two small tokenizers and a dataset made with the first
+(the tiny model overrides and the CLI runner are the end-to-end suite's)."""
 import pytest
 
 from ..distributed.test_parallel_training import tiny_data  # noqa: F401  (a fixture: DP/TP runs)
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4", "data.seq_length=32",
-        "train.micro_batch_size=4", "train.eval_iters=2", "train.eval_interval=5", "train.log_interval=2",
-        "logging.wandb=disabled", "logging.progress=false", "train.warmup_steps=2"]
-
-
-def run_tool(args, **kw):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, **kw)
+from ..e2e.conftest import ROOT, TINY  # noqa: F401  (re-exported to the fault tests)
+from ..e2e.conftest import _run as run_tool  # noqa: F401
 
 
 def one_line_error(r, *needles):
