@@ -5,7 +5,7 @@ objective names:
 
     label             "SetDLM", "BD3LM", ... (tables, plots)
     objective         its :class:`~setdiff_mega.diffusion.objectives.Objective` and how a config builds it
-    validate(o, L)    its config checks (ConfigError naming the field and the fix)
+    validate(o, L, E) its config checks (raising E, the ConfigError, naming the field and the fix)
     positions(L)      (T processed positions, N positions with logits) per L-token sample: FLOPs, throughput
     run_fields        the objective fields that identify a run (a resume with other values is refused)
     causal            left-to-right only: decodes one token per step, infills from the left context only
@@ -27,7 +27,7 @@ from typing import Callable
 
 
 class MethodError(ValueError):
-    """An unknown objective name or an invalid objective config (subclassed by config.ConfigError users)."""
+    """An unknown objective name (config validation turns it into a ConfigError naming objective.name)."""
 
 
 def _import(path: str):
