@@ -131,8 +131,10 @@ def start_writer_service() -> None:
     before training, with an initializer (:func:`setdiff_mega.lifeline.tie_to_parent`) that ignores the
     two signals, asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``) and polls the
     parent as a fallback; its queue is handed to megatron-core. The resource tracker that multiprocessing
-    starts beside it exits by itself once every holder of its pipe (trainer and helper) is gone. Also
-    moves the ~2 s start-up out of the first save.
+    starts beside it exits by itself once every holder of its pipe is gone. The writer processes that
+    megatron-core forks for each save are tied the same way (:func:`setdiff_mega.lifeline.tie_forks_to_parent`):
+    one caught mid-save by a SIGKILL would otherwise block at exit on a queue nobody reads, and hold
+    the tracker's pipe open. Also moves the ~2 s start-up out of the first save.
     Tied to megatron-core 0.16.1's ``filesystem_async._results_queue``; a no-op when that moves.
     """
     import multiprocessing as mp
@@ -141,8 +143,9 @@ def start_writer_service() -> None:
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
 
-    from setdiff_mega.lifeline import tie_to_parent
+    from setdiff_mega.lifeline import tie_forks_to_parent, tie_to_parent
 
+    tie_forks_to_parent()
     if not hasattr(fa, "_results_queue") or fa._results_queue is not None:
         return
     manager = SyncManager(ctx=mp.get_context("spawn"))
