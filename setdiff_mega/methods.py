@@ -96,6 +96,13 @@ def names() -> tuple:
     return tuple(_REGISTRY)
 
 
+def decoding_defaults(o, seq_length: int) -> dict:
+    """A checkpoint's decoding defaults (GenerationConfig fields): the window W = D, the method's default
+    block (else 32) and the training length L as the context budget. Read by the tools' options and
+    written into every export's ``generation_config.json``."""
+    return {"window": int(o.D), "block_size": get(o.name).default_block(o) or 32, "context_length": int(seq_length)}
+
+
 def _validate_setdlm(o, L, error):
     s_max = default_s_max(o.D, o.S_max)
     if o.D < 1:
@@ -118,7 +125,7 @@ def _validate_bd3lm(o, L, error):
 
 
 _OBJ = "setdiff_mega.diffusion.objectives:"
-_INF = "setdiff_mega.inference."
+_INF = "setdiff_mega.standalone."
 AR = register(Method(
     "ar", "AR", _OBJ + "ARObjective", lambda o, m, e: {}, _INF + "baselines:ARSampler", "exact", causal=True))
 MDLM = register(Method(
@@ -139,5 +146,5 @@ SETDLM = register(Method(
     options=("fim_rate",)))
 
 
-__all__ = ["Method", "MethodError", "register", "unregister", "get", "names", "default_s_max", "AR", "MDLM",
-           "BD3LM", "SETDLM"]
+__all__ = ["Method", "MethodError", "register", "unregister", "get", "names", "default_s_max", "decoding_defaults",
+           "AR", "MDLM", "BD3LM", "SETDLM"]

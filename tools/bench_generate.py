@@ -6,8 +6,12 @@
 In one run, on the same model and prompts (the embedded held-out math questions, batch 1): SetDLM for
 W in {1,2,4,8} x tau in {1e6, 0.9, 0.7, 0.5}, BD3LM for block sizes {2,4,8}, AR and MDLM; then the
 SetDLM cache-on vs cache-off speed ratio when decoding --long-length positions (one token per step, no
-EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model). Writes
-bench_generate.csv, cache_speedup.json and speed_vs_tau.png.
+EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model); then the engines side
+by side (native megatron-core model vs the plain-PyTorch model of the export format, interleaved, same
+prompts and settings, identical tokens checked): SetDLM with the cache decoding --long-length positions,
+SetDLM / AR / BD3LM on the math prompts. ``--checkpoint`` may be a Hugging Face export: its own remote
+code is then the plain engine. The grid decodes with --engine (default auto: plain when unsharded).
+Writes bench_generate.csv, cache_speedup.json, engine_speedup.json and speed_vs_tau.png.
 """
 import argparse
 import csv
@@ -37,6 +41,9 @@ def main(argv=None) -> int:
                    help="cache + chunk budget (default: the checkpoint's training length; larger: never crop)")
     p.add_argument("--out-dir", default="runs/bench_generate")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--engine", choices=("auto", "plain", "native"), default="auto", help="engine of the grid")
+    p.add_argument("--engine-repeats", type=int, default=3, help="interleaved repeats of the engine comparison")
+    p.add_argument("--no-engine-comparison", action="store_true")
     args = p.parse_args(argv)
 
     import torch
@@ -48,7 +55,10 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, objective, tok, cfg = load_model(args.checkpoint)
+    from setdiff_mega.inference.engine import decoding_model
+
+    native, objective, tok, cfg = load_model(args.checkpoint)
+    model = decoding_model(native, cfg, tok, args.engine)
     tasks = Path(args.tasks)
     if not tasks.is_file():
         raise FileNotFoundError(f"prompt file '{tasks}' does not exist; run tools/prepare_data.py --embedded first")
@@ -96,10 +106,47 @@ def main(argv=None) -> int:
         for r in rows:
             w.writerow(r.as_dict())
     (out / "cache_speedup.json").write_text(json.dumps(speedup, indent=2))
+    if not args.no_engine_comparison:
+        compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out)
     plot_speed_vs_tau(rows, out / "speed_vs_tau.png")
     print(json.dumps(speedup))
     print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")
     return 0
+
+
+def compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out: Path) -> None:
+    """native vs plain engine, side by side (see the module docstring) -> engine_speedup.json."""
+    import platform
+
+    import torch
+
+    from setdiff_mega.checkpoint import hf
+    from setdiff_mega.inference import benchmark
+    from setdiff_mega.inference.engine import plain_model
+
+    if hf.is_hf_export(Path(args.checkpoint)):       # the export's own remote code
+        from transformers import AutoModelForCausalLM
+
+        from setdiff_mega.standalone.generation_setdlm import DecodeModel
+
+        plain = DecodeModel(AutoModelForCausalLM.from_pretrained(args.checkpoint, trust_remote_code=True).eval(),
+                            cfg.data.seq_length)
+    else:
+        plain = plain_model(native, cfg, tok)
+    D = cfg.objective.D
+    cases = [("setdlm_cache_long", "setdlm", ["Question:"] * args.long_prompts, long_cfg),
+             ("setdlm_math", "setdlm", prompts, replace(base, window=D, tau=0.9)),
+             ("ar_math", "ar", prompts, replace(base, tau=1e6)),
+             ("bd3lm_math", "bd3lm", prompts, replace(base, block_size=4, tau=0.9))]
+    rows = benchmark.compare_engines({"native": native, "plain": plain}, tok, cases, repeats=args.engine_repeats)
+    for r in rows:
+        print(f"{r['case']:18s} native {r['native_tokens_per_s']:7.1f} tok/s  plain {r['plain_tokens_per_s']:7.1f} "
+              f"tok/s  x{r['speedup']:.2f}  identical tokens: {r['identical_tokens']}", file=sys.stderr)
+    report = {"checkpoint": str(args.checkpoint), "parameters": native.num_parameters(),
+              "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+              "cases": rows}
+    (out / "engine_speedup.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps({r["case"]: round(r["speedup"], 2) for r in rows}))
 
 
 if __name__ == "__main__":

@@ -83,8 +83,10 @@ def main(argv=None) -> int:
             res = valid_split_nll(model, objective, tok, cfg, args)
         report["likelihood"] = res
     if not args.no_tasks:
+        from setdiff_mega.inference.engine import decoding_model
+
         gc = config_from_args(args, cfg.objective, L)
-        report.update(run_tasks(model, tok, objective, gc, L, args))
+        report.update(run_tasks(decoding_model(model, cfg, tok, args.engine), tok, objective, gc, L, args))
     parts = [f"{objective.name}"]
     if "likelihood" in report:
         lk = report["likelihood"]

@@ -119,8 +119,10 @@ def main(argv=None) -> int:
 
     from setdiff_mega.checkpoint import load_model
     from setdiff_mega.inference import generate
+    from setdiff_mega.inference.engine import decoding_model
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
+    model = decoding_model(model, cfg, tok, args.engine)
     L = cfg.data.seq_length
     refs = None
     if args.demo:

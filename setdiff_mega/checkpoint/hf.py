@@ -19,8 +19,8 @@ group g, its h/G query heads, then its key head, then its value head. Export spl
 three projections; import re-fuses them. Both directions only move rows, so export -> import is
 bit-identical. The exported directory also carries the tokenizer (``tokenizer.json`` plus
 ``tokenizer_config.json`` with the special tokens, so ``AutoTokenizer`` works), the modelling code
-(``modeling_setdlm.py``, ``configuration_setdlm.py``; ``auto_map`` points AutoModel at it) and, in
-``config.json``, the training method and the full RunConfig.
+(``setdiff_mega/standalone``: the model, its ``generate`` and the samplers; ``auto_map`` points AutoModel
+at it) and, in ``config.json``, the training method and the full RunConfig.
 """
 from __future__ import annotations
 
@@ -37,7 +37,14 @@ from setdiff_mega.methods import default_s_max
 
 from .io import CheckpointError
 
-CODE_FILES = ("configuration_setdlm.py", "modeling_setdlm.py")
+CODE_DIR = Path(__file__).resolve().parent.parent / "standalone"     # copied into every export
+
+
+def code_files() -> list:
+    """The remote code of an export: every module of ``setdiff_mega/standalone`` but its ``__init__``."""
+    return sorted(p for p in CODE_DIR.glob("*.py") if p.name != "__init__.py")
+
+
 MODEL_TYPE = "setdlm"                  # transformers' model_type of every export (any objective)
 AUTO_MAP = {"AutoConfig": "configuration_setdlm.SetDLMConfig",
             "AutoModel": "modeling_setdlm.SetDLMForDiffusionLM",
@@ -151,6 +158,7 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad, "mask_token_id": tok.mask,
         "torch_dtype": "float32",
         "method": {"objective": oc.name, "causal": methods.get(oc.name).causal, "D": oc.D, "S_max": s_max,
+                   "sampler": methods.get(oc.name).sampler.rpartition(":")[2],
                    "block_size": oc.block_size, "k": oc.k,
                    "b": oc.b, "keep_clean_bos": oc.keep_clean_bos, "eos_last": oc.eos_last,
                    "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps,
@@ -210,5 +218,5 @@ def load_into(model, weights: dict, path: Path, mc) -> None:
     model.load_state_dict(hf_to_native(weights, model.state_dict(), mc, src))
 
 
-__all__ = ["CODE_FILES", "RULES", "Rule", "export_weights", "read_export", "is_hf_export", "native_to_hf",
+__all__ = ["CODE_DIR", "code_files", "RULES", "Rule", "export_weights", "read_export", "is_hf_export", "native_to_hf",
            "hf_to_native", "hf_config", "load_into"]

@@ -270,6 +270,12 @@ class SetDLMObjective(Objective):
     def schedule(self, L: int) -> StaggeredSchedule:
         return self._cached(("sched", L), lambda: StaggeredSchedule.create(L, self.D, self.S_max, self.k, self.b))
 
+    def decode_order_times(self, L: int, s_max: int, n: int, generator=None) -> torch.Tensor:
+        """First-hitting times [n] (float64) of n generated positions under this prior with ``S_max = s_max``
+        (decoding's ``fht_cache_order``, method.md 4.6); ValueError when that prior is invalid."""
+        sched = StaggeredSchedule.create(L, self.D, s_max, self.k, self.b)
+        return sched.first_hitting_times(sample_exponentials((n,), generator=generator))
+
     def order(self, tokens, context=None, padding=None, generator=None, training=True) -> torch.Tensor:
         """Sample perm [B, L] for a batch (pinned prefix/suffix, optional BOS pin and EOS-last)."""
         context, padding, target = _batch_masks(tokens, context, padding)

@@ -19,7 +19,8 @@ starts with BOS and is cut from the left so that c + y fits the model's length L
   blocks), cut at the first stop string. Decoding options come from ``model_args`` with the names of
   :class:`~setdiff_mega.inference.GenerationConfig` (``preset=gsm8k``, ``tau=0.9``, ``stop_regex=...``,
   ``repetition_penalty=1.2``, ``length_penalty=80:1.1``, ...; the README's decoding table); the context
-  keeps its last L - 1 tokens and generation may run past L.
+  keeps its last L - 1 tokens and generation may run past L. ``engine=auto`` (the default) decodes with the
+  plain-PyTorch twin of an unsharded model (identical tokens, faster); scores always use the native model.
 
 The harness is an optional extra (``pip install -e .[eval]``); this module imports it lazily.
 """
@@ -44,11 +45,13 @@ class SetDiffLMCore:
     """Scoring and generation on a loaded checkpoint, independent of the harness's classes."""
 
     def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64, batch_size: int = 8,
-                 preset: str | None = None, weights: str | None = None, **generation):
+                 preset: str | None = None, weights: str | None = None, engine: str = "auto", **generation):
         from setdiff_mega.checkpoint import load_model
+        from setdiff_mega.inference.engine import decoding_model
         from setdiff_mega.inference.options import generation_config
 
         self.model, self.objective, self.tok, self.cfg = load_model(checkpoint, weights=weights)
+        self.decoder = decoding_model(self.model, self.cfg, self.tok, engine)     # generation; scores: native
         self.L = self.cfg.data.seq_length
         self.orders, self.seed = int(orders), int(seed)
         self.max_gen_toks, self.batch_size = int(max_gen_toks), int(batch_size)
@@ -99,7 +102,8 @@ class SetDiffLMCore:
             ids = self.tok.encode(ctx)
             if len(ids) > self.L - 1:                 # keep the end of a long context (BOS + L - 1 tokens)
                 ctx = self.tok.decode(ids[-(self.L - 1):])
-            text = generate(self.model, self.tok, self.objective, [ctx], gc, context=self.L, batch_size=1)[0]["text"]
+            text = generate(self.decoder, self.tok, self.objective, [ctx], gc, context=self.L,
+                            batch_size=1)[0]["text"]
             for s in until:
                 if s and s in text:
                     text = text[:text.index(s)]
@@ -114,14 +118,15 @@ def make_lm_class():
 
     class SetDiffLM(LM):
         """lm-eval model ``setdiff``: model_args ``checkpoint=...,orders=1,seed=0,max_gen_toks=64`` plus any
-        decoding option (``preset=gsm8k,tau=0.9,window=4,...``) and ``weights=ema|raw``."""
+        decoding option (``preset=gsm8k,tau=0.9,window=4,...``), ``weights=ema|raw`` and
+        ``engine=auto|plain|native`` (:mod:`setdiff_mega.inference.engine`)."""
 
         def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64,
                      batch_size: int = 8, preset=None, weights=None, max_batch_size=None, device=None, dtype=None,
-                     **generation):
+                     engine: str = "auto", **generation):
             super().__init__()
             self.core = SetDiffLMCore(checkpoint, int(orders), int(seed), int(max_gen_toks), int(batch_size),
-                                      preset, weights, **{k: str(v) for k, v in generation.items()})
+                                      preset, weights, str(engine), **{k: str(v) for k, v in generation.items()})
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             return self.core.loglikelihood([r.args for r in requests])

@@ -23,8 +23,7 @@ from dataclasses import replace
 import torch
 
 from setdiff_mega import methods
-
-from .base import Canvas, GenerationConfig
+from setdiff_mega.standalone.base import Canvas, GenerationConfig
 
 SAMPLERS = {n: methods.get(n).sampler_class() for n in methods.names()}    # objective name -> sampler class
 

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from setdiff_mega import methods
+from setdiff_mega.standalone.base import Canvas, GenerationConfig
 
 from .api import build_sampler, encode_request
-from .base import Canvas, GenerationConfig
 
 
 @dataclass
@@ -65,6 +65,37 @@ def measure(model, tokenizer, method: str, prompts: list, config: GenerationConf
                     tokens_per_step=statistics.mean(tps_step), tokens=statistics.mean(ntok))
 
 
+def compare_engines(engines: dict, tokenizer, cases: list, repeats: int = 3) -> list[dict]:
+    """Decoding speed of the same settings on several engines (``{"native": model, "plain": model}``),
+    interleaved (engine order alternates every repeat, so slow phases of a shared machine hit both) and
+    summarised by the median tokens/s per engine; ``cases``: (label, method, prompts, config). Each
+    row also says whether the engines generated identical tokens."""
+    rows = []
+    for label, method, prompts, cfg in cases:
+        names = list(engines)
+        runs = {n: [] for n in names}
+        for r in range(repeats):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                runs[n].append(measure(engines[n], tokenizer, method, prompts, cfg, warmup=1 if r == 0 else 0))
+        outs = {n: _tokens(engines[n], tokenizer, method, prompts, cfg) for n in names}
+        row = {"case": label, "method": method, "window": cfg.window, "tau": cfg.tau, "block_size": cfg.block_size,
+               "max_new_tokens": cfg.max_new_tokens, "prompts": len(prompts),
+               **{f"{n}_tokens_per_s": statistics.median(m.tokens_per_s for m in runs[n]) for n in names},
+               "tokens_per_step": runs[names[0]][0].tokens_per_step,
+               "identical_tokens": all(outs[n] == outs[names[0]] for n in names)}
+        if len(names) == 2:
+            row["speedup"] = row[f"{names[1]}_tokens_per_s"] / row[f"{names[0]}_tokens_per_s"]
+        rows.append(row)
+    return rows
+
+
+def _tokens(model, tokenizer, method, prompts, cfg) -> list:
+    sampler = build_sampler(method, model, tokenizer, cfg)
+    dev = next(model.parameters()).device
+    return [sampler.generate(Canvas.from_prompts([encode_request(tokenizer, p)], tokenizer.mask, tokenizer.pad,
+                                                 cfg.max_new_tokens, device=dev)).tokens[0] for p in prompts]
+
+
 def default_grid(base: GenerationConfig, windows=(1, 2, 4, 8), taus=(1e6, 0.9, 0.7, 0.5),
                  bd3_blocks=(2, 4, 8), mdlm_block=32):
     """(method, config) pairs: SetDLM W x tau, BD3LM block sizes (tau = 0.9), AR, MDLM."""
@@ -106,4 +137,4 @@ def plot_speed_vs_tau(rows: list[BenchRow], path) -> None:
     plt.close(fig)
 
 
-__all__ = ["BenchRow", "measure", "default_grid", "plot_speed_vs_tau"]
+__all__ = ["BenchRow", "measure", "compare_engines", "default_grid", "plot_speed_vs_tau"]

@@ -1,7 +1,7 @@
 """Decoding options from the command line or key=value pairs, with the checkpoint's defaults and the
 paper's evaluation protocols as presets.
 
-One place turns user input into a :class:`~setdiff_mega.inference.base.GenerationConfig` for
+One place turns user input into a :class:`~setdiff_mega.standalone.base.GenerationConfig` for
 ``tools/generate.py``, ``tools/evaluate.py`` and the lm-eval adapter:
 
     defaults   window W = the checkpoint's D (SetDLM), block size = the training block (BD3LM) or 32
@@ -17,8 +17,7 @@ import argparse
 from dataclasses import replace
 
 from setdiff_mega import methods
-
-from .base import GenerationConfig
+from setdiff_mega.standalone.base import GenerationConfig
 
 # the paper's protocols (method.md 7); "window_per_D" scales the checkpoint's D
 PRESETS: dict[str, dict] = {
@@ -62,6 +61,9 @@ def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int = 6
     g.add_argument("--fht-cache-order", action="store_true", help="SetDLM: cache same-step commits in FHT order")
     g.add_argument("--prefix-only-infill", action="store_true", help="SetDLM infill: prefill the prefix only")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--engine", choices=("auto", "plain", "native"), default="auto",
+                   help="decode with the plain-PyTorch model of the export format (auto: when TP = PP = 1) or the "
+                        "native megatron-core model; identical tokens")
     p.set_defaults(_max_new_tokens_default=max_new_tokens)
 
 
@@ -70,7 +72,7 @@ def generation_config(objective_cfg, seq_length: int, preset: str | None = None,
     """Checkpoint defaults -> preset -> overrides (already typed values or strings)."""
     o = objective_cfg
     cfg = base or GenerationConfig()
-    cfg = replace(cfg, window=o.D, block_size=methods.get(o.name).default_block(o) or 32, context_length=seq_length)
+    cfg = replace(cfg, **methods.decoding_defaults(o, seq_length))
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")

@@ -18,7 +18,7 @@ context [s, b, h*d]:
 The structure of the mask comes from the pattern attached to the mask tensor by the model
 (``attention_mask.attention_pattern``, :class:`setdiff_mega.diffusion.masks.MaskPattern`); without one
 the mask is data: no backend special-cases an objective. During decoding :class:`SDPACoreAttention` attends over a
-:class:`~setdiff_mega.inference.cache.KVCache` of committed tokens followed by the current chunk; the
+:class:`~setdiff_mega.standalone.cache.KVCache` of committed tokens followed by the current chunk; the
 mask then has shape [b, 1, s, C + s].
 """
 from __future__ import annotations

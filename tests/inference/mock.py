@@ -43,7 +43,7 @@ class ScriptedModel(torch.nn.Module):
             c = self._cache
             kv = position_ids.float()[:, None, :, None]
             c.attend(0, kv, kv, kv, attention_mask[:, None])
-            keys = torch.cat([c.k[0, :, 0, :c.capacity, 0].long(), position_ids], 1)
+            keys = torch.cat([c.window(0)[0][:, 0, :, 0].long(), position_ids], 1)
         seen = [[sorted(set(keys[b][attention_mask[b, r]].tolist())) for r in range(T)] for b in range(B)]
         self.calls.append({"tokens": tokens.tolist(), "positions": position_ids.tolist(), "seen": seen,
                            "cached": self._cache is not None})

@@ -16,9 +16,9 @@ from setdiff_mega.inference import (
     StopCriteria,
     choose_tokens,
 )
-from setdiff_mega.inference.context import Ledger
-from setdiff_mega.inference.processors import length_penalty, prefix_lengths, repetition_context, repetition_penalty
-from setdiff_mega.inference.setdlm import first_hitting_times
+from setdiff_mega.standalone.context import Ledger
+from setdiff_mega.standalone.processors import length_penalty, prefix_lengths, repetition_context, repetition_penalty
+from setdiff_mega.standalone.setdlm import first_hitting_times
 
 from .mock import ScriptedModel, peaked
 

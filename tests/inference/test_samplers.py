@@ -181,24 +181,43 @@ def test_generation_of_three_training_lengths_is_cache_exact(rand_model, cls, kw
         assert unbounded.tokens[0] != on.tokens[0]
 
 
+def _chunk(c, k):
+    """Put k / v [B, g, T, d] into the cache as the last forward's chunk (what attend() does)."""
+    c._room(k.shape[2])
+    s = c.offset + c.capacity
+    c.k[0, :, :, s:s + k.shape[2]] = k
+    c.v[0, :, :, s:s + k.shape[2]] = k
+    c._T = k.shape[2]
+
+
 def test_kv_cache_commit_and_keep():
     from setdiff_mega.inference import KVCache
 
     c = KVCache(num_layers=1, batch=2, groups=1, head_dim=2, capacity=4)
     k = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
-    c._chunk = [(k, k)]
+    _chunk(c, k)
     c.commit(torch.tensor([2, 3]))
     assert c.length.tolist() == [2, 3]
     c.keep(torch.tensor([[True, True, True, True], [False, True, False, True]]))     # row 1 drops slots 0 and 2
-    assert c.length.tolist() == [2, 1]
-    assert torch.equal(c.k[0, 1, 0, 0], k[1, 0, 1])                          # old slot 1 moved to slot 0
-    c._chunk = [(k + 100, k + 100)]
+    assert c.length.tolist() == [2, 1] and c.offset == 0
+    assert torch.equal(c.window(0)[0][1, 0, 0], k[1, 0, 1])                          # old slot 1 moved to slot 0
+    _chunk(c, k + 100)
     c.commit(torch.tensor([2, 3]))
-    assert c.length.tolist() == [4, 4] and torch.equal(c.k[0, 1, 0, 1], k[1, 0, 0] + 100)
+    assert c.length.tolist() == [4, 4] and torch.equal(c.window(0)[0][1, 0, 1], k[1, 0, 0] + 100)
     assert c.valid().tolist() == [[True] * 4, [True] * 4]
-    c._chunk = [(k, k)]
+    _chunk(c, k)
     with pytest.raises(ValueError, match="overflows"):
         c.commit(torch.tensor([1, 0]))
+    before = c.window(0)[0].clone()
+    c.keep(torch.tensor([[False, True, True, True], [False, True, True, True]]))     # the oldest entry of each row
+    assert c.offset == 1 and c.length.tolist() == [3, 3]                             # no copy: the window moved
+    assert torch.equal(c.window(0)[0][:, :, :3], before[:, :, 1:])
+    for step in range(12):                                      # the window reaches the buffer's end and moves back
+        _chunk(c, k + step)
+        c.commit(torch.tensor([1, 1]))
+        c.keep(torch.tensor([[False, True, True, True]] * 2))
+        assert torch.equal(c.window(0)[0][:, :, 2], (k + step)[:, :, 0])
+    assert c.offset < c.k.shape[3] - c.capacity
 
 
 def test_sampled_decoding_is_seeded_and_cache_exact(rand_model):

@@ -11,11 +11,12 @@ PKG = ROOT / "setdiff_mega"
 
 # lowest first; a module may import its own layer and the ones below
 LAYERS = [
+    ("setdiff_mega.standalone",),
     ("setdiff_mega", "setdiff_mega.config", "setdiff_mega.lifeline", "setdiff_mega.diffusion", "setdiff_mega.data",
      "setdiff_mega.model.mcore_cpu"),
     ("setdiff_mega.model", "setdiff_mega.parallel"),
     ("setdiff_mega.build",),
-    ("setdiff_mega.checkpoint", "setdiff_mega.hf"),
+    ("setdiff_mega.checkpoint",),
     ("setdiff_mega.training", "setdiff_mega.inference"),
     ("setdiff_mega.eval",),
     ("setdiff_mega.cli", "setdiff_mega.train"),
@@ -106,8 +107,8 @@ def test_the_model_knows_nothing_about_diffusion_and_the_exported_code_stands_al
             assert not any(b.startswith(("setdiff_mega.diffusion", "setdiff_mega.training")) for b in bs), (a, bs)
         if a.startswith("setdiff_mega.diffusion"):
             assert not any(b.startswith("setdiff_mega.model") for b in bs), (a, bs)
-        if a.startswith("setdiff_mega.hf."):                 # copied into every Hugging Face export
-            assert all(b.startswith("setdiff_mega.hf.") for b in bs), (a, bs)
+        if a.startswith("setdiff_mega.standalone."):         # copied into every Hugging Face export
+            assert all(b.startswith("setdiff_mega.standalone.") for b in bs), (a, bs)
 
 
 def test_every_module_imports_in_a_fresh_interpreter():
@@ -116,3 +117,17 @@ def test_every_module_imports_in_a_fresh_interpreter():
             "print('ok', len(sys.argv) - 1)")
     r = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == f"ok {len(names)}", r.stderr[-3000:]
+
+
+def test_the_standalone_code_imports_only_torch_transformers_and_the_standard_library():
+    """setdiff_mega/standalone is the remote code of every export: nothing else may be needed to run it."""
+    allowed = set(sys.stdlib_module_names) | {"torch", "transformers", "safetensors"}
+    for f in sorted((PKG / "standalone").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            assert set(tops) <= allowed, f"{f.name} imports {tops}"

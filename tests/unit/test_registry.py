@@ -21,7 +21,7 @@ class ReversedAR(ARObjective):
 @pytest.fixture
 def toy():
     rec = methods.register(methods.Method(
-        "toyrev", "ToyRev", f"{__name__}:ReversedAR", lambda o, m, e: {}, "setdiff_mega.inference.baselines:ARSampler",
+        "toyrev", "ToyRev", f"{__name__}:ReversedAR", lambda o, m, e: {}, "setdiff_mega.standalone.baselines:ARSampler",
         "exact", causal=True))
     yield rec
     methods.unregister("toyrev")

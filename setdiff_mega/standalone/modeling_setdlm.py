@@ -17,16 +17,29 @@ set-causal, block or causal masks the diffusion objectives use) or a ``[B, T]`` 
 token), combined with the method's default pattern: causal for an AR model, bidirectional otherwise.
 ``position_ids`` default to 0..T-1. SetDLM's 2L training layout is reproduced by passing its tokens,
 positions and mask. ``config.method`` says how the model was trained and how to decode it.
+
+Decoding: ``model.generate(input_ids, attention_mask=None, max_new_tokens=..., window=..., tau=...)`` and
+``model.infill(prefix_ids, suffix_ids, span)`` run the checkpoint's sampler with a KV cache
+(:mod:`.generation_setdlm`; each decode forward is :mod:`.decode_step`, the same function over fused
+weights). ``from_pretrained`` checks the directory first (weights present and shaped as the config says, a
+tokenizer with the MASK token) and reads ``generation_config.json``.
 """
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
+from transformers.utils import cached_file
 
 from .configuration_setdlm import SetDLMConfig
+from .generation_setdlm import generate as _generate
+from .generation_setdlm import infill as _infill
+from .generation_setdlm import read_defaults
 
 CAUSAL_OBJECTIVES = ("ar",)     # objectives decoded left to right (config.json "method" of old exports)
 
@@ -52,19 +65,23 @@ class SetDLMRotary(nn.Module):
         self.dim = int(head_dim * config.rotary_percent)
         self.base = float(config.rope_theta)
 
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] -> angles [B, 1, T, rot_dim] (frequencies repeated over the two halves)."""
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple:
+        """[B, T] -> (cos, sin) [B, 1, T, rot_dim] in ``dtype`` (frequencies repeated over the two halves),
+        computed once per forward and shared by every layer."""
         exponent = torch.arange(0, self.dim, 2, dtype=torch.float32, device=position_ids.device) / self.dim
         inv_freq = 1.0 / (self.base ** exponent)
         freqs = position_ids.to(torch.float32)[..., None] * inv_freq
-        return torch.cat((freqs, freqs), dim=-1)[:, None]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
 
     @staticmethod
-    def apply(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-        rot = angles.shape[-1]
+    def apply(x: torch.Tensor, rope: tuple) -> torch.Tensor:
+        cos, sin = rope
+        rot = cos.shape[-1]
+        if rot == x.shape[-1]:
+            return x * cos + _rotate_half(x) * sin
         x, passthrough = x[..., :rot], x[..., rot:]
-        x = x * torch.cos(angles).to(x.dtype) + _rotate_half(x) * torch.sin(angles).to(x.dtype)
-        return torch.cat((x, passthrough), dim=-1)
+        return torch.cat((x * cos + _rotate_half(x) * sin, passthrough), dim=-1)
 
 
 class SetDLMAttention(nn.Module):
@@ -78,12 +95,12 @@ class SetDLMAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, x, angles, keep):
+    def forward(self, x, rope, keep):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = SetDLMRotary.apply(q, angles), SetDLMRotary.apply(k, angles)
+        q, k = SetDLMRotary.apply(q, rope), SetDLMRotary.apply(k, rope)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -112,8 +129,8 @@ class SetDLMLayer(nn.Module):
         self.post_attention_layernorm = _norm(config)
         self.mlp = SetDLMMLP(config)
 
-    def forward(self, x, angles, keep):
-        x = x + self.self_attn(self.input_layernorm(x), angles, keep)
+    def forward(self, x, rope, keep):
+        x = x + self.self_attn(self.input_layernorm(x), rope, keep)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -163,11 +180,11 @@ class SetDLMModel(SetDLMPreTrainedModel):
         b, t = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
-        angles = self.rotary(position_ids)
+        rope = self.rotary(position_ids, self.embed_tokens.weight.dtype)
         keep = self._keep_mask(attention_mask, b, t, input_ids.device)
         h = self.embed_tokens(input_ids)
         for layer in self.layers:
-            h = layer(h, angles, keep)
+            h = layer(h, rope, keep)
         return self.norm(h)
 
 
@@ -187,12 +204,69 @@ class SetDLMForDiffusionLM(SetDLMPreTrainedModel):
     def forward(self, input_ids, position_ids=None, attention_mask=None, logits_start: int = 0,
                 return_dict: bool = True, **kwargs):
         h = self.model(input_ids, position_ids=position_ids, attention_mask=attention_mask)[:, logits_start:]
+        v = self.config.tokenizer_vocab_size            # the padded rows' logits are never computed
         if self.lm_head_tied:
-            logits = F.linear(h, self.model.embed_tokens.weight, getattr(self, "lm_head_bias", None))
+            bias = getattr(self, "lm_head_bias", None)
+            logits = F.linear(h, self.model.embed_tokens.weight[:v], None if bias is None else bias[:v])
         else:
-            logits = self.lm_head(h)
-        logits = logits[..., : self.config.tokenizer_vocab_size]
+            bias = self.lm_head.bias
+            logits = F.linear(h, self.lm_head.weight[:v], None if bias is None else bias[:v])
         return CausalLMOutput(logits=logits) if return_dict else (logits,)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        config = kwargs.get("config")
+        if not isinstance(config, SetDLMConfig):
+            config = SetDLMConfig.from_pretrained(pretrained_model_name_or_path)
+        check_export(pretrained_model_name_or_path, config, cls)
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        model.decode_defaults = read_defaults(pretrained_model_name_or_path)
+        return model
 
-__all__ = ["SetDLMModel", "SetDLMForDiffusionLM", "SetDLMPreTrainedModel"]
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """Decode with the checkpoint's sampler and a KV cache (options: :mod:`.generation_setdlm`)."""
+        return _generate(self, input_ids, attention_mask, **kwargs)
+
+    def infill(self, prefix_ids, suffix_ids, span: int, **kwargs):
+        """Fill ``span`` positions between ``prefix_ids`` and ``suffix_ids``."""
+        return _infill(self, prefix_ids, suffix_ids, span, **kwargs)
+
+
+def _fail(path, what: str):
+    raise ValueError(f"SetDLM export '{path}': {what}; re-export it with tools/convert_checkpoint.py to-hf")
+
+
+def check_export(path, config: SetDLMConfig, cls) -> None:
+    """One clear error for a bad export: missing or unreadable weights, tensors that do not fit the
+    config, a method without a sampler, a tokenizer without the MASK token."""
+    def fetch(name):
+        try:
+            return cached_file(str(path), name, _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            return None
+    m = config.method or {}
+    if "mask_token_id" not in m or "sampler" not in m:
+        _fail(path, "config.json 'method' lacks mask_token_id / sampler (exported before generate() existed)")
+    weights = fetch("model.safetensors")
+    if weights is None:
+        _fail(path, "model.safetensors is missing")
+    try:
+        with safe_open(weights, "pt") as f:
+            found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        _fail(path, f"model.safetensors is truncated or unreadable ({e})")
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items()}
+    bad = [f"{k}: file {found.get(k)}, config {v}" for k, v in expected.items() if found.get(k) != v]
+    bad += [f"{k}: not used by the config" for k in found if k not in expected]
+    if bad:
+        _fail(path, f"the weights do not match config.json ({'; '.join(bad[:3])})")
+    tok_file = fetch("tokenizer.json")
+    if tok_file is None:
+        _fail(path, "tokenizer.json is missing")
+    added = {t["id"]: t["content"] for t in json.loads(open(tok_file, encoding="utf-8").read()).get("added_tokens", [])}
+    if m["mask_token_id"] not in added:
+        _fail(path, f"tokenizer.json has no MASK token with id {m['mask_token_id']} (the config's mask_token_id)")
+
+
+__all__ = ["SetDLMModel", "SetDLMForDiffusionLM", "SetDLMPreTrainedModel", "check_export"]

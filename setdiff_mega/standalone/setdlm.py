@@ -25,7 +25,7 @@ once a committed token lies to its right: the reference's ``l2r`` promotion) in 
 causally. The last step's commits are never cached. ``use_cache=False`` recomputes the whole history
 each step with the visibility the cache would have (:mod:`.runner`): tests use it to prove the cache
 changes nothing. Rows of a batch commit different numbers of tokens per step; all bookkeeping is
-batched tensors (:func:`~setdiff_mega.inference.base.pack`).
+batched tensors (:func:`~setdiff_mega.standalone.base.pack`).
 """
 from __future__ import annotations
 
@@ -52,15 +52,10 @@ def row_seed(seed: int, canvas: Canvas, b: int) -> int:
 
 def first_hitting_times(canvas: Canvas, cfg: GenerationConfig, L: int, prior) -> torch.Tensor:
     """[B, N] float64: the order prior's first-hitting times of each plain row's generated positions (-inf
-    elsewhere), from ``StaggeredSchedule(L, D, S_max=2W, k, b)`` of the checkpoint (method.md 4.6)."""
-    from setdiff_mega.diffusion import StaggeredSchedule
-    from setdiff_mega.diffusion.orders import sample_exponentials
-
-    try:
-        sched = StaggeredSchedule.create(L, prior.D, 2 * cfg.window, prior.k, prior.b)
-    except ValueError as e:
-        raise ValueError(f"fht_cache_order: the order prior with S_max = 2W = {2 * cfg.window} is invalid ({e}); "
-                         f"choose a window W with D/2 <= W <= L/2") from None
+    elsewhere), from the checkpoint's prior with S_max = 2W (``prior.decode_order_times``; method.md 4.6)."""
+    if not hasattr(prior, "decode_order_times"):
+        raise ValueError("fht_cache_order needs the checkpoint's SetDLM order prior (its D, k, b); it is not "
+                         "available here: decode without fht_cache_order")
     B, N = canvas.tokens.shape
     out = torch.full((B, N), float("-inf"), dtype=torch.float64, device=canvas.tokens.device)
     for b in range(B):                                   # once per request, before decoding
@@ -68,7 +63,11 @@ def first_hitting_times(canvas: Canvas, cfg: GenerationConfig, L: int, prior) ->
             continue
         g = torch.Generator().manual_seed(row_seed(cfg.seed, canvas, b))
         sel = canvas.generate[b]
-        t = sched.first_hitting_times(sample_exponentials((int(sel.sum()),), generator=g))
+        try:
+            t = prior.decode_order_times(L, 2 * cfg.window, int(sel.sum()), generator=g)
+        except ValueError as e:
+            raise ValueError(f"fht_cache_order: the order prior with S_max = 2W = {2 * cfg.window} is invalid "
+                             f"({e}); choose a window W with D/2 <= W <= L/2") from None
         out[b, sel] = t.to(out.device)
     return out
 

@@ -1,0 +1,118 @@
+"""Batched KV cache of committed tokens, plugged into the SDPA core attention.
+
+Layout per layer: keys / values [B, g, S, d] (g = KV groups, RoPE already applied at the tokens' absolute
+positions) holding a *window* of C slots (the capacity) at an offset o shared by the rows, then a scratch
+region for the current chunk:
+
+    [ .. o ) [ window: slots o + s, s < C ) [ chunk: o + C + j, j < T ) [ .. S )
+
+and ``length`` [B] (valid window entries per row). Window entries are kept compacted in insertion order:
+slot s of row b holds the s-th token of that row that is still cached. *Which* tokens are cached, and
+which are evicted when the context budget is reached, is decided by the sampler's
+:class:`~setdiff_mega.standalone.context.Ledger`; the cache only stores tensors and drops the slots it is
+told to (:meth:`keep`). Dropping every row's n oldest entries (the usual eviction) only advances o; any
+other pattern compacts the window with a gather; the window moves back to offset 0 (one copy) when the
+buffer's end is reached.
+
+A decode forward over a chunk of T tokens writes the chunk's K/V into the scratch region and computes
+attention of the chunk's queries over the contiguous view ``[window (C slots) ; chunk (T)]`` with a
+boolean keep-mask [B, 1, T, C + T] that the sampler builds (window slots >= length are never visible): no
+concatenation. :meth:`commit` then persists the first ``n[b]`` chunk entries of each row (the committed
+tokens) with one scatter for all layers; the rest (masked queries) are dropped.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, groups: int, head_dim: int, capacity: int,
+                 dtype=torch.float32, device="cpu"):
+        self.num_layers, self.batch, self.capacity = num_layers, batch, int(capacity)
+        self._shape = (num_layers, batch, groups, head_dim)
+        self.offset, self._T = 0, None
+        self.k, self.v = self._alloc(2 * self.capacity + 16, dtype, device)
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def _alloc(self, slots: int, dtype, device):
+        L, B, g, d = self._shape
+        return (torch.zeros(L, B, g, slots, d, dtype=dtype, device=device),
+                torch.zeros(L, B, g, slots, d, dtype=dtype, device=device))
+
+    def _room(self, T: int) -> None:
+        """Make the buffer hold the window and a chunk of T entries after it."""
+        C, o = self.capacity, self.offset
+        if o + C + T <= self.k.shape[3]:
+            return
+        k, v = self._alloc(max(self.k.shape[3], 2 * C + 2 * T), self.k.dtype, self.k.device)
+        k[:, :, :, :C] = self.k[:, :, :, o:o + C]
+        v[:, :, :, :C] = self.v[:, :, :, o:o + C]
+        self.k, self.v, self.offset = k, v, 0
+
+    def valid(self) -> torch.Tensor:
+        """[B, C] bool: window slots holding a committed token."""
+        return torch.arange(self.capacity, device=self.length.device)[None] < self.length[:, None]
+
+    def window(self, layer: int) -> tuple:
+        """(keys, values) [B, g, C, d] of the window slots of ``layer``."""
+        o, C = self.offset, self.capacity
+        return self.k[layer, :, :, o:o + C], self.v[layer, :, :, o:o + C]
+
+    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
+        """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] -> [B, h, T, d]; k, v stay in the
+        scratch region until :meth:`commit` or the next forward."""
+        T = k.shape[2]
+        if layer == 0:
+            self._room(T)
+        self._T = T
+        o, s = self.offset, self.offset + self.capacity
+        self.k[layer, :, :, s:s + T] = k
+        self.v[layer, :, :, s:s + T] = v
+        K, V = self.k[layer, :, :, o:s + T], self.v[layer, :, :, o:s + T]
+        return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep,
+                                              dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Drop the slots where ``keep`` [B, C] is False (among the valid ones); the rest move left in order."""
+        C, o = self.capacity, self.offset
+        valid = self.valid()
+        keep = keep & valid
+        slot = torch.arange(C, device=keep.device)[None]
+        n = valid.sum(1) - keep.sum(1)
+        n0 = int(n[0])
+        if bool((n == n0).all()) and bool(torch.equal(keep, valid & (slot >= n0))):   # the oldest n0 of every row
+            self.offset += n0
+        else:
+            key = torch.where(keep, slot, slot + C)                 # kept slots first, in their order
+            gidx = key.argsort(-1)[None, :, None, :, None].expand(*self.k.shape[:3], C, self.k.shape[4])
+            self.k[:, :, :, o:o + C] = self.k[:, :, :, o:o + C].gather(3, gidx)
+            self.v[:, :, :, o:o + C] = self.v[:, :, :, o:o + C].gather(3, gidx)
+        self.length = keep.sum(1)
+
+    def commit(self, n: torch.Tensor) -> None:
+        """Persist the first n[b] entries of the last chunk of every row (all layers, one scatter)."""
+        if self._T is None:
+            raise RuntimeError("commit() without a preceding cached forward")
+        T, o, C = self._T, self.offset, self.capacity
+        n = n.to(self.length.device)
+        if (n > T).any():
+            raise ValueError("cannot persist more entries than the chunk holds")
+        if (self.length + n > C).any():
+            raise ValueError(f"committing {n.tolist()} entries overflows the cache (capacity {C}, "
+                             f"lengths {self.length.tolist()}); the sampler must evict first")
+        j = torch.arange(T, device=n.device)[None]
+        dest = torch.where(j < n[:, None], o + self.length[:, None] + j, o + C + j)    # dropped: stay in scratch
+        L, B, g, _, d = self.k.shape
+        gidx = dest[None, :, None, :, None].expand(L, B, g, T, d)
+        self.k.scatter_(3, gidx, self.k[:, :, :, o + C:o + C + T].clone())
+        self.v.scatter_(3, gidx, self.v[:, :, :, o + C:o + C + T].clone())
+        self.length = self.length + n
+        self._T = None
+
+    def discard(self) -> None:
+        """Forget the last chunk without persisting anything."""
+        self._T = None
+
+
+__all__ = ["KVCache"]

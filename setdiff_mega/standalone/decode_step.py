@@ -1,0 +1,120 @@
+"""One decode forward of an exported model as a flat function over prepared weights (no module calls).
+
+The same function as ``SetDLMForDiffusionLM.forward`` (and the native model), arranged for the small
+chunks decoding feeds (a few tokens against a KV cache), where the cost is the number of operations,
+not their size:
+
+    weights  per layer: norm 1, W_qkv = [W_q ; W_k ; W_v] (one matmul), W_o, norm 2, W_up (SwiGLU:
+             [W_gate ; W_up], one matmul), W_down; the final norm; the head's rows of the real
+             vocabulary. Built once by :func:`prepare` (the fused matrices are copies: one extra copy of
+             the attention and up-projection weights while a decoder is alive) and rebuilt by
+             :meth:`Prepared.current` when a parameter was replaced or changed in place.
+    forward  tokens / positions [B, T], keep [B, 1|-, T, C + T] bool; q, k, v = split(x W_qkv) as
+             [B, heads + 2 groups, T, d]; RoPE (rotate-half on the first rot_dim channels) on the q and k
+             heads in one operation; attention over [cache ; chunk] through ``cache.attend`` (or plain
+             SDPA over the chunk without a cache); the final norm and the head only on rows >= start.
+
+Rows of the chunk never interact except through attention, so computing the norm and head only for the
+rows whose logits are asked for changes nothing.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _norm_params(norm) -> tuple:
+    return norm.weight, getattr(norm, "bias", None), float(norm.eps)
+
+
+class Prepared:
+    """Flat weights of a ``SetDLMForDiffusionLM`` for :func:`forward`."""
+
+    def __init__(self, model):
+        c = model.config
+        body = model.model
+        self.rms = c.normalization == "RMSNorm"
+        self.gated = c.hidden_act == "swiglu"
+        self.heads, self.groups = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = c.hidden_size // c.num_attention_heads
+        r = body.rotary
+        self.inv_freq = 1.0 / (r.base ** (torch.arange(0, r.dim, 2, dtype=torch.float32) / r.dim))
+        self.embed = body.embed_tokens.weight
+        self.layers = []
+        for layer in body.layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv_b = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+            ups = [m.gate_proj, m.up_proj] if self.gated else [m.up_proj]
+            up_b = None if ups[0].bias is None else torch.cat([u.bias for u in ups])
+            self.layers.append((_norm_params(layer.input_layernorm),
+                                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b,
+                                a.o_proj.weight, a.o_proj.bias, _norm_params(layer.post_attention_layernorm),
+                                torch.cat([u.weight for u in ups]), up_b, m.down_proj.weight, m.down_proj.bias))
+        self.final = _norm_params(body.norm)
+        v = c.tokenizer_vocab_size
+        if model.lm_head_tied:
+            bias = getattr(model, "lm_head_bias", None)
+            self.head = (body.embed_tokens.weight[:v], None if bias is None else bias[:v])
+        else:
+            self.head = (model.lm_head.weight[:v], None if model.lm_head.bias is None else model.lm_head.bias[:v])
+        self.params = list(model.parameters())
+        self.key = _key(self.params)
+
+    @staticmethod
+    def current(model, prepared: "Prepared | None") -> "Prepared":
+        """``prepared`` if the model's parameters are still the ones it was built from (same storage, not
+        modified in place), else a new one."""
+        return prepared if prepared is not None and prepared.key == _key(prepared.params) else Prepared(model)
+
+
+def _key(params: list) -> list:
+    return [(p.data_ptr(), p._version) for p in params]
+
+
+def _norm(x, p, rms: bool):
+    w, b, eps = p
+    if rms:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def _rope(x, cos, sin):
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((_rope(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@torch.no_grad()
+def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cache=None):
+    """logits [B, T - logits_start, V] of one chunk (see the module docstring)."""
+    b, t = tokens.shape
+    h = F.embedding(tokens, w.embed)
+    freqs = position_ids.to(torch.float32)[..., None] * w.inv_freq.to(h.device)
+    angles = torch.cat((freqs, freqs), dim=-1)[:, None]                      # [B, 1, T, rot_dim]
+    cos, sin = torch.cos(angles).to(h.dtype), torch.sin(angles).to(h.dtype)
+    keep = keep[:, None] if keep.dim() == 3 else keep
+    nh, g, d = w.heads, w.groups, w.head_dim
+    gqa = nh != g
+    for i, (n1, qkv_w, qkv_b, o_w, o_b, n2, up_w, up_b, down_w, down_b) in enumerate(w.layers):
+        qkv = F.linear(_norm(h, n1, w.rms), qkv_w, qkv_b).view(b, t, nh + 2 * g, d).transpose(1, 2)
+        qk = _rope(qkv[:, :nh + g], cos, sin)
+        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + g:]
+        if cache is not None:
+            out = cache.attend(i, q, k, v, keep, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=gqa)
+        h = h + F.linear(out.transpose(1, 2).reshape(b, t, nh * d), o_w, o_b)
+        x = F.linear(_norm(h, n2, w.rms), up_w, up_b)
+        if w.gated:
+            gate, up = x.chunk(2, dim=-1)
+            x = F.silu(gate) * up
+        else:
+            x = F.gelu(x)
+        h = h + F.linear(x, down_w, down_b)
+    h = _norm(h[:, logits_start:], w.final, w.rms)
+    return F.linear(h, *w.head)
+
+
+__all__ = ["Prepared", "forward"]

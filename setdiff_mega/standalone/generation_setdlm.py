@@ -1,0 +1,220 @@
+"""Decoding of an exported setdiff-mega model: ``model.generate`` / ``model.infill`` (remote code that
+needs torch and transformers only).
+
+The samplers are setdiff-mega's own: ``base.py``, ``baselines.py``, ``cache.py``, ``context.py``,
+``processors.py``, ``runner.py``, ``sampling.py``, ``setdlm.py`` and ``stopping.py`` are copied verbatim
+from ``setdiff_mega/inference`` into every export, so the exported model and the training stack decode
+with one implementation (a test matrix requires identical greedy tokens). They run on the plain-PyTorch
+model through :class:`DecodeModel`, the interface they are written against:
+
+    cache_shape()             (layers, KV heads, head dim) of the KV cache
+    use_cache(cache)          context manager routing every layer's attention through the cache
+    model(tok, pos, keep, s)  tok / pos [B, T] long, keep [B, T, C + T] bool (True = may attend; C cache
+                              slots then the chunk) -> logits [B, T - s, V]
+    training_length           the context budget L (cache + chunk <= L; positions keep growing past it)
+
+``generate(model, input_ids, attention_mask=None, **options)``: each row's tokens (where the attention
+mask is 1; left or right padding) start with BOS (prepended when missing, as every training document
+does); a row holding MASK tokens is an infill request (``[BOS] prefix MASK*m suffix [EOS]``), any other
+row is continued for ``max_new_tokens`` positions. The options are the sampler's
+(:class:`GenerationConfig` fields: ``window``, ``tau``, ``commit_k``, ``block_size``, ``temperature``,
+``top_p``, ``stop_strings`` ...; ``do_sample=False`` means greedy); their defaults come from the export's
+``generation_config.json`` (the method's: W = D, block size, the training length L). The sampler is the
+one ``config.method["sampler"]`` names. Output: :class:`SetDLMGenerateOutput` with ``sequences`` [B, N]
+(each row's whole decoded canvas, prompt included, right-padded with PAD), ``generated`` (the new tokens
+per row), ``nfe``, ``steps``, ``tokens_per_step``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from transformers.utils import ModelOutput
+
+from .base import Canvas, GenerationConfig
+from .baselines import ARSampler, BD3LMSampler, MDLMSampler
+from .decode_step import Prepared
+from .decode_step import forward as decode_forward
+from .setdlm import SetDLMSampler
+
+SAMPLERS = {c.__name__: c for c in (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)}
+GENERATION_FILE = "generation_config.json"
+
+
+@dataclass
+class SetDLMGenerateOutput(ModelOutput):
+    sequences: torch.Tensor = None          # [B, N] long: prompt + generation per row, PAD on the right
+    generated: list = None                  # per row: the generated tokens (infill: the filled span)
+    nfe: int = None                         # model forward passes for the batch (prefill included)
+    steps: list = None                      # per row: decoding steps that committed tokens
+    tokens_per_step: list = None            # per row: committed tokens / steps
+
+
+class DecodeModel:
+    """The samplers' model interface over a ``SetDLMForDiffusionLM`` (see the module docstring); each call
+    is one :func:`.decode_step.forward` over the model's prepared (fused) weights, through the KV cache
+    that :meth:`use_cache` installs."""
+
+    def __init__(self, model, context_length: int | None = None):
+        self.model, c = model, model.config
+        self.training_length = context_length or c.method.get("seq_length")
+        self.vocab_size = c.tokenizer_vocab_size
+        self._cache = None
+        self._prepared = None
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def eval(self):
+        self.model.eval()
+        return self
+
+    def cache_shape(self) -> tuple:
+        c = self.model.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+
+    @contextlib.contextmanager
+    def use_cache(self, cache):
+        self._cache = cache
+        try:
+            yield cache
+        finally:
+            self._cache = None
+
+    def weights(self) -> Prepared:
+        self._prepared = Prepared.current(self.model, self._prepared)
+        return self._prepared
+
+    def __call__(self, tokens, position_ids, keep, logits_start: int = 0):
+        return decode_forward(self.weights(), tokens, position_ids, keep, logits_start, self._cache)
+
+
+class TokenizerView:
+    """What the stopping criteria ask of a tokenizer (``decode``, ``token``), over a transformers tokenizer,
+    decoding exactly as the training stack does (special tokens kept, no clean-up)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.backend is not None:
+            return self.backend.decode(ids, skip_special_tokens=False)
+        return self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def token(self, i: int) -> str:
+        return self.tok.convert_ids_to_tokens(int(i))
+
+
+def defaults(model) -> GenerationConfig:
+    """The export's decoding defaults: ``generation_config.json`` (read by ``from_pretrained``), else the
+    copy in ``config.json``, else the method's (W = D, the training block, the training length)."""
+    known = {f.name for f in fields(GenerationConfig)}
+    saved = getattr(model, "decode_defaults", None) or getattr(model.config, "setdiff_generation", None)
+    if not saved:
+        m = model.config.method
+        saved = {"window": m.get("D") or 4, "block_size": m.get("block_size") or 4,
+                 "context_length": m.get("seq_length")}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known}
+    if saved.get("do_sample") is False:                  # transformers' convention
+        values["temperature"] = 0.0
+    elif saved.get("do_sample") and "temperature" not in saved:
+        values["temperature"] = 1.0
+    return replace(GenerationConfig(), **values)
+
+
+def read_defaults(path) -> dict | None:
+    """``generation_config.json`` of an export (a directory or a hub name), or None."""
+    from transformers.utils import cached_file
+
+    try:
+        f = cached_file(str(path), GENERATION_FILE, _raise_exceptions_for_missing_entries=False)
+    except OSError:
+        return None
+    if f is None:
+        return None
+    try:
+        return json.loads(Path(f).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"'{f}' is not valid JSON ({e}); re-export the checkpoint") from None
+
+
+def options(model, kwargs: dict) -> GenerationConfig:
+    """Defaults overridden by ``kwargs`` (GenerationConfig fields; ``do_sample`` as in transformers)."""
+    cfg = defaults(model)
+    known = {f.name for f in fields(GenerationConfig)}
+    do_sample = kwargs.pop("do_sample", None)
+    for ignored in ("eos_token_id", "pad_token_id", "bos_token_id", "use_cache_for_prefill"):
+        kwargs.pop(ignored, None)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"unknown generation option(s) {unknown}; options: {', '.join(sorted(known))}")
+    if "stop_strings" in kwargs and isinstance(kwargs["stop_strings"], str):
+        kwargs["stop_strings"] = (kwargs["stop_strings"],)
+    cfg = replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()})
+    if do_sample is False:
+        cfg = replace(cfg, temperature=0.0)
+    elif do_sample and cfg.temperature == 0.0:
+        cfg = replace(cfg, temperature=1.0)
+    return cfg.validate()
+
+
+def _rows(input_ids, attention_mask, bos_id: int) -> list:
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    keep = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else torch.as_tensor(attention_mask).bool()
+    if keep.shape != ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(keep.shape)}, input_ids {tuple(ids.shape)}")
+    rows = []
+    for r, k in zip(ids.tolist(), keep.tolist()):
+        row = [t for t, ok in zip(r, k) if ok]
+        rows.append(row if row[:1] == [bos_id] else [bos_id] + row)
+    return rows
+
+
+def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_in_generate: bool = True,
+             **kwargs):
+    """Decode a batch with the export's sampler (see the module docstring)."""
+    c, m = model.config, model.config.method
+    cfg = options(model, dict(kwargs))
+    name = m.get("sampler")
+    if name not in SAMPLERS:
+        raise ValueError(f"config.json 'method.sampler' is {name!r}; this code decodes {sorted(SAMPLERS)}: "
+                         f"re-export the checkpoint with tools/convert_checkpoint.py to-hf")
+    mask_id, pad_id, eos_id, bos_id = m["mask_token_id"], c.pad_token_id, c.eos_token_id, c.bos_token_id
+    rows = _rows(input_ids, attention_mask, bos_id)
+    dm = DecodeModel(model, cfg.context_length)
+    dm.eval()
+    if cfg.context_length is None:
+        cfg = replace(cfg, context_length=dm.training_length)
+    view = None if tokenizer is None else TokenizerView(tokenizer)
+    sampler = SAMPLERS[name](dm, mask_id, pad_id, eos_id, cfg, tokenizer=view)
+    device = next(model.parameters()).device
+    out = sampler.generate(Canvas.from_prompts(rows, mask_id, pad_id, cfg.max_new_tokens, device=device))
+    width = max(len(s) for s in out.sequences)
+    seqs = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for b, s in enumerate(out.sequences):
+        seqs[b, :len(s)] = torch.tensor(s, dtype=torch.long)
+    if not return_dict_in_generate:
+        return seqs
+    return SetDLMGenerateOutput(sequences=seqs, generated=out.tokens, nfe=out.nfe, steps=out.steps,
+                                tokens_per_step=out.tokens_per_step)
+
+
+def infill(model, prefix_ids, suffix_ids, span: int, **kwargs) -> SetDLMGenerateOutput:
+    """Fill ``span`` positions between a prefix and a suffix: ``[BOS] prefix MASK*span suffix [EOS]``."""
+    c = model.config
+    if span < 1:
+        raise ValueError(f"span must be >= 1 MASK position, got {span}")
+    ids = [c.bos_token_id, *[int(t) for t in prefix_ids], *[c.method["mask_token_id"]] * int(span),
+           *[int(t) for t in suffix_ids], c.eos_token_id]
+    return generate(model, torch.tensor([ids]), **kwargs)
+
+
+__all__ = ["generate", "infill", "defaults", "read_defaults", "options", "DecodeModel", "TokenizerView",
+           "SetDLMGenerateOutput", "SAMPLERS", "GENERATION_FILE"]
