@@ -7,12 +7,16 @@
     python tools/convert_checkpoint.py from-hf exported/tiny_setdlm runs/from_hf [--step N]
 
 The export holds config.json (architecture, the training method and the full training config),
-model.safetensors (fp32, bit-exact), the tokenizer and the modelling code, so that
+generation_config.json (the decoding defaults: W = D, tau, block size, L), model.safetensors (fp32,
+bit-exact; ``--dtype bf16`` halves it), the tokenizer, a model card (README.md) and the standalone code
+(the model, its KV cache and the samplers: torch + transformers only), so that
 
-    transformers.AutoModel.from_pretrained(dir, trust_remote_code=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)
+    model.generate(input_ids, max_new_tokens=64, window=4, tau=0.9)      # or model.infill(prefix, suffix, span)
 
-loads it and computes the native model's logits. Converting back gives bit-identical parameters. A run
-trained with ``train.ema_decay`` exports its EMA weights unless ``--weights raw``.
+loads and decodes it without setdiff-mega, with the native sampler's tokens, and computes the native
+model's logits. Converting back gives bit-identical parameters (fp32). A run trained with
+``train.ema_decay`` exports its EMA weights unless ``--weights raw``.
 """
 import argparse
 import sys
@@ -31,6 +35,8 @@ def main(argv=None) -> int:
     a.add_argument("out_dir")
     a.add_argument("--weights", choices=("ema", "raw"), default=None,
                    help="the EMA (train.ema_decay) or the raw weights (default: the EMA when the checkpoint has one)")
+    a.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="weights' storage type (fp32: bit-exact; bf16: half the size)")
     b = sub.add_parser("from-hf", help="Hugging Face directory -> native weights-only checkpoint")
     b.add_argument("hf_dir")
     b.add_argument("save_dir", help="run directory; the checkpoint goes to <save_dir>/checkpoints/step_N")
@@ -39,9 +45,9 @@ def main(argv=None) -> int:
     from setdiff_mega.checkpoint import convert, hf
 
     if args.direction == "to-hf":
-        out = convert.export(args.checkpoint, args.out_dir, args.weights)
-        print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights) -> {out} (load with "
-              f"AutoModel.from_pretrained('{out}', trust_remote_code=True))")
+        out = convert.export(args.checkpoint, args.out_dir, args.weights, args.dtype)
+        print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights, {args.dtype}) -> {out} (load with "
+              f"AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True); see {out}/README.md)")
     else:
         if not hf.is_hf_export(Path(args.hf_dir)):
             raise FileNotFoundError(f"'{args.hf_dir}' is not an exported setdiff-mega directory (no config.json "

@@ -68,6 +68,9 @@ class DecodeModel:
     def parameters(self):
         return self.model.parameters()
 
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
     def eval(self):
         self.model.eval()
         return self

@@ -109,8 +109,13 @@ def test_convert_inspect_and_generate_from_the_hugging_face_export(trained_run, 
     hf_dir = tmp_path / "hf"
     r = _run(["tools/convert_checkpoint.py", "to-hf", str(save), str(hf_dir)])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert {"config.json", "model.safetensors", "tokenizer.json", "modeling_setdlm.py"} <= {
-        p.name for p in hf_dir.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "README.md",
+            "modeling_setdlm.py", "generation_setdlm.py", "setdlm.py", "cache.py"} <= {p.name for p in hf_dir.iterdir()}
+    assert "fp32" in r.stdout
+    r = _run(["tools/convert_checkpoint.py", "to-hf", str(save), str(tmp_path / "bf16"), "--dtype", "bf16"])
+    assert r.returncode == 0 and "bf16" in r.stdout, r.stderr[-2000:]
+    sizes = [(d / "model.safetensors").stat().st_size for d in (tmp_path / "bf16", hf_dir)]
+    assert sizes[0] < 0.6 * sizes[1]
     outs = []
     for ck in (save, hf_dir):
         r = _run(["tools/generate.py", "--checkpoint", str(ck), "--prompt", "Question:", "--max-new-tokens", "10"])
