@@ -52,11 +52,10 @@ def main(argv=None) -> int:
     from setdiff_mega.checkpoint import load_model
     from setdiff_mega.inference import GenerationConfig
     from setdiff_mega.inference.benchmark import default_grid, measure, plot_speed_vs_tau
+    from setdiff_mega.inference.engine import decoding_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from setdiff_mega.inference.engine import decoding_model
-
     native, objective, tok, cfg = load_model(args.checkpoint)
     model = decoding_model(native, cfg, tok, args.engine)
     tasks = Path(args.tasks)
@@ -87,19 +86,7 @@ def main(argv=None) -> int:
                "setdlm_tokens_per_step_tau_0.9_W_4": next(r.tokens_per_step for r in rows if r.method == SETDLM.name
                                                            and r.window == 4 and r.tau == 0.9 and r.use_cache)}
     if args.ratio_model != "none":
-        from setdiff_mega.model import build_model
-
-        hidden, layers, heads = (int(x) for x in args.ratio_model.split(","))
-        mc = replace(cfg.model, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
-                     ffn_hidden_size=None, zero_init_head=False, attention_backend="sdpa")
-        torch.manual_seed(0)
-        big = build_model(mc, tok.vocab_size).eval()
-        on_b = measure(big, tok, "setdlm", long_prompts, long_cfg, warmup=0)
-        off_b = measure(big, tok, "setdlm", long_prompts, replace(long_cfg, use_cache=False), warmup=0)
-        speedup["ratio_model"] = {"hidden": hidden, "layers": layers, "heads": heads,
-                                  "parameters": big.num_parameters(), "cache_on_tokens_per_s": on_b.tokens_per_s,
-                                  "cache_off_tokens_per_s": off_b.tokens_per_s,
-                                  "speedup": on_b.tokens_per_s / off_b.tokens_per_s}
+        speedup["ratio_model"] = ratio_model_speedup(args.ratio_model, cfg, tok, long_prompts, long_cfg)
     with open(out / "bench_generate.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].as_dict()))
         w.writeheader()
@@ -112,6 +99,25 @@ def main(argv=None) -> int:
     print(json.dumps(speedup))
     print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")
     return 0
+
+
+def ratio_model_speedup(spec: str, cfg, tok, prompts, long_cfg) -> dict:
+    """Cache on / off on a random-weight native model of ``spec`` = hidden,layers,heads."""
+    import torch
+
+    from setdiff_mega.inference.benchmark import measure
+    from setdiff_mega.model import build_model
+
+    hidden, layers, heads = (int(x) for x in spec.split(","))
+    mc = replace(cfg.model, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
+                 ffn_hidden_size=None, zero_init_head=False, attention_backend="sdpa")
+    torch.manual_seed(0)
+    big = build_model(mc, tok.vocab_size).eval()
+    on = measure(big, tok, "setdlm", prompts, long_cfg, warmup=0)
+    off = measure(big, tok, "setdlm", prompts, replace(long_cfg, use_cache=False), warmup=0)
+    return {"hidden": hidden, "layers": layers, "heads": heads, "parameters": big.num_parameters(),
+            "cache_on_tokens_per_s": on.tokens_per_s, "cache_off_tokens_per_s": off.tokens_per_s,
+            "speedup": on.tokens_per_s / off.tokens_per_s}
 
 
 def compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out: Path) -> None:

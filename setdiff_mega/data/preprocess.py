@@ -225,6 +225,80 @@ def encode_unit(args) -> dict:
     return {"unit": unit.index, "docs": docs, "tokens": toks, "bytes": unit.nbytes}
 
 
+def _shard_units(units: list, shard, paths, unit_bytes: int) -> list:
+    if shard is None:
+        return units
+    i, n = shard
+    if not (n >= 1 and 0 <= i < n):
+        raise DataError(f"shard {i}/{n} is invalid: use i/n with 0 <= i < n")
+    units = units[len(units) * i // n: len(units) * (i + 1) // n]
+    if not units:
+        raise DataError(f"shard {i}/{n} has no work units ({len(plan_units(paths, unit_bytes))} in total); "
+                        f"use fewer shards or a smaller --unit-mb")
+    return units
+
+
+def _staging(out: Path) -> Path:
+    """A fresh ``<out>.tmp-<pid>`` directory; leftovers of interrupted runs whose owner is gone are removed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f"{out.name}.tmp-*"):
+        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    return tmp
+
+
+def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int, progress: bool) -> tuple:
+    """Run :func:`encode_unit` over ``jobs`` (in a fork pool when workers > 1); -> (documents, tokens)."""
+    from multiprocessing import get_context
+
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    docs = toks = done_bytes = 0
+    bar = tqdm(total=total_bytes or len(jobs), unit="B", unit_scale=True, desc="tokenize", disable=not progress)
+    pool = None
+    try:
+        if workers <= 1:
+            _init_worker(tokenizer_path, max(1, os.cpu_count() or 1))
+            results = map(encode_unit, jobs)
+        else:
+            pool = get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, 1))
+            results = pool.imap_unordered(encode_unit, jobs)
+        for r in results:
+            docs, toks, done_bytes = docs + r["docs"], toks + r["tokens"], done_bytes + r["bytes"]
+            bar.update(r["bytes"] if total_bytes else 1)
+            dt = max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix({"docs/s": f"{docs / dt:,.0f}", "MB/s": f"{done_bytes / dt / 1e6:.1f}"}, refresh=False)
+        if pool is not None:
+            pool.close()
+            pool.join()
+    finally:
+        bar.close()
+        if pool is not None:      # stop workers still writing shards before the temp dir goes away
+            pool.terminate()
+            pool.join()
+    return docs, toks
+
+
+def _merge_shards(tmp: Path, units: list, dtype, out: Path) -> None:
+    """The worker shards, in unit order, -> ``<out>.bin/.idx`` (renamed into place)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(str(tmp / "merged.bin"), dtype=dtype)
+    gc.freeze()          # add_index runs gc.collect() per shard; frozen objects make that cheap
+    try:
+        for u in units:
+            builder.add_index(str(tmp / f"shard{u.index:06d}"))
+    finally:
+        gc.unfreeze()
+    builder.finalize(str(tmp / "merged.idx"))
+    manifest_path(out).unlink(missing_ok=True)
+    os.replace(tmp / "merged.bin", f"{out}.bin")
+    os.replace(tmp / "merged.idx", f"{out}.idx")
+
+
 def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, json_keys=("text",),
                workers: int = 2, batch_size: int = 256, unit_bytes: int = 2 << 20, prepend_bos: bool = True,
                append_eod: bool = True, progress: bool = True, shard: tuple[int, int] | None = None,
@@ -234,11 +308,6 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     ``shard=(i, n)`` processes only the i-th of n contiguous slices of the work units (for several
     machines); :func:`merge` then joins the n outputs in order into the same dataset one run would give.
     """
-    from multiprocessing import get_context
-
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from tqdm import tqdm
-
     from .tokenizer import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
@@ -246,68 +315,19 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     units = plan_units(paths, unit_bytes)
     if not units:
         raise DataError(f"the inputs {paths} hold no data (empty files)")
-    if shard is not None:
-        i, n = shard
-        if not (n >= 1 and 0 <= i < n):
-            raise DataError(f"shard {i}/{n} is invalid: use i/n with 0 <= i < n")
-        units = units[len(units) * i // n: len(units) * (i + 1) // n]
-        if not units:
-            raise DataError(f"shard {i}/{n} has no work units ({len(plan_units(paths, unit_bytes))} in total); "
-                            f"use fewer shards or a smaller --unit-mb")
+    units = _shard_units(units, shard, paths, unit_bytes)
     out = Path(output_prefix)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f"{out.name}.tmp-*"):
-        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
-            shutil.rmtree(stale, ignore_errors=True)      # leftovers of an interrupted run (owner is gone)
-    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
+    tmp = _staging(out)
     keys = list(json_keys)
     jobs = [(u, keys, str(tmp / f"shard{u.index:06d}"), batch_size, prepend_bos, append_eod) for u in units]
     total_bytes = sum(u.nbytes for u in units)
     t0 = time.perf_counter()
-    docs = toks = done_bytes = 0
-    bar = tqdm(total=total_bytes or len(units), unit="B", unit_scale=True, desc="tokenize", disable=not progress)
-    pool = None
     try:
-        threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-        if workers <= 1:
-            _init_worker(tokenizer_path, threads)
-            results = map(encode_unit, jobs)
-            pool = None
-        else:
-            pool = get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, 1))
-            results = pool.imap_unordered(encode_unit, jobs)
-        for r in results:
-            docs += r["docs"]
-            toks += r["tokens"]
-            done_bytes += r["bytes"]
-            bar.update(r["bytes"] if total_bytes else 1)
-            dt = max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix({"docs/s": f"{docs / dt:,.0f}", "MB/s": f"{done_bytes / dt / 1e6:.1f}"}, refresh=False)
-        if pool is not None:
-            pool.close()
-            pool.join()
-        bar.close()
+        docs, toks = _encode_all(jobs, tokenizer_path, workers, total_bytes, progress)
         if toks == 0:
             raise DataError(f"the inputs {paths} hold no non-empty documents")
-        builder = IndexedDatasetBuilder(str(tmp / "merged.bin"), dtype=token_dtype(tok.vocab_size))
-        gc.freeze()          # add_index runs gc.collect() per shard; frozen objects make that cheap
-        try:
-            for u in units:
-                builder.add_index(str(tmp / f"shard{u.index:06d}"))
-        finally:
-            gc.unfreeze()
-        builder.finalize(str(tmp / "merged.idx"))
-        manifest_path(out).unlink(missing_ok=True)
-        os.replace(tmp / "merged.bin", f"{out}.bin")
-        os.replace(tmp / "merged.idx", f"{out}.idx")
-    except BaseException:
-        bar.close()
-        raise
+        _merge_shards(tmp, units, token_dtype(tok.vocab_size), out)
     finally:
-        if pool is not None:      # stop workers still writing shards before the temp dir goes away
-            pool.terminate()
-            pool.join()
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.perf_counter() - t0
     tokens = np.memmap(f"{out}.bin", dtype=token_dtype(tok.vocab_size), mode="r")
@@ -316,7 +336,8 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
         "max_token_id": int(tokens.max()) if tokens.size else -1, "dtype": np.dtype(token_dtype(tok.vocab_size)).name,
         "tokenizer": {"hash": tok.hash, "vocab_size": tok.vocab_size, "special_ids": tok.special_ids,
                       "path": str(tokenizer_path)},
-        "inputs": paths, "shard": list(shard) if shard else None, "json_keys": keys, "prepend_bos": prepend_bos, "append_eod": append_eod,
+        "inputs": paths, "shard": list(shard) if shard else None, "json_keys": keys, "prepend_bos": prepend_bos,
+        "append_eod": append_eod,
         "sha256": {"bin": sha256_file(Path(f"{out}.bin")), "idx": sha256_file(Path(f"{out}.idx"))},
         "seconds": round(elapsed, 3), "docs_per_s": round(docs / max(elapsed, 1e-9), 1),
         "mb_per_s": round(total_bytes / max(elapsed, 1e-9) / 1e6, 3),
