@@ -117,8 +117,47 @@ class ExitSignals:
         return signal.Signals(int(flag.item())).name if flag.item() else None
 
 
+def find_resume(cfg) -> tuple[Path, dict] | None:
+    """The checkpoint ``train.resume`` names (auto: the newest complete one in save_dir, or None)."""
+    want = cfg.train.resume
+    if want in (None, "", "none"):
+        return None
+    if want == "auto":
+        ck = latest_checkpoint(checkpoints_root(Path(cfg.train.save_dir)))
+        return None if ck is None else (ck, read_state(ck))
+    return resolve_checkpoint(want)
+
+
+def check_resumable(found: tuple[Path, dict], cfg) -> None:
+    """The checkpoint continues this run: same architecture, the method's identity fields, the same
+    length, and a training (not weights-only) checkpoint; else one CheckpointError naming the field."""
+    ck, state = found
+    saved = checkpoint_config(ck)
+    check_model_config(saved.model, cfg.model, f"checkpoint '{ck}'")
+    identity = [("objective", "name"), *(("objective", f) for f in methods.get(saved.objective.name).run_fields),
+                ("data", "seq_length")]                 # the method's record names its fields
+    for section, name in identity:
+        a, b = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
+        if a != b:
+            raise CheckpointError(f"checkpoint '{ck}' (train.resume={cfg.train.resume}) was trained with "
+                                  f"{section}.{name}={a!r}, this run has {b!r}: to continue it keep {a!r}; for a "
+                                  f"new run use another train.save_dir (or train.resume=none), and "
+                                  f"train.init_from={ck} to start from its weights")
+    if state.get("kind") != "training":
+        raise CheckpointError(f"'{ck}' is a weights-only checkpoint (no optimizer or data position); "
+                              f"start from it with train.init_from={ck} instead of train.resume")
+
+
+def load_resume_weights(found: tuple[Path, dict], model, cfg) -> None:
+    """Before the optimizer / engine exist (ZeRO partitions the loaded weights): check, then load the
+    weights of any layout."""
+    check_resumable(found, cfg)
+    load_sharded(found[0] / "dist", model)
+
+
 class Checkpointer:
-    """Saves and restores the complete training state of one run (every rank calls every method)."""
+    """Saves and restores the complete training state of one run (every rank calls every method); built
+    once every stateful part exists (model, optimizer or ZeRO engine, EMA)."""
 
     def __init__(self, cfg, tokenizer, model, optimizer, engine=None, log=print, ema=None):
         self.cfg, self.tok, self.model, self.optimizer, self.engine = cfg, tokenizer, model, optimizer, engine
@@ -163,38 +202,7 @@ class Checkpointer:
             save_sharded(tmp / "dist", self.model, ema=self.ema)
         self.engine.save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
 
-    # -- resuming -------------------------------------------------------------------------------------
-    def find(self) -> tuple[Path, dict] | None:
-        """The checkpoint ``train.resume`` names (auto: newest complete one in save_dir, or None)."""
-        want = self.cfg.train.resume
-        if want in (None, "", "none"):
-            return None
-        if want == "auto":
-            ck = latest_checkpoint(checkpoints_root(self.save_dir))
-            if ck is None:
-                return None
-            return ck, read_state(ck)
-        return resolve_checkpoint(want)
-
-    def load_weights(self, found: tuple[Path, dict]) -> None:
-        """Before the optimizer / engine exist: the weights (any layout) after checking the architecture."""
-        ck, state = found
-        saved = checkpoint_config(ck)
-        check_model_config(saved.model, self.cfg.model, f"checkpoint '{ck}'")
-        identity = [("objective", "name"), *(("objective", f) for f in methods.get(saved.objective.name).run_fields),
-                    ("data", "seq_length")]                 # the method's record names its fields
-        for section, name in identity:
-            a, b = getattr(getattr(saved, section), name), getattr(getattr(self.cfg, section), name)
-            if a != b:
-                raise CheckpointError(f"checkpoint '{ck}' (train.resume={self.cfg.train.resume}) was trained with "
-                                      f"{section}.{name}={a!r}, this run has {b!r}: to continue it keep {a!r}; for a "
-                                      f"new run use another train.save_dir (or train.resume=none), and "
-                                      f"train.init_from={ck} to start from its weights")
-        if state.get("kind") != "training":
-            raise CheckpointError(f"'{ck}' is a weights-only checkpoint (no optimizer or data position); "
-                                  f"start from it with train.init_from={ck} instead of train.resume")
-        load_sharded(ck / "dist", self.model)
-
+    # -- resuming (the weights were loaded by load_resume_weights before the optimizer existed) ------
     def load_training_state(self, found: tuple[Path, dict]) -> dict:
         """After the optimizer / engine exist: optimizer, RNG; returns step, consumed samples, metrics."""
         from megatron.core import parallel_state as ps
@@ -242,4 +250,5 @@ class Checkpointer:
         return state
 
 
-__all__ = ["Checkpointer", "ExitSignals", "rng_state", "set_rng_state", "FAULT_ENV"]
+__all__ = ["Checkpointer", "ExitSignals", "find_resume", "check_resumable", "load_resume_weights", "rng_state",
+           "set_rng_state", "FAULT_ENV"]

@@ -125,14 +125,13 @@ class Trainer:
 
         from setdiff_mega.checkpoint import load_weights
 
-        from .checkpointer import Checkpointer
+        from .checkpointer import Checkpointer, find_resume, load_resume_weights
         from .optim import build_optimizer
 
         cfg, tc, model = self.cfg, self.cfg.train, self.model
-        self.checkpointer = checkpointer = Checkpointer(cfg, self.tok, model, None, None, self.log)
-        self.found = found = checkpointer.find()
+        self.found = found = find_resume(cfg)
         if found is not None:
-            checkpointer.load_weights(found)
+            load_resume_weights(found, model, cfg)          # before ZeRO partitions the weights
         elif tc.init_from:
             ck = load_weights(model, tc.init_from, cfg.model)
             self.log(f"initialised the weights from {ck}")
@@ -149,15 +148,15 @@ class Trainer:
 
             self.ddp = DistributedDataParallel(model, broadcast_buffers=False,
                                                process_group=ps.get_data_parallel_group())
-        checkpointer.optimizer, checkpointer.engine = self.optimizer, self.engine
         self.ema = None
         if tc.ema_decay > 0:
             from .ema import EMA
 
-            self.ema = checkpointer.ema = EMA(model, tc.ema_decay)   # after the engine: ZeRO-3 partitions exist
+            self.ema = EMA(model, tc.ema_decay)              # after the engine: ZeRO-3 partitions exist
+        self.checkpointer = Checkpointer(cfg, self.tok, model, self.optimizer, self.engine, self.log, self.ema)
         self.start_step, self.consumed, self.resumed = 0, 0, None
         if found is not None:
-            self.resumed = checkpointer.load_training_state(found)
+            self.resumed = self.checkpointer.load_training_state(found)
             self.start_step, self.consumed = int(self.resumed["step"]), int(self.resumed["consumed_samples"])
 
     def _setup_logging(self) -> None:
