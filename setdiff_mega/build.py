@@ -2,7 +2,8 @@
 here. Training (``training/trainer.py``), checkpoint loading (``checkpoint/native.py: load_model``), the
 evaluation and the tools all call these functions, so every path applies the same checks.
 
-    tokenizer_for(cfg)            data.tokenizer, or tokenizer.json next to the (first) dataset
+    tokenizer_path(cfg)           data.tokenizer, or tokenizer.json next to the (first) dataset
+    tokenizer_for(cfg)            that tokenizer, loaded
     vocab_for(cfg, tok)           model.vocab_size or the tokenizer's; must hold every special id
     objective_for(cfg, tok)       the objective of ``cfg.objective`` with the tokenizer's MASK / EOS ids
     model_for(cfg, vocab, ...)    this rank's part of the model (megatron-core parallel state must be set)
@@ -19,10 +20,15 @@ from setdiff_mega.data.indexed import DataError
 from setdiff_mega.data.tokenizer import Tokenizer
 
 
-def tokenizer_for(cfg: RunConfig) -> Tokenizer:
+def tokenizer_path(cfg: RunConfig) -> str:
+    """data.tokenizer, or tokenizer.json next to the (first) dataset of the blend."""
     from setdiff_mega.data.loader import parse_blend
 
-    path = cfg.data.tokenizer or str(Path(parse_blend(cfg.data.path)[0][0]).parent / "tokenizer.json")
+    return cfg.data.tokenizer or str(Path(parse_blend(cfg.data.path)[0][0]).parent / "tokenizer.json")
+
+
+def tokenizer_for(cfg: RunConfig) -> Tokenizer:
+    path = tokenizer_path(cfg)
     try:
         return Tokenizer.from_file(path)
     except FileNotFoundError as e:
@@ -54,4 +60,4 @@ def model_for(cfg: RunConfig, vocab: int, *, sequence_parallel: bool = False):
     return build_model(cfg.model, vocab, sequence_parallel=sequence_parallel)
 
 
-__all__ = ["tokenizer_for", "vocab_for", "objective_for", "model_for"]
+__all__ = ["tokenizer_path", "tokenizer_for", "vocab_for", "objective_for", "model_for"]

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
 
     grid = sweep.load_grid(args.grid)
     runs = sweep.expand(grid)
-    out = Path(grid["out_dir"])
+    out = Path(grid.out_dir)
     if args.list:
         for r in runs:
             print(f"{'done' if sweep.finished(grid, r) else 'todo'}  {r.name}  ({r.steps} steps, {r.tokens} tokens)")
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         return 0
     if args.mode == "run":
         res = sweep.run_local(grid, runs)
-        print(f"sweep {grid['name']}: {res['ran']} run(s) trained, {res['skipped']} already finished"
+        print(f"sweep {grid.name}: {res['ran']} run(s) trained, {res['skipped']} already finished"
               + (f", {len(res['failed'])} failed: {res['failed']}" if res["failed"] else ""))
     rows = sweep.collect(grid, runs)
     if not rows:
@@ -50,9 +50,9 @@ def main(argv=None) -> int:
         return 1
     out.mkdir(parents=True, exist_ok=True)
     sweep.write_csv(rows, out / "results.csv")
-    fits = sweep.fit_all(rows, grid.get("budget_flops"), n_boot=args.bootstrap)
+    fits = sweep.fit_all(rows, grid.budget_flops, n_boot=args.bootstrap)
     (out / "fit.json").write_text(json.dumps(fits, indent=2))
-    sweep.plot(rows, fits, out / "scaling.png", f"sweep {grid['name']}")
+    sweep.plot(rows, fits, out / "scaling.png", f"sweep {grid.name}")
     print(f"{len(rows)} runs -> {out / 'results.csv'}, {out / 'fit.json'}, {out / 'scaling.png'}")
     for obj, f in fits.items():
         if "error" in f:

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from setdiff_mega import methods
 
-ROOT = Path(__file__).resolve().parents[2]
 _FIELD = {"D": "objective.D", "block_size": "objective.block_size", "fim_rate": "objective.fim_rate",
           "seed": "train.seed", "zero_init_head": "model.zero_init_head"}
 _SHORT = {"block_size": "S", "fim_rate": "fim", "zero_init_head": "zh", "seed": "s"}
@@ -72,7 +71,7 @@ def train_model(m: dict, steps: int, out_dir: Path, base_config: str, overrides:
     cmd = [sys.executable, "-m", "setdiff_mega.train", "--config", base_config, *overrides,
            *train_overrides(m), f"train.train_steps={steps}", f"train.save_dir={save}"]
     with open(save / "train.log", "a") as f:
-        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)      # from the caller's directory
     if p.returncode != 0:
         raise RuntimeError(f"training {tag} failed (exit {p.returncode}); see {save / 'train.log'}")
     seconds = time.perf_counter() - t

@@ -58,9 +58,7 @@ def test_isoflop_grid_gives_each_model_the_tokens_of_its_budget(data_dir, tmp_pa
     sys.path.insert(0, str(ROOT))
     from setdiff_mega.eval import sweep
 
-    grid = sweep.load_grid(_grid(tmp_path, data_dir, tokens=None))
-    grid.pop("tokens")
-    grid["isoflop"] = [1e10]
+    grid = sweep.load_grid(_grid(tmp_path, data_dir, tokens=None, isoflop=[1e10]))
     runs = sweep.expand(grid)
     assert len(runs) == 2
     fpt = [sweep.flops_per_token(grid, r.model, "ar") for r in runs]
