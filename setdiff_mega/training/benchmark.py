@@ -107,6 +107,7 @@ def bench_train_step(label, objective_name, backend, fp8, L, preset="350m", toke
     from setdiff_mega.diffusion import build_objective
     from setdiff_mega.model import build_model
     from setdiff_mega.training.flops import flops_terms, peak_flops, processed_positions
+    from setdiff_mega.training.step import micro_batch_loss
 
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mc = model_config(preset, attention_backend=backend, fp8=fp8, transformer_impl="local")
@@ -124,9 +125,7 @@ def bench_train_step(label, objective_name, backend, fp8, L, preset="350m", toke
 
         def step():
             inp = obj.build_inputs(x, generator=gen)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                logits = model(**inp.model_kwargs())
-            loss, _ = obj.loss(logits, inp)
+            loss, _ = micro_batch_loss(model, obj, inp, lambda: torch.autocast(device.type, dtype=torch.bfloat16))
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -24,6 +24,14 @@ from setdiff_mega.diffusion import build_inputs_per_sample
 from .guard import TrainingError
 
 
+def micro_batch_loss(model, objective, inp, autocast=contextlib.nullcontext):
+    """The one micro-batch computation every path shares (training, validation, ZeRO, and the pipeline
+    schedule's last stage through :func:`_schedule_run`): logits = model(inputs), then the objective's
+    loss; returns (loss, stats)."""
+    with autocast():
+        return objective.loss(model(**inp.model_kwargs()), inp)
+
+
 def _schedule_run(model, objective, micro, forward_only: bool, autocast):
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -67,9 +75,8 @@ def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
     total = 0.0
     for i, inp in enumerate(micro):
         sync = ddp is model or i == len(micro) - 1
-        with autocast(), (contextlib.nullcontext() if sync else ddp.no_sync()):
-            logits = ddp(**inp.model_kwargs())
-            loss, _ = objective.loss(logits, inp)
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            loss, _ = micro_batch_loss(ddp, objective, inp, autocast)
             (loss / len(micro)).backward()
         total += loss.item() / len(micro)
     return total
@@ -85,9 +92,7 @@ def evaluate_batch(model, objective, micro: list, autocast) -> tuple[float, floa
         return float(s[1]), float(s[2])
     nll = n = 0.0
     for inp in micro:
-        with autocast():
-            logits = model(**inp.model_kwargs())
-        _, st = objective.loss(logits, inp)
+        _, st = micro_batch_loss(model, objective, inp, autocast)
         nll, n = nll + float(st["nll_sum"]), n + float(st["num_tokens"])
     return nll, n
 
@@ -206,9 +211,7 @@ def zero_step(engine, objective, micro, autocast):
 
     total = 0.0
     for inp in micro:
-        with autocast():
-            logits = engine(**inp.model_kwargs())
-            loss, _ = objective.loss(logits, inp)
+        loss, _ = micro_batch_loss(engine, objective, inp, autocast)
         bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0])
         dist.all_reduce(bad)
         if bad.item():
