@@ -46,8 +46,8 @@ def main(argv=None) -> int:
 
     if args.direction == "to-hf":
         out = convert.export(args.checkpoint, args.out_dir, args.weights, args.dtype)
-        print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights, {args.dtype}) -> {out} (load with "
-              f"AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True); see {out}/README.md)")
+        print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights) -> {out}, stored as {args.dtype} (load "
+              f"with AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True); see {out}/README.md)")
     else:
         if not hf.is_hf_export(Path(args.hf_dir)):
             raise FileNotFoundError(f"'{args.hf_dir}' is not an exported setdiff-mega directory (no config.json "

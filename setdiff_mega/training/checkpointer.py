@@ -166,6 +166,11 @@ class Checkpointer:
         self.zero = cfg.train.zero_stage
         start_writer_service()
 
+    def due(self, step: int) -> bool:
+        """A periodic save after ``step`` (``train.save_interval``; the last step always saves in _finish)."""
+        tc = self.cfg.train
+        return tc.save_interval > 0 and step % tc.save_interval == 0 and step != tc.train_steps
+
     @property
     def optimizer_kind(self) -> str:
         return f"deepspeed_zero{self.zero}" if self.engine is not None else "adamw"

@@ -13,8 +13,9 @@ class MetricLogger:
     """Fan metrics out to the progress bar, a JSONL file and wandb; owns the tqdm bar."""
 
     def __init__(self, save_dir: Path, total_steps: int, initial_step: int, lc, config_dict: dict,
-                 enabled: bool = True, resume_step: int | None = None):
+                 enabled: bool = True, resume_step: int | None = None, log_interval: int = 1):
         self.enabled = enabled
+        self.total_steps, self.log_interval = total_steps, max(1, int(log_interval))
         self.history: list[dict] = []
         self.jsonl = None
         self.bar = None
@@ -43,6 +44,11 @@ class MetricLogger:
         if not self.enabled:
             return
         (self.bar.write if self.bar is not None else print)(line)
+
+    def due(self, step: int) -> bool:
+        """Training metrics are logged after ``step`` (every ``train.log_interval`` steps and the last);
+        the same answer on every rank."""
+        return step % self.log_interval == 0 or step == self.total_steps
 
     def log(self, metrics: dict, step: int) -> None:
         rec = {"step": step, **{k: (float(v) if hasattr(v, "__float__") else v) for k, v in metrics.items()}}

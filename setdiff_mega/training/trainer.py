@@ -176,7 +176,8 @@ class Trainer:
                  f"{len(self.valid_ds)} valid samples; layout TP={cfg.parallel.tensor_model_parallel_size} "
                  f"PP={self.pp} DP={self.dp}, {self.samples_per_step} samples per step")
         self.logger = MetricLogger(Path(tc.save_dir), tc.train_steps, self.start_step, cfg.logging, to_dict(cfg),
-                                   enabled=self.main, resume_step=self.start_step if resumed is not None else None)
+                                   enabled=self.main, resume_step=self.start_step if resumed is not None else None,
+                                   log_interval=tc.log_interval)
         self.bos_eos = wrap_ids(dc, self.tok)
         if resumed is None:
             init_eval = self.validate()
@@ -259,6 +260,11 @@ class Trainer:
                          "data/consumed_samples": self.consumed, **self.guard.metrics()}, done)
         self.tok_window = self.proc_window = 0
 
+    def validation_due(self, step: int) -> bool:
+        """A periodic validation after ``step`` (``train.eval_interval``; the last step's is in _finish)."""
+        tc = self.cfg.train
+        return tc.eval_interval > 0 and step % tc.eval_interval == 0 and step != tc.train_steps
+
     def _finish(self) -> None:
         """The last step's validation (raw and EMA weights) and checkpoint."""
         tc = self.cfg.train
@@ -286,11 +292,11 @@ class Trainer:
                 for step in range(self.start_step, tc.train_steps):
                     total, gnorm, lr = self.train_step(step)
                     done = step + 1
-                    if done % tc.log_interval == 0 or done == tc.train_steps:
+                    if self.logger.due(done):
                         self._log_step(done, total, gnorm, lr, t_window)
                         t_window = time.perf_counter()
                     logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{self.sample_tps:,.0f}"})
-                    if tc.eval_interval > 0 and done % tc.eval_interval == 0 and done != tc.train_steps:
+                    if self.validation_due(done):
                         self.last_eval = self.validate()
                         logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, done)
                         logger.write(f"step {done}: train loss {total:.4f}  val loss {self.last_eval['loss']:.4f}  "
@@ -302,7 +308,7 @@ class Trainer:
                         logger.write(f"{stop_signal} received: saved step {done} to {self.ckpt}; stopping (resume "
                                      f"with train.resume=auto)")
                         break
-                    if tc.save_interval > 0 and done % tc.save_interval == 0 and done != tc.train_steps:
+                    if self.checkpointer.due(done):
                         self.ckpt = self.save(done)
                 else:
                     if self.start_step < tc.train_steps or self.resumed is None:
