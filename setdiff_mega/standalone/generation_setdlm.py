@@ -3,12 +3,13 @@ needs torch and transformers only).
 
 The samplers are setdiff-mega's own: ``base.py``, ``baselines.py``, ``cache.py``, ``context.py``,
 ``processors.py``, ``runner.py``, ``sampling.py``, ``setdlm.py`` and ``stopping.py`` are copied verbatim
-from ``setdiff_mega/inference`` into every export, so the exported model and the training stack decode
-with one implementation (a test matrix requires identical greedy tokens). They run on the plain-PyTorch
-model through :class:`DecodeModel`, the interface they are written against:
+from ``setdiff_mega/standalone`` (where the training stack's native path imports them too) into every
+export, so the exported model and the training stack decode with one implementation (a test matrix
+requires identical greedy tokens). They run on the plain-PyTorch model through :class:`DecodeModel`, the
+interface they are written against:
 
     cache_shape()             (layers, KV heads, head dim) of the KV cache
-    use_cache(cache)          context manager routing every layer's attention through the cache
+    use_cache(cache)          context manager: the forwards inside it attend [cache ; chunk]
     model(tok, pos, keep, s)  tok / pos [B, T] long, keep [B, T, C + T] bool (True = may attend; C cache
                               slots then the chunk) -> logits [B, T - s, V]
     training_length           the context budget L (cache + chunk <= L; positions keep growing past it)
@@ -63,7 +64,7 @@ class DecodeModel:
         self.training_length = context_length or c.method.get("seq_length")
         self.vocab_size = c.tokenizer_vocab_size
         self._cache = None
-        self._prepared = None
+        self._prepared = getattr(model, "_setdiff_prepared", None)     # reused across generate() calls
 
     def parameters(self):
         return self.model.parameters()
@@ -88,8 +89,11 @@ class DecodeModel:
             self._cache = None
 
     def weights(self) -> Prepared:
-        self._prepared = Prepared.current(self.model, self._prepared)
-        return self._prepared
+        """The fused weights, rebuilt when a parameter was replaced or changed in place."""
+        prepared = Prepared.current(self.model, self._prepared)
+        if prepared is not self._prepared:
+            self._prepared = self.model._setdiff_prepared = prepared
+        return prepared
 
     def __call__(self, tokens, position_ids, keep, logits_start: int = 0):
         return decode_forward(self.weights(), tokens, position_ids, keep, logits_start, self._cache)
