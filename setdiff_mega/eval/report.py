@@ -42,7 +42,8 @@ def machine_meta(command: str, wall: float, train_wall: float, from_scratch: flo
 
     def git(*a):
         try:
-            return subprocess.run(["git", *a], cwd=F.ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+            return subprocess.run(["git", *a], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()          # the code's commit ("" outside a checkout)
         except (OSError, subprocess.SubprocessError):
             return ""
     return {"command": command, "commit": git("rev-parse", "--short", "HEAD"),
