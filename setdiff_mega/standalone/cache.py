@@ -32,7 +32,8 @@ class KVCache:
         self.num_layers, self.batch, self.capacity = num_layers, batch, int(capacity)
         self._shape = (num_layers, batch, groups, head_dim)
         self.offset, self._T = 0, None
-        self.k, self.v = self._alloc(2 * self.capacity + 16, dtype, device)
+        self._slack = max(64, self.capacity // 4)            # window moves before a copy; the chunk's room
+        self.k, self.v = self._alloc(self.capacity + self._slack, dtype, device)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
 
     def _alloc(self, slots: int, dtype, device):
@@ -41,14 +42,20 @@ class KVCache:
                 torch.zeros(L, B, g, slots, d, dtype=dtype, device=device))
 
     def _room(self, T: int) -> None:
-        """Make the buffer hold the window and a chunk of T entries after it."""
-        C, o = self.capacity, self.offset
-        if o + C + T <= self.k.shape[3]:
+        """Make the buffer hold the window and a chunk of T entries after it: move the window back to offset
+        0 (one copy every ``slack`` evicted entries at most), growing the buffer only for a larger chunk."""
+        C, o, size = self.capacity, self.offset, self.k.shape[3]
+        if o + C + T <= size:
             return
-        k, v = self._alloc(max(self.k.shape[3], 2 * C + 2 * T), self.k.dtype, self.k.device)
-        k[:, :, :, :C] = self.k[:, :, :, o:o + C]
-        v[:, :, :, :C] = self.v[:, :, :, o:o + C]
-        self.k, self.v, self.offset = k, v, 0
+        if C + T <= size:
+            self.k[:, :, :, :C] = self.k[:, :, :, o:o + C].clone()
+            self.v[:, :, :, :C] = self.v[:, :, :, o:o + C].clone()
+        else:
+            k, v = self._alloc(C + T + self._slack, self.k.dtype, self.k.device)
+            k[:, :, :, :C] = self.k[:, :, :, o:o + C]
+            v[:, :, :, :C] = self.v[:, :, :, o:o + C]
+            self.k, self.v = k, v
+        self.offset = 0
 
     def valid(self) -> torch.Tensor:
         """[B, C] bool: window slots holding a committed token."""

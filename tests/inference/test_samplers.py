@@ -212,12 +212,18 @@ def test_kv_cache_commit_and_keep():
     c.keep(torch.tensor([[False, True, True, True], [False, True, True, True]]))     # the oldest entry of each row
     assert c.offset == 1 and c.length.tolist() == [3, 3]                             # no copy: the window moved
     assert torch.equal(c.window(0)[0][:, :, :3], before[:, :, 1:])
-    for step in range(12):                                      # the window reaches the buffer's end and moves back
+    offsets = []
+    for step in range(100):                                     # the window reaches the buffer's end and moves back
         _chunk(c, k + step)
+        offsets.append(c.offset)
         c.commit(torch.tensor([1, 1]))
         c.keep(torch.tensor([[False, True, True, True]] * 2))
         assert torch.equal(c.window(0)[0][:, :, 2], (k + step)[:, :, 0])
-    assert c.offset < c.k.shape[3] - c.capacity
+    assert any(b < a for a, b in zip(offsets, offsets[1:]))            # it moved back ...
+    assert c.k.shape[3] == c.capacity + 64                          # ... in place: the buffer never grew
+    window = c.window(0)[0].clone()
+    _chunk(c, torch.zeros(2, 1, 100, 2))                            # a chunk larger than the room: it grows
+    assert c.k.shape[3] == c.capacity + 100 + 64 and torch.equal(c.window(0)[0], window)
 
 
 def test_sampled_decoding_is_seeded_and_cache_exact(rand_model):
