@@ -23,6 +23,27 @@ import torch
 import torch.nn.functional as F
 
 
+def inverse_frequencies(dim: int, base: float) -> torch.Tensor:
+    """RoPE's [dim / 2] inverse frequencies base^(-2i / dim) (float32)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+
+def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype) -> tuple:
+    """[B, T] positions -> (cos, sin) [B, 1, T, rot_dim] in ``dtype`` (frequencies repeated over the halves)."""
+    freqs = position_ids.to(torch.float32)[..., None] * inv_freq.to(position_ids.device)
+    angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+
+
+def rotate(x, cos, sin):
+    """Rotate-half RoPE on the first rot_dim = cos.shape[-1] channels of x [.., T, d]."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((rotate(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
 def _norm_params(norm) -> tuple:
     return norm.weight, getattr(norm, "bias", None), float(norm.eps)
 
@@ -37,8 +58,7 @@ class Prepared:
         self.gated = c.hidden_act == "swiglu"
         self.heads, self.groups = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = c.hidden_size // c.num_attention_heads
-        r = body.rotary
-        self.inv_freq = 1.0 / (r.base ** (torch.arange(0, r.dim, 2, dtype=torch.float32) / r.dim))
+        self.inv_freq = inverse_frequencies(body.rotary.dim, body.rotary.base)
         self.embed = body.embed_tokens.weight
         self.layers = []
         for layer in body.layers:
@@ -78,28 +98,18 @@ def _norm(x, p, rms: bool):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-def _rope(x, cos, sin):
-    rot = cos.shape[-1]
-    if rot < x.shape[-1]:
-        return torch.cat((_rope(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
 @torch.no_grad()
 def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cache=None):
     """logits [B, T - logits_start, V] of one chunk (see the module docstring)."""
     b, t = tokens.shape
     h = F.embedding(tokens, w.embed)
-    freqs = position_ids.to(torch.float32)[..., None] * w.inv_freq.to(h.device)
-    angles = torch.cat((freqs, freqs), dim=-1)[:, None]                      # [B, 1, T, rot_dim]
-    cos, sin = torch.cos(angles).to(h.dtype), torch.sin(angles).to(h.dtype)
+    cos, sin = rope_cos_sin(position_ids, w.inv_freq, h.dtype)
     keep = keep[:, None] if keep.dim() == 3 else keep
     nh, g, d = w.heads, w.groups, w.head_dim
     gqa = nh != g
     for i, (n1, qkv_w, qkv_b, o_w, o_b, n2, up_w, up_b, down_w, down_b) in enumerate(w.layers):
         qkv = F.linear(_norm(h, n1, w.rms), qkv_w, qkv_b).view(b, t, nh + 2 * g, d).transpose(1, 2)
-        qk = _rope(qkv[:, :nh + g], cos, sin)
+        qk = rotate(qkv[:, :nh + g], cos, sin)
         q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + g:]
         if cache is not None:
             out = cache.attend(i, q, k, v, keep, enable_gqa=gqa)
@@ -117,4 +127,4 @@ def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cach
     return F.linear(h, *w.head)
 
 
-__all__ = ["Prepared", "forward"]
+__all__ = ["Prepared", "forward", "inverse_frequencies", "rope_cos_sin", "rotate"]

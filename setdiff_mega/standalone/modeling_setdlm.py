@@ -37,6 +37,7 @@ from transformers.modeling_outputs import CausalLMOutput
 from transformers.utils import cached_file
 
 from .configuration_setdlm import SetDLMConfig
+from .decode_step import inverse_frequencies, rope_cos_sin, rotate
 from .generation_setdlm import generate as _generate
 from .generation_setdlm import infill as _infill
 from .generation_setdlm import read_defaults
@@ -50,11 +51,6 @@ def _norm(config: SetDLMConfig) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = torch.chunk(x, 2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class SetDLMRotary(nn.Module):
     """Angles computed on the fly (no buffer: transformers materialises modules from the meta device, and
     a non-persistent buffer would come back uninitialised)."""
@@ -66,22 +62,13 @@ class SetDLMRotary(nn.Module):
         self.base = float(config.rope_theta)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple:
-        """[B, T] -> (cos, sin) [B, 1, T, rot_dim] in ``dtype`` (frequencies repeated over the two halves),
-        computed once per forward and shared by every layer."""
-        exponent = torch.arange(0, self.dim, 2, dtype=torch.float32, device=position_ids.device) / self.dim
-        inv_freq = 1.0 / (self.base ** exponent)
-        freqs = position_ids.to(torch.float32)[..., None] * inv_freq
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+        """[B, T] -> (cos, sin) [B, 1, T, rot_dim] in ``dtype``, computed once per forward and shared by
+        every layer (the same functions as the decode step)."""
+        return rope_cos_sin(position_ids, inverse_frequencies(self.dim, self.base), dtype)
 
     @staticmethod
     def apply(x: torch.Tensor, rope: tuple) -> torch.Tensor:
-        cos, sin = rope
-        rot = cos.shape[-1]
-        if rot == x.shape[-1]:
-            return x * cos + _rotate_half(x) * sin
-        x, passthrough = x[..., :rot], x[..., rot:]
-        return torch.cat((x * cos + _rotate_half(x) * sin, passthrough), dim=-1)
+        return rotate(x, *rope)
 
 
 class SetDLMAttention(nn.Module):
