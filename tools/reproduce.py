@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     p.add_argument("--toy", action="store_true", help="a seconds-sized run with the full report structure")
     p.add_argument("--study", action="store_true", help="also train and report the head study (zero vs normal head)")
     p.add_argument("--data", default=None, help="dataset prefix (default: the base config's)")
+    p.add_argument("--engine", default="auto", choices=["auto", "plain", "native"],
+                   help="decoding engine (auto: the plain-PyTorch inference model for unsharded checkpoints)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides for every model")
     args = p.parse_args(argv)
     from setdiff_mega.eval import reproduce as R
@@ -45,6 +47,7 @@ def main(argv=None) -> int:
         if args.data:
             rc.overrides.append(f"data.path={args.data}")
     rc.overrides += list(args.overrides)
+    rc.engine = args.engine
     assets = args.assets or str(Path(args.report).parent / "results" / "reproduce")
     given = argv if argv is not None else sys.argv[1:]
     command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)

@@ -14,12 +14,14 @@ problems, greedy, the reference's protocol of method.md 5):
     SetDLM(D) window W in {D, 2D}, tau in taus (tau > 1: one token per step)
 
 Infilling (``infill_rows``): the reference's infill preset (tau 1e6, repetition penalty 1.2, W = 2D, the
-prefix and suffix prefilled), oracle span length; AR and every method's "left only" row see the prefix
-only. The quests are decoded without the repetition penalty (``INFILL_OVERRIDES``): their sentences
-repeat phrases by construction ("our hero" twice in the masked span), which the penalty, tuned for
-ROCStories, breaks (measured in ``docs/results.md``). Likelihood (``likelihood_rows``): validation NLL per
-token with the method's own estimator (AR
-exact, SetDLM one-order and K-order bounds, MDLM / BD3LM NELBO). Weights: EMA when the checkpoint has it.
+prefix and suffix prefilled), oracle span length, and for SetDLM also W = D (``infill_windows``, the
+issue's W in {D, 2D}; at CPU scale the preset's window gave repeated filler tokens where W = D gave the
+sentences, ``docs/results.md``); AR and every method's "left only" row see the prefix only. The quests are
+decoded without the repetition penalty (``INFILL_OVERRIDES``): their sentences repeat phrases by
+construction ("our hero" twice in the masked span), which the penalty, tuned for ROCStories, breaks
+(measured in ``docs/results.md``). Likelihood (``likelihood_rows``): validation NLL per token with the
+method's own estimator (AR exact, SetDLM one-order and K-order bounds, MDLM / BD3LM NELBO). Weights: EMA
+when the checkpoint has it.
 """
 from __future__ import annotations
 
@@ -127,23 +129,33 @@ def math_points(m: dict, loaded: tuple, rows: list[dict], taus: list, max_new_to
 INFILL_OVERRIDES = {"quests": {"repetition_penalty": 1.0}}
 
 
+def infill_windows(m: dict) -> list:
+    """The windows of a method's both-sides infilling rows: the preset's 2D first, then D (the issue's W in
+    {D, 2D}, as for the math points); ``[None]`` (the preset) for methods without a window."""
+    return [2 * m["D"], m["D"]] if methods.get(m["objective"]).window else [None]
+
+
 def infill_rows(m: dict, loaded: tuple, task_rows: dict, batch_size: int) -> list[dict]:
-    """Both sides (not for AR) and left only, for every infilling task in ``task_rows`` {task: rows}."""
+    """Both sides (not for AR; one row per window of :func:`infill_windows`) and left only (the preset), for
+    every infilling task in ``task_rows`` {task: rows}."""
     from setdiff_mega.inference.options import generation_config
 
     from .tasks import story_infill
 
     model, objective, tok, cfg = loaded
     L = cfg.data.seq_length
+    rec = methods.get(m["objective"])
+    cases = ([] if rec.causal else [(False, w) for w in infill_windows(m)]) + [(True, None)]
     out = []
     for task, rows in task_rows.items():
-        gc = generation_config(cfg.objective, L, "infill", {"max_new_tokens": 64, **INFILL_OVERRIDES.get(task, {})})
-        for left in ((True,) if methods.get(m["objective"]).causal else (False, True)):
+        for left, w in cases:
+            over = {"max_new_tokens": 64, **INFILL_OVERRIDES.get(task, {}), **({"window": w} if w else {})}
+            gc = generation_config(cfg.objective, L, "infill", over)
             r = story_infill(model, tok, objective, rows, gc, L, batch_size, left_only=left, task=task)
             out.append({"task": task, "method": method_label(m), "tag": method_tag(m), **m,
-                        "context": "left only" if left else "both sides", "exact_match": r["exact_match"],
-                        "rouge_l": r["rouge_l"], "tokens_per_s": r["tokens_per_s"], "n": r["n"],
-                        "example": r["examples"][0]["generated"] if r["examples"] else ""})
+                        "context": "left only" if left else "both sides", "window": gc.window if rec.window else None,
+                        "exact_match": r["exact_match"], "rouge_l": r["rouge_l"], "tokens_per_s": r["tokens_per_s"],
+                        "n": r["n"], "example": r["examples"][0]["generated"] if r["examples"] else ""})
     return out
 
 
@@ -196,5 +208,6 @@ def summarise(points: list[dict]) -> dict:
     return out
 
 
-__all__ = ["method_tag", "method_label", "train_model", "val_curve", "settings", "math_points", "infill_rows",
+__all__ = ["method_tag", "method_label", "train_model", "val_curve", "settings", "math_points", "infill_windows",
+           "infill_rows",
            "likelihood_rows", "aggregate", "summarise"]

@@ -53,7 +53,7 @@ def machine_meta(command: str, wall: float, train_wall: float, from_scratch: flo
             "wall_s": round(wall, 1), "train_wall_s": round(train_wall, 1), "from_scratch_s": round(from_scratch, 1),
             "models_reused": reused, "train_steps": rc.train_steps, "study_steps": rc.study_steps,
             "seeds": rc.seeds, "taus": rc.taus, "limit": rc.limit, "infill_limit": rc.infill_limit,
-            "base_config": rc.base_config, "overrides": rc.overrides}
+            "base_config": rc.base_config, "overrides": rc.overrides, "engine": rc.engine}
 
 
 def _plt():
@@ -88,7 +88,7 @@ def plot_infill(infill: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.3), dpi=120, squeeze=False)
     for ax, task in zip(axes[0], tasks):
         rows = [r for r in infill if r["task"] == task]
-        labels = [f"{r['method']}\n{r['context']}" for r in rows]
+        labels = [f"{r['method']}\n{r['context']}" + (f", W={r['window']}" if r.get("window") else "") for r in rows]
         ax.bar(range(len(rows)), [r["exact_match"] for r in rows],
                color=["tab:gray" if r["context"] == "left only" else "tab:blue" for r in rows])
         ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=6)
@@ -180,7 +180,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
              f"* Budget: {m['train_steps']} steps per model"
              + (f" (head study {m['study_steps']})" if results["study"] else "") + f", seeds {m['seeds']}, "
              f"{m['limit']} arithmetic problems per point, {m['infill_limit']} stories / quests per infilling row, "
-             f"EMA weights; base `{m['base_config']}` with `{' '.join(m['overrides'])}`", "",
+             f"EMA weights, decoding engine `{m.get('engine', 'native')}`; base `{m['base_config']}` with "
+             f"`{' '.join(m['overrides'])}`", "",
              "### Claims", ""]
     lines += _table(["claim", "measured", "holds"], [[c["claim"], c["value"], "yes" if c["holds"] else "**no**"]
                                                      for c in results["claims"]])
@@ -204,10 +205,11 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                       _f(r["step_accuracy"]), _f(r["copy_accuracy"]), _f(r["tokens_per_s"], 0),
                       _f(r["tokens_per_step"], 2)]
                      for r in results["frontier"]])
-    lines += ["", "### Infilling (oracle span length; infill preset: tau 1e6, W = 2D, repetition penalty 1.2 for the "
-              "stories and 1.0 for the templated quests)", ""]
-    lines += _table(["task", "method", "context", "exact match", "ROUGE-L", "tokens/s"],
-                    [[r["task"], r["method"], r["context"], _pm(r, "exact_match"), _pm(r, "rouge_l"),
+    lines += ["", "### Infilling (oracle span length; infill preset: tau 1e6, W = 2D and also W = D for SetDLM, "
+              "repetition penalty 1.2 for the stories and 1.0 for the templated quests)", ""]
+    lines += _table(["task", "method", "context", "W", "exact match", "ROUGE-L", "tokens/s"],
+                    [[r["task"], r["method"], r["context"], _f(r.get("window")), _pm(r, "exact_match"),
+                      _pm(r, "rouge_l"),
                       _f(r["tokens_per_s"], 0)] for r in results["infill_means"]])
     lines += ["", "### Likelihood (validation NLL per token; upper bounds except AR)", ""]
     lines += _table(["model", "seed", "estimator", "NLL/token", "SetDLM one order", "SetDLM K-order bound", "K"],

@@ -12,7 +12,10 @@ Plan (``ReproConfig``; every model the same size, data and step count, EMA weigh
   validation curves over seeds. Off by default since its verdict is in (the 90 minutes go to the main
   models' steps); its last measurement stays in ``docs/results.md``;
 * evaluation (:mod:`.frontier`): the arithmetic math points (tau sweep, W in {D, 2D}), the two
-  infilling tasks (quests: suffix-dependent; stories: the middle sentence), the likelihood table;
+  infilling tasks (quests: suffix-dependent; stories: the middle sentence; W in {2D, D}), the likelihood
+  table; decoding runs on ``engine`` (``auto``: the inference format's plain-PyTorch model for these
+  unsharded checkpoints, identical tokens, without megatron-core's per-layer overhead; the likelihoods on
+  the native model);
 * the claims of issue 14 checked on the seed means, and the report (:mod:`.report`).
 
 ``budget`` multiplies the step counts (and the evaluated examples, up to the held-out set) for a bigger
@@ -73,6 +76,7 @@ class ReproConfig:
     likelihood_sequences: int = 128
     orders: int = 4
     tasks: str = "data/embedded/tasks"
+    engine: str = "auto"                      # decoding engine (inference/engine.py); likelihoods stay native
 
     def __post_init__(self):
         self.models = _main_models(self.seeds) if self.models is None else self.models
@@ -97,6 +101,7 @@ def train_all(rc: ReproConfig, log=print) -> tuple[list[dict], list[dict]]:
 
 def evaluate_all(rc: ReproConfig, trained: list[dict], log=print, progress=None) -> dict:
     from setdiff_mega.checkpoint import load_model
+    from setdiff_mega.inference.engine import decoding_model
 
     from .tasks import load_task
 
@@ -105,12 +110,14 @@ def evaluate_all(rc: ReproConfig, trained: list[dict], log=print, progress=None)
     points, infill, lik = [], [], []
     for t in trained:
         m, d = t["spec"], load_model(t["dir"])         # EMA weights when the checkpoint has them
-        pts = F.math_points(m, d, arith, rc.taus, rc.max_new_tokens, rc.batch_size, progress)
+        model, objective, tok, cfg = d
+        dec = (decoding_model(model, cfg, tok, rc.engine), objective, tok, cfg)
+        pts = F.math_points(m, dec, arith, rc.taus, rc.max_new_tokens, rc.batch_size, progress)
         for p in pts:
             log(f"  {p['tag']:<26} W={p['window']} tau={p['tau']:g}: acc {p['accuracy']:.3f}, "
                 f"{p['tokens_per_s']:.0f} tok/s, {p['tokens_per_step']:.2f} tok/step")
         points += pts
-        infill += F.infill_rows(m, d, infill_tasks, rc.batch_size)
+        infill += F.infill_rows(m, dec, infill_tasks, rc.batch_size)
         lik.append(F.likelihood_rows(m, d, rc.likelihood_sequences, rc.orders))
     return {"points": points, "infill": infill, "likelihood": lik}
 
@@ -177,7 +184,8 @@ def run(rc: ReproConfig, command: str, report_path: str | None, assets: str, log
                                                           "window", "tau"),
                                       ("accuracy", "step_accuracy", "copy_accuracy", "tokens_per_s",
                                        "tokens_per_step"))
-    results["infill_means"] = F.aggregate(results["infill"], ("task", "method", "objective", "fim_rate", "context"),
+    results["infill_means"] = F.aggregate(results["infill"], ("task", "method", "objective", "fim_rate", "context",
+                                                                  "window"),
                                           ("exact_match", "rouge_l", "tokens_per_s"))
     results["claims"] = claims(results)
     wall = time.perf_counter() - t0

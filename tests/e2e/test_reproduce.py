@@ -37,6 +37,10 @@ def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
     assert ("quests", "ar_s1234", "left only") in infill
     assert ("quests", "setdlm_D2_fim0.3_s1234", "both sides") in infill
     assert all(r["n"] > 0 for r in res["infill"])                             # every quest / story fits L
+    sd_rows = {(r["task"], r["context"], r["window"]) for r in res["infill"] if r["tag"] == "setdlm_D2_s1234"}
+    assert {("quests", "both sides", 4), ("quests", "both sides", 2), ("quests", "left only", 4)} <= sd_rows
+    assert {r["window"] for r in res["infill"] if r["tag"] == "bd3lm_S4_s1234"} == {None}
+    assert res["meta"]["engine"] == "auto" and "decoding engine `auto`" in text
     assert [c["claim"][:2] for c in res["claims"]] and all(isinstance(c["holds"], bool) for c in res["claims"])
     lik = {r["tag"]: r for r in res["likelihood"]}
     assert lik["ar_s1234"]["estimator"] == "exact" and "nll_k_orders" in lik["setdlm_D2_s1234"]
