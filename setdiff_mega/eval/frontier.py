@@ -120,7 +120,8 @@ def math_points(m: dict, loaded: tuple, rows: list[dict], taus: list, max_new_to
                     "tau": s["tau"], "weights": model.weights_kind, "accuracy": r["accuracy"],
                     "step_accuracy": r["step_accuracy"], "copy_accuracy": r["copy_accuracy"],
                     "tokens_per_s": r["tokens_per_s"],
-                    "tokens_per_step": r["tokens_per_step"], "nfe": r["nfe"], "n": r["n"]})
+                    "tokens_per_step": r["tokens_per_step"], "nfe": r["nfe"], "forwards": r["forwards"],
+                    "ms_per_forward": r["ms_per_forward"], "n": r["n"]})
         if progress:
             progress(1)
     return out
@@ -199,10 +200,11 @@ def summarise(points: list[dict]) -> dict:
             continue
         best = max(bd, key=lambda p: (p[metric], p["tokens_per_s"]))
         match = [p for p in sd if p[metric] >= best[metric]]
-        entry = {"bd3lm_best": {k: best.get(k) for k in ("method", "tau", metric, "tokens_per_s")}}
+        keys = ("method", "tau", metric, "tokens_per_s", "tokens_per_step", "forwards", "ms_per_forward")
+        entry = {"bd3lm_best": {k: best.get(k) for k in keys}}
         fast = max(match, key=lambda p: p["tokens_per_s"]) if match else None
         entry["setdlm_fastest_at_least_as_accurate"] = None if fast is None else {
-            k: fast.get(k) for k in ("method", "window", "tau", metric, "tokens_per_s")}
+            k: fast.get(k) for k in ("window", *keys)}
         entry["speedup"] = None if fast is None else fast["tokens_per_s"] / best["tokens_per_s"]
         out[metric] = entry
     return out

@@ -198,12 +198,14 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
         lines += ["", "(per seed; train loss logged every 10 steps)"]
     else:
         lines += ["", "Head study: not run (`--study`); its last measurement is quoted below the section."]
-    lines += ["", "### Arithmetic: accuracy against decoding speed (seed means ± sd; greedy; batch 8)", ""]
+    lines += ["", "### Arithmetic: accuracy against decoding speed (seed means ± sd; greedy; batch 8; forwards: "
+              "batched model calls over all problems, prefill included; a batch runs until its slowest row is done)",
+              ""]
     lines += _table(["method", "W", "tau", "exact match", "step accuracy", "operand copied", "tokens/s",
-                     "tokens/step"],
+                     "tokens/step", "forwards", "ms/forward"],
                     [[r["method"], _f(r["window"]), _f(r["tau"], 1) if r["tau"] < 100 else "1e6", _pm(r, "accuracy"),
                       _f(r["step_accuracy"]), _f(r["copy_accuracy"]), _f(r["tokens_per_s"], 0),
-                      _f(r["tokens_per_step"], 2)]
+                      _f(r["tokens_per_step"], 2), _f(r.get("forwards"), 0), _f(r.get("ms_per_forward"), 2)]
                      for r in results["frontier"]])
     lines += ["", "### Infilling (oracle span length; infill preset: tau 1e6, W = 2D and also W = D for SetDLM, "
               "repetition penalty 1.2 for the stories and 1.0 for the templated quests)", ""]

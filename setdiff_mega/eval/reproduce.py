@@ -122,6 +122,14 @@ def evaluate_all(rc: ReproConfig, trained: list[dict], log=print, progress=None)
     return {"points": points, "infill": infill, "likelihood": lik}
 
 
+def _cost(p: dict) -> str:
+    """Where a point's decoding time goes: parallelism, forwards and the cost of one (all batches together)."""
+    out = f"{p['tokens_per_step']:.2f} tok/step"
+    if p.get("forwards") is not None:
+        out += f", {p['forwards']:.0f} forwards of {p['ms_per_forward']:.2f} ms"
+    return out
+
+
 def claims(results: dict) -> list[dict]:
     """The issue's must-holds, each with the measured values and whether it holds (on the seed means in
     ``results["frontier"]`` and ``results["infill_means"]``)."""
@@ -135,9 +143,11 @@ def claims(results: dict) -> list[dict]:
     if s:
         sp = s["speedup"]
         b = s["bd3lm_best"]
-        value = (f"BD3LM best {b['accuracy']:.3f} ({b['method']}, tau {b['tau']:g}) at {b['tokens_per_s']:.0f} tok/s; "
-                 + (f"SetDLM {s['setdlm_fastest_at_least_as_accurate']['tokens_per_s']:.0f} tok/s ({sp:.2f}x)"
-                    if sp else "no SetDLM setting reaches it"))
+        f = s["setdlm_fastest_at_least_as_accurate"]
+        found = (f"SetDLM {f['tokens_per_s']:.0f} tok/s ({sp:.2f}x; {f['method']}, W={f['window']}, tau {f['tau']:g}; "
+                 f"{_cost(f)})") if sp else "no SetDLM setting reaches it"
+        value = (f"BD3LM best {b['accuracy']:.3f} ({b['method']}, tau {b['tau']:g}) at {b['tokens_per_s']:.0f} tok/s "
+                 f"({_cost(b)}); {found}")
         out.append({"claim": "SetDLM reaches BD3LM's best math accuracy at >= 1.5x its tokens/s", "value": value,
                     "holds": bool(sp and sp >= 1.5)})
     q = [r for r in results["infill_means"] if r["task"] == "quests"]
@@ -183,7 +193,7 @@ def run(rc: ReproConfig, command: str, report_path: str | None, assets: str, log
     results["frontier"] = F.aggregate(results["points"], ("method", "objective", "D", "block_size", "fim_rate",
                                                           "window", "tau"),
                                       ("accuracy", "step_accuracy", "copy_accuracy", "tokens_per_s",
-                                       "tokens_per_step"))
+                                       "tokens_per_step", "forwards", "ms_per_forward"))
     results["infill_means"] = F.aggregate(results["infill"], ("task", "method", "objective", "fim_rate", "context",
                                                                   "window"),
                                           ("exact_match", "rouge_l", "tokens_per_s"))

@@ -83,11 +83,14 @@ def load_task(task_dir: str | Path, name: str, limit: int | None = None) -> list
 
 def _speed(results: list[dict]) -> dict:
     toks = sum(r["num_tokens"] for r in results)
-    secs = sum({r["seconds"] for r in results}) or 1e-9          # rows of one batch share its time
+    batches = {(r["seconds"], r["nfe"]) for r in results}      # rows of one batch share its time and forwards
+    secs = sum(t for t, _ in batches) or 1e-9
+    forwards = sum(n for _, n in batches)
     steps = sum(r["steps"] for r in results) or 1
     # tokens per step counts commits (the reference's parallelism factor), also those cut by a stop
     return {"tokens_per_s": toks / secs, "nfe": sum(r["nfe"] for r in results) / max(len(results), 1),
-            "tokens_per_step": sum(r["committed"] for r in results) / steps, "generated_tokens": toks}
+            "tokens_per_step": sum(r["committed"] for r in results) / steps, "generated_tokens": toks,
+            "forwards": forwards, "ms_per_forward": 1e3 * secs / max(forwards, 1)}
 
 
 def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,

@@ -9,7 +9,7 @@ def _pt(objective, acc, tps, tstep=1.0, **kw):
     return {"method": F.method_label({"objective": objective, **kw}), "objective": objective, "D": kw.get("D"),
             "block_size": kw.get("block_size"), "fim_rate": kw.get("fim_rate"), "window": kw.get("window"),
             "tau": kw.get("tau", 1e6), "accuracy": acc, "step_accuracy": acc, "copy_accuracy": acc, "tokens_per_s": tps,
-            "tokens_per_step": tstep}
+            "tokens_per_step": tstep, "forwards": 64 / tstep, "ms_per_forward": 1e3 / tps}
 
 
 def test_aggregate_means_and_spreads_over_seeds():
@@ -58,13 +58,14 @@ def test_claims_hold_and_fail_on_the_seed_means():
     assert got["AR math (arithmetic) exact mat"]["holds"]                          # 0.5 >= 0.4
     speed = got["SetDLM reaches BD3LM's best ma"]
     assert speed["holds"] and "2.50x" in speed["value"]                            # 500 / 200 tok/s
+    assert "W=4, tau 0.9; 2.40 tok/step, 27 forwards of 2.00 ms" in speed["value"]   # where the time goes
     assert got["quests infill: SetDLM (best of"]["holds"]                          # FIM 0.70 - 0.45 >= 0.20
     assert got["quests infill: SetDLM beats le"]["holds"]                          # 0.70 - 0.10 >= 0.30
     assert got["SetDLM D=4 at tau 0.9: >= 2 to"]["holds"]                          # W=4: 2.4 tok/step, -1 point
     frontier[3]["accuracy"] = 0.20                                                  # now 12 points below 1e6
     got = {c["claim"][:30]: c for c in claims({"frontier": frontier, "infill_means": infill})}
     assert not got["SetDLM D=4 at tau 0.9: >= 2 to"]["holds"]
-    assert got["SetDLM reaches BD3LM's best ma"]["value"].endswith("(1.30x)")      # 260 tok/s at 0.30
+    assert "SetDLM 260 tok/s (1.30x;" in got["SetDLM reaches BD3LM's best ma"]["value"]   # 260 tok/s at 0.30
     infill[0]["exact_match"] = 0.5
     got = {c["claim"][:30]: c for c in claims({"frontier": frontier, "infill_means": infill})}
     assert not got["quests infill: SetDLM (best of"]["holds"] and got["quests infill: SetDLM beats le"]["holds"]
