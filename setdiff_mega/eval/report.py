@@ -53,7 +53,8 @@ def machine_meta(command: str, wall: float, train_wall: float, from_scratch: flo
             "wall_s": round(wall, 1), "train_wall_s": round(train_wall, 1), "from_scratch_s": round(from_scratch, 1),
             "models_reused": reused, "train_steps": rc.train_steps, "study_steps": rc.study_steps,
             "seeds": rc.seeds, "taus": rc.taus, "limit": rc.limit, "infill_limit": rc.infill_limit,
-            "base_config": rc.base_config, "overrides": rc.overrides, "engine": rc.engine}
+            "base_config": rc.base_config, "overrides": rc.overrides, "engine": rc.engine,
+            "batch_size": rc.batch_size}
 
 
 def _plt():
@@ -64,10 +65,10 @@ def _plt():
     return plt
 
 
-def plot_frontier(frontier: list[dict], path: Path) -> Path:
+def plot_frontier(frontier: list[dict], path: Path, batch_size: int = 1) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), dpi=120)
-    for ax, x, name in ((axes[0], "tokens_per_s", "decoding tokens/s (batch 8)"),
+    for ax, x, name in ((axes[0], "tokens_per_s", f"decoding tokens/s (batch {batch_size})"),
                         (axes[1], "tokens_per_step", "tokens per step (parallelism)")):
         for label in dict.fromkeys(p["method"] for p in frontier):
             sel = sorted((p for p in frontier if p["method"] == label), key=lambda p: p[x])
@@ -132,7 +133,7 @@ def write_assets(results: dict, main: list[dict], study: list[dict], assets: Pat
              **({"study.csv": results["study"]} if results["study"] else {}), "claims.csv": results["claims"]}
     for name, rows in files.items():
         write_csv([{k: v for k, v in r.items() if k != "example"} for r in rows], assets / name)
-    plot_frontier(frontier, assets / "frontier.png")
+    plot_frontier(frontier, assets / "frontier.png", results["meta"].get("batch_size", 8))
     plot_infill(infill, assets / "infill.png")
     plot_curves(main, study, assets / "curves.png")
     return {"dir": assets, "names": [*files, "frontier.png", "infill.png", "curves.png"]}
@@ -198,9 +199,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
         lines += ["", "(per seed; train loss logged every 10 steps)"]
     else:
         lines += ["", "Head study: not run (`--study`); its last measurement is quoted below the section."]
-    lines += ["", "### Arithmetic: accuracy against decoding speed (seed means ± sd; greedy; batch 8; forwards: "
-              "batched model calls over all problems, prefill included; a batch runs until its slowest row is done)",
-              ""]
+    lines += ["", f"### Arithmetic: accuracy against decoding speed (seed means ± sd; greedy; batch "
+              f"{m.get('batch_size', 8)}; forwards: model calls over all problems, prefills included)", ""]
     lines += _table(["method", "W", "tau", "exact match", "step accuracy", "operand copied", "tokens/s",
                      "tokens/step", "forwards", "ms/forward"],
                     [[r["method"], _f(r["window"]), _f(r["tau"], 1) if r["tau"] < 100 else "1e6", _pm(r, "accuracy"),

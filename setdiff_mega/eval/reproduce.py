@@ -72,7 +72,7 @@ class ReproConfig:
     limit: int = 64                           # arithmetic problems per point
     infill_limit: int = 64                    # stories / quests per infilling row
     max_new_tokens: int = 64
-    batch_size: int = 8
+    batch_size: int = 1                       # the reference's decoding batch (method.md 11): tokens/s per request
     likelihood_sequences: int = 128
     orders: int = 4
     tasks: str = "data/embedded/tasks"
