@@ -78,28 +78,46 @@ def layout_state() -> dict:
     return {"world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
             "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+            "context_parallel_size": ps.get_context_parallel_world_size(),
             "data_parallel_size": ps.get_data_parallel_world_size()}
 
 
 def staged_save(save_dir: str | Path, step: int, write_shards, config, tokenizer, state: dict,
-                keep_last: int) -> Path:
+                keep_last: int, async_queue=None) -> Path:
     """Collective save protocol: rank 0 prepares ``step_N.tmp/``, every rank runs ``write_shards(tmp)``,
-    then rank 0 adds config and tokenizer and publishes (state.json with the layout last)."""
+    then rank 0 adds config and tokenizer and publishes (state.json with the layout last).
+
+    With ``async_queue`` (megatron-core's ``AsyncCallsQueue``), ``write_shards`` returns the shards'
+    AsyncRequest: it is scheduled and the publication becomes its last finalize step, run on every rank
+    by ``async_queue.maybe_finalize_async_calls`` once every rank's writer is done. Until then only the
+    staging directory exists, so a crash never publishes a partial checkpoint. Returns the path the
+    checkpoint has (or will have once published)."""
     from setdiff_mega.config import dump_yaml
 
     tmp = prepare_staging(save_dir, step) if _rank() == 0 else staging_dir(save_dir, step)
     _barrier()
     with _write_errors(tmp, step):
-        write_shards(tmp)
-    _barrier()
+        request = write_shards(tmp)
     final = tmp.with_name(tmp.name[: -len(".tmp")])
-    if _rank() == 0:
-        with _write_errors(tmp, step):
-            dump_yaml(config, tmp / "config.yaml")
-            tokenizer.save(tmp / "tokenizer.json")
-            final = publish(tmp, {"step": step, **layout_state(), **state}, keep_last=keep_last,
-                            checksums=config.train.checkpoint_checksums)
-    _barrier()
+    layout = layout_state()
+
+    def finish() -> None:
+        _barrier()
+        if _rank() == 0:
+            with _write_errors(tmp, step):
+                dump_yaml(config, tmp / "config.yaml")
+                tokenizer.save(tmp / "tokenizer.json")
+                publish(tmp, {"step": step, **layout, **state}, keep_last=keep_last,
+                        checksums=config.train.checkpoint_checksums)
+        _barrier()
+
+    if async_queue is None or request is None:
+        if request is not None:
+            request.execute_sync()
+        finish()
+    else:
+        request.add_finalize_fn(finish)
+        async_queue.schedule_async_request(request)
     return final
 
 

@@ -153,8 +153,11 @@ def start_writer_service() -> None:
     fa._results_queue = manager.Queue()               # the proxy keeps the manager alive
 
 
-def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, ema=None) -> None:
-    """Collective: write ``model`` (and ``optimizer``, and the weights' EMA) shards of every rank into ``path``."""
+def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, ema=None,
+                 asynchronous: bool = False):
+    """Collective: write ``model`` (and ``optimizer``, and the weights' EMA) shards of every rank into ``path``.
+    ``asynchronous``: return megatron-core's AsyncRequest instead (nothing written yet; scheduled on an
+    ``AsyncCallsQueue``, its writer process forks with a snapshot of the tensors, so training may go on)."""
     from megatron.core import dist_checkpointing
 
     path.mkdir(parents=True, exist_ok=True)
@@ -163,7 +166,7 @@ def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
         ssd["optimizer"] = optimizer_sharded_state_dict(optimizer, ssd["model"])
     if ema is not None:
         ssd["ema"] = ema.sharded_state_dict()[0]
-    dist_checkpointing.save(ssd, str(path))
+    return dist_checkpointing.save(ssd, str(path), async_sharded_save=asynchronous)
 
 
 def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, weights: str = "raw") -> None:

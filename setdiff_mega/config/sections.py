@@ -43,6 +43,11 @@ class ModelConfig:
     transformer_impl: str = "auto"               # auto | local | transformer_engine
     fp8: str = "none"                            # none | te (Transformer Engine) | torchao (float8 linears, TP=1)
     fp8_recipe: str = "tensorwise"               # tensorwise (current scaling) | delayed (te) | rowwise (torchao)
+    recompute_granularity: Optional[str] = None  # activation recomputation (megatron-core): None | selective (core
+                                                 # attention) | full (whole layers, with recompute_method)
+    recompute_method: Optional[str] = None       # full: uniform (every recompute_num_layers layers one unit) |
+                                                 # block (the first recompute_num_layers layers of each stage)
+    recompute_num_layers: Optional[int] = None
 
     @property
     def query_groups(self) -> int:
@@ -52,6 +57,25 @@ class ModelConfig:
     @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    def _check_recompute(self) -> None:
+        g, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        if g is None:
+            if method is not None or n is not None:
+                raise ConfigError("model.recompute_method / recompute_num_layers need model.recompute_granularity=full")
+            return
+        _choice(g, ("selective", "full"), "model.recompute_granularity")
+        if g == "selective":
+            if method is not None or n is not None:
+                raise ConfigError("model.recompute_granularity=selective recomputes the core attention of every "
+                                  "layer: remove model.recompute_method and model.recompute_num_layers")
+            return
+        if method is None:
+            raise ConfigError("model.recompute_granularity=full needs model.recompute_method=uniform|block")
+        _choice(method, ("uniform", "block"), "model.recompute_method")
+        if n is None or not 1 <= n <= self.num_layers:
+            raise ConfigError(f"model.recompute_granularity=full needs model.recompute_num_layers between 1 and "
+                              f"model.num_layers={self.num_layers} (got {n})")
 
     def check(self, tensor_parallel: int = 1) -> None:
         """This section's own checks (ConfigError naming the field and the fix)."""
@@ -74,6 +98,7 @@ class ModelConfig:
                               "model.fp8=te (Transformer Engine) for tensor parallelism")
         _at_least_one(("model.num_layers", self.num_layers), ("model.hidden_size", self.hidden_size),
                       ("model.num_attention_heads", self.num_attention_heads))
+        self._check_recompute()
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by model.num_attention_heads="
                               f"{self.num_attention_heads}; pick a head count that divides the hidden size")
@@ -171,6 +196,8 @@ class TrainConfig:
     save_interval: int = 0                       # 0 = save only at the end (and on SIGTERM / SIGUSR1)
     keep_last: int = 2                           # complete checkpoints kept (0 = all)
     checkpoint_checksums: bool = True            # SHA-256 of every checkpoint file, verified on load
+    async_save: bool = False                     # periodic saves written by forked writers while training goes on
+                                                 # (megatron-core's async save; published when every rank is done)
     resume: str = "auto"                         # auto (newest complete checkpoint in save_dir) | none | a path
     resume_optimizer: bool = True                # false: resume weights + data position, fresh optimizer
     exit_on_signal: bool = True                  # SIGTERM / SIGUSR1: save at the end of the step and stop
@@ -211,6 +238,7 @@ class LoggingConfig:
     run_name: Optional[str] = None
     progress: bool = True                        # tqdm progress bar
     jsonl: bool = True                           # metrics.jsonl in save_dir
+    tensorboard: bool = False                    # TensorBoard event files in save_dir/tensorboard
 
     def check(self) -> None:
         _choice(self.wandb, ("offline", "online", "disabled"), "logging.wandb")
@@ -223,7 +251,8 @@ class ParallelConfig:
     virtual_pipeline_model_parallel_size: Optional[int] = None   # V >= 2: V model chunks per stage,
                                                  # interleaved 1F1B (smaller pipeline bubble)
     sequence_parallel: bool = False              # SP (needs TP > 1): norms / dropout on sequence shards
-                                                 # DP = world size / (TP * PP), from the launcher
+    context_parallel_size: int = 1               # CP: every stream of a sample split over CP ranks
+                                                 # (parallel/context.py); DP = world / (TP * CP * PP)
 
 
 @dataclass
@@ -292,6 +321,11 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
     if m.num_layers % pp:
         raise ConfigError(f"PP={pp} does not divide model.num_layers={m.num_layers} into equal stages")
     vp = p.virtual_pipeline_model_parallel_size
+    per_stage = m.num_layers // (pp * (vp or 1))
+    if m.recompute_method == "block" and (m.recompute_num_layers or 0) > per_stage:
+        raise ConfigError(f"model.recompute_method=block recomputes the first recompute_num_layers="
+                          f"{m.recompute_num_layers} layers of each model chunk, which has {per_stage}: choose at most "
+                          f"{per_stage}")
     if vp is not None:
         tc = cfg.train
         if vp < 2 or pp < 2:
@@ -311,14 +345,39 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
                           f"must be >= 0 (0 = keep all / save only at the end)")
     if not 0 <= cfg.train.zero_stage <= 3:
         raise ConfigError(f"train.zero_stage={cfg.train.zero_stage} must be 0 (off), 1, 2 or 3")
+    if cfg.train.async_save and cfg.train.zero_stage > 0:
+        raise ConfigError(f"train.async_save writes megatron-core shards; DeepSpeed ZeRO (train.zero_stage="
+                          f"{cfg.train.zero_stage}) saves its own state synchronously: use train.async_save=false")
     if pp > 1 and cfg.train.zero_stage > 0:
         raise ConfigError(f"DeepSpeed ZeRO (train.zero_stage={cfg.train.zero_stage}) is not supported together with "
                           f"PP={pp} (megatron-core's pipeline schedule drives the model); use PP=1 or zero_stage=0")
     if pp > 1 and m.tie_embeddings:
         raise ConfigError(f"model.tie_embeddings needs the embedding and the head on one stage; PP={pp} splits them")
-    if world_size is not None and world_size % (tp * pp):
-        raise ConfigError(f"world size {world_size} is not divisible by TP*PP = {tp}*{pp} = {tp * pp}; "
-                          f"launch a multiple of {tp * pp} processes")
+    cp = p.context_parallel_size
+    if cp != 1:
+        _check_context_parallel(cfg, cp)
+    if world_size is not None and world_size % (tp * cp * pp):
+        raise ConfigError(f"world size {world_size} is not divisible by TP*CP*PP = {tp}*{cp}*{pp} = {tp * cp * pp}; "
+                          f"launch a multiple of {tp * cp * pp} processes")
+
+
+def _check_context_parallel(cfg: RunConfig, cp: int) -> None:
+    """CP sizes against the sequence, the attention backend and the other features."""
+    L, m = cfg.data.seq_length, cfg.model
+    if cp < 1:
+        raise ConfigError(f"parallel.context_parallel_size={cp} must be >= 1")
+    if L % (2 * cp):
+        raise ConfigError(f"context parallelism cuts every stream into 2 x CP = {2 * cp} chunks: data.seq_length={L} "
+                          f"must be a multiple of {2 * cp}")
+    if m.attention_backend != "sdpa":
+        raise ConfigError(f"parallel.context_parallel_size={cp} needs the dense-mask core attention "
+                          f"(model.attention_backend=sdpa); model.attention_backend={m.attention_backend} does not "
+                          f"gather keys over the CP group")
+    if cfg.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel together with context parallelism is not supported; use one")
+    if cfg.train.zero_stage > 0:
+        raise ConfigError(f"DeepSpeed ZeRO (train.zero_stage={cfg.train.zero_stage}) is not supported together with "
+                          f"context parallelism (CP={cp}); use zero_stage=0 (DDP over DP x CP)")
 
 
 __all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig",

@@ -53,6 +53,7 @@ class ModelInputs:
     weights: Optional[torch.Tensor] = None   # [B, N] float, per-token weights (ELBO mode)
     extras: dict = field(default_factory=dict)  # perm, t, ... (for inspection and tests)
     attention_pattern: Optional[M.MaskPattern] = None   # the mask's structure (kernels may skip the mask)
+    denominators: Optional[dict] = None   # a shard's full-sequence counts {rows [B], total, targets} (CP)
 
     def model_kwargs(self) -> dict:
         """Keyword arguments of the model's forward."""
@@ -122,14 +123,14 @@ class Objective(abc.ABC):
         m = inputs.loss_mask.to(nll.dtype)
         w = m if inputs.weights is None else m * inputs.weights.to(nll.dtype)
         per_tok = nll * w
+        den = inputs.denominators or {}        # a context-parallel shard divides by the full sequence's counts
         if self.normalization == "sequence":
-            count = m.sum(-1)
-            per_seq = per_tok.sum(-1) / count.clamp(min=1.0)
+            per_seq = per_tok.sum(-1) / den.get("rows", m.sum(-1)).clamp(min=1.0)
             loss = per_seq.mean()
         elif inputs.weights is not None:  # NELBO: weighted masked NLL over all target tokens
-            loss = per_tok.sum() / inputs.extras["num_targets"].clamp(min=1)
+            loss = per_tok.sum() / den.get("targets", inputs.extras["num_targets"]).clamp(min=1)
         else:
-            loss = per_tok.sum() / m.sum().clamp(min=1.0)
+            loss = per_tok.sum() / den.get("total", m.sum()).clamp(min=1.0)
         count = m.detach().sum()
         if inputs.weights is not None and self.normalization == "token":
             count = inputs.extras["num_targets"].to(count.dtype)   # NELBO is per target token
@@ -175,7 +176,8 @@ class MDLMObjective(Objective):
             weights = self.schedule.elbo_weight(t)[:, None].float().expand(B, L)
         return ModelInputs(tokens=xt, position_ids=torch.arange(L, device=dev).expand(B, L),
                            attention_mask=mask, logits_start=0, targets=tokens, loss_mask=masked,
-                           weights=weights, extras={"t": t, "num_targets": target.sum()}, attention_pattern=pattern)
+                           weights=weights, extras={"t": t, "num_targets": target.sum(), "target_rows": target},
+                           attention_pattern=pattern)
 
 
 class BD3LMObjective(Objective):
@@ -227,7 +229,8 @@ class BD3LMObjective(Objective):
             weights = self.schedule.elbo_weight(tb).float()
         return ModelInputs(tokens=torch.cat([tokens, xt], 1), position_ids=pos, attention_mask=mask,
                            logits_start=L, targets=tokens, loss_mask=masked, weights=weights,
-                           extras={"t": t, "num_targets": target.sum()}, attention_pattern=pattern)
+                           extras={"t": t, "num_targets": target.sum(), "target_rows": target},
+                           attention_pattern=pattern)
 
 
 class SetDLMObjective(Objective):

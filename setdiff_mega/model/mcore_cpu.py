@@ -15,6 +15,10 @@ megatron-core assumes CUDA in a handful of places. On a CPU-only torch build it 
    an fp32 input and fails. Their forward now records the CPU autocast state and their backward runs under
    it, which is what ``custom_bwd`` does on GPUs (``train.precision=bf16`` on CPU).
 
+6. Activation recomputation (``tensor_parallel.checkpoint``) saves and restores the "CUDA" RNG state next
+   to the CPU one: on CPU that state is the CPU generator's (restored with it), so recomputed dropout
+   draws the same numbers.
+
 Never applied on a GPU machine. :func:`check_targets` fails loudly if an mcore upgrade moves the
 patched symbols, so the shim cannot silently stop working.
 """
@@ -54,8 +58,8 @@ def check_targets() -> None:
     import megatron.core
     from megatron.core.tensor_parallel import random as mrandom
 
-    missing = [n for n in ("CudaRNGStatesTracker", "_MODEL_PARALLEL_RNG_TRACKER_NAME", "get_cuda_rng_tracker")
-               if not hasattr(mrandom, n)]
+    missing = [n for n in ("CudaRNGStatesTracker", "_MODEL_PARALLEL_RNG_TRACKER_NAME", "get_cuda_rng_tracker",
+                           "_get_cuda_rng_state", "_set_cuda_rng_state") if not hasattr(mrandom, n)]
     if missing:
         raise RuntimeError(
             f"setdiff_mega's CPU shim targets megatron-core {SUPPORTED_MCORE}, but "
@@ -111,6 +115,8 @@ def apply() -> bool:
         if hasattr(mrandom, "_CUDA_RNG_STATE_TRACKER"):
             mrandom._CUDA_RNG_STATE_TRACKER = None
             mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+        mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+        mrandom._set_cuda_rng_state = lambda *a, **k: None      # the CPU state is set next to it
         torch.cuda.current_device = lambda: "cpu"
         torch.cuda.manual_seed = lambda seed: None
         torch.cuda.manual_seed_all = lambda seed: None

@@ -66,6 +66,8 @@ def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
         virtual_pipeline_model_parallel_size=vp,
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        recompute_granularity=mc.recompute_granularity, recompute_method=mc.recompute_method,
+        recompute_num_layers=mc.recompute_num_layers,
         **({"fp8": "hybrid", "fp8_recipe": mc.fp8_recipe} if getattr(mc, "fp8", "none") == "te" else {}),
     )
 

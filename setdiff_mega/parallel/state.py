@@ -6,7 +6,8 @@ recognised from their environment (:func:`discover_launcher_env`): torchrun and 
 (``RANK / WORLD_SIZE / LOCAL_RANK``), MPI (MPICH / Hydra ``PMI_RANK / PMI_SIZE / MPI_LOCALRANKID``, Open
 MPI ``OMPI_COMM_WORLD_*``) and Slurm (``SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID``); ``MASTER_ADDR``
 defaults to 127.0.0.1 and ``MASTER_PORT`` to 29500. Backend: gloo on CPU, nccl on GPU.
-Layout: world = TP x PP x DP (checked before any group is built).
+Layout: world = TP x CP x PP x DP (checked before any group is built; megatron-core's rank order
+tp-cp-ep-dp-pp).
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def discover_launcher_env(env=None) -> dict | None:
 
 def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
                seed: int = 1234, backend: str | None = None,
-               virtual_pipeline_model_parallel_size: int | None = None) -> DistributedEnv:
+               virtual_pipeline_model_parallel_size: int | None = None,
+               context_parallel_size: int = 1) -> DistributedEnv:
     """Initialise torch.distributed (if needed), mcore parallel state and the model-parallel RNG."""
     from setdiff_mega.model import mcore_cpu
 
@@ -77,12 +79,13 @@ def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size
             dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1)
     world = dist.get_world_size()
-    tp, pp = int(tensor_model_parallel_size), int(pipeline_model_parallel_size)
-    if world % (tp * pp):
-        raise ValueError(f"world size {world} is not divisible by TP*PP = {tp}*{pp} = {tp * pp}")
+    tp, pp, cp = int(tensor_model_parallel_size), int(pipeline_model_parallel_size), int(context_parallel_size)
+    if world % (tp * cp * pp):
+        raise ValueError(f"world size {world} is not divisible by TP*CP*PP = {tp}*{cp}*{pp} = {tp * cp * pp}")
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size)
+                                     virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+                                     context_parallel_size=cp)
     model_parallel_cuda_manual_seed(seed)
     return DistributedEnv(rank=dist.get_rank(), world_size=world,
                           local_rank=int(os.environ.get("LOCAL_RANK", 0)), backend=backend)

@@ -165,6 +165,29 @@ class Checkpointer:
         self.save_dir = Path(cfg.train.save_dir)
         self.zero = cfg.train.zero_stage
         start_writer_service()
+        self.async_queue = None
+        if cfg.train.async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self.async_queue = AsyncCallsQueue()      # one forked writer per save: a snapshot of the tensors
+        self._in_flight: dict = {}                    # async call index -> (step, checkpoint path)
+
+    def poll(self, step: int) -> None:
+        """After training ``step``: publish the asynchronous saves whose writers are done on every rank
+        (collective; one small all-reduce while a save is in flight)."""
+        if self.async_queue is not None and self.async_queue.get_num_unfinalized_calls():
+            self._published(self.async_queue.maybe_finalize_async_calls(blocking=False), step)
+
+    def wait(self, step: int | None = None) -> None:
+        """Block until every scheduled save is written and published (collective)."""
+        if self.async_queue is not None:
+            self._published(self.async_queue.maybe_finalize_async_calls(blocking=True), step)
+
+    def _published(self, calls: list, step: int | None) -> None:
+        for idx in calls:
+            saved, path = self._in_flight.pop(idx)
+            later = "" if step is None else f", {step - saved} training step(s) after it was scheduled"
+            self.log(f"published {path} (written asynchronously{later})")
 
     def due(self, step: int) -> bool:
         """A periodic save after ``step`` (``train.save_interval``; the last step always saves in _finish)."""
@@ -181,21 +204,31 @@ class Checkpointer:
 
         rank, _ = _world()
 
-        def write_shards(tmp: Path) -> None:
-            if self.engine is None:
-                save_sharded(tmp / "dist", self.model, self.optimizer, self.ema)
-            else:
-                self._save_zero(tmp)
+        def write_shards(tmp: Path):
             (tmp / "rng").mkdir(exist_ok=True)
             torch.save(rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
+            request = None
+            if self.engine is None:
+                request = save_sharded(tmp / "dist", self.model, self.optimizer, self.ema,
+                                       asynchronous=self.async_queue is not None)
+            else:
+                self._save_zero(tmp)
             if os.environ.get(FAULT_ENV, "") == f"kill_in_save:{step}":
+                if request is not None:                  # a writer in flight: let it start, then crash
+                    self.async_queue.schedule_async_request(request)
                 _die()                               # simulated crash: shards written, never published
+            return request
 
         tc = self.cfg.train
         state = {"kind": "training", "consumed_samples": consumed, **metrics, "optimizer": self.optimizer_kind,
                  "zero_stage": self.zero, "seed": tc.seed,
                  "global_batch_samples": tc.global_batch(ps.get_data_parallel_world_size())}
-        return staged_save(self.save_dir, step, write_shards, self.cfg, self.tok, state, tc.keep_last)
+        self.wait(step)                                  # one save in flight at a time
+        path = staged_save(self.save_dir, step, write_shards, self.cfg, self.tok, state, tc.keep_last,
+                           self.async_queue)
+        if self.async_queue is not None:
+            self._in_flight[self.async_queue.call_idx] = (step, path)
+        return path
 
     def _save_zero(self, tmp: Path) -> None:
         from setdiff_mega.parallel.zero import import_deepspeed

@@ -1,4 +1,6 @@
-"""Metric sinks: console (tqdm), metrics.jsonl, wandb (offline by default) and the loss-curve PNG."""
+"""Metric sinks: console (tqdm), metrics.jsonl, wandb (offline by default), TensorBoard event files
+(``logging.tensorboard``, in ``<save_dir>/tensorboard``) and the loss-curve PNG; and the peak memory of a
+rank (:func:`peak_memory_bytes`: CUDA max allocated on a GPU, the process's peak RSS on CPU)."""
 from __future__ import annotations
 
 import json
@@ -20,6 +22,7 @@ class MetricLogger:
         self.jsonl = None
         self.bar = None
         self.wandb_run = None
+        self.tb = None
         if not enabled:
             return
         save_dir.mkdir(parents=True, exist_ok=True)
@@ -39,6 +42,10 @@ class MetricLogger:
                                             dir=str(save_dir), config=config_dict, reinit="finish_previous")
             except Exception as e:  # never let experiment tracking kill a training run
                 self.write(f"wandb disabled ({type(e).__name__}: {e})")
+        if getattr(lc, "tensorboard", False):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(save_dir / "tensorboard"), purge_step=resume_step)
 
     def write(self, line: str) -> None:
         if not self.enabled:
@@ -60,6 +67,11 @@ class MetricLogger:
             self.jsonl.flush()
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
+        if self.tb is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
 
     def advance(self, n: int = 1, postfix: dict | None = None) -> None:
         if self.bar is not None:
@@ -74,6 +86,19 @@ class MetricLogger:
             self.jsonl.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def peak_memory_bytes() -> int:
+    """This process's peak memory: CUDA max allocated on a GPU, else the peak resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024      # Linux reports KiB
 
 
 def truncate_metrics(path: Path, step: int) -> list[dict]:
@@ -122,4 +147,4 @@ def plot_loss_curve(history: list[dict], path: Path, title: str = "") -> Path | 
     return path
 
 
-__all__ = ["MetricLogger", "plot_loss_curve", "truncate_metrics"]
+__all__ = ["MetricLogger", "plot_loss_curve", "truncate_metrics", "peak_memory_bytes"]

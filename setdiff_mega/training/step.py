@@ -24,10 +24,38 @@ from setdiff_mega.diffusion import build_inputs_per_sample
 from .guard import TrainingError
 
 
+def cp_shard(objective, inp):
+    """This context-parallel rank's shard of a micro-batch's inputs (``inp`` itself without CP)."""
+    from setdiff_mega import methods
+    from setdiff_mega.parallel.context import shard_for_rank
+
+    return shard_for_rank(inp, methods.get(objective.name).streams)
+
+
+def _cp_group():
+    """(CP size, CP group or None)."""
+    from megatron.core import parallel_state as ps
+
+    cp = ps.get_context_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    return cp, (ps.get_context_parallel_group() if cp > 1 else None)
+
+
+def _sum_over_cp(value: float) -> float:
+    """A context-parallel shard's partial loss -> the micro-batch's loss (the shards' losses add up)."""
+    cp, group = _cp_group()
+    if cp == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return t.item()
+
+
 def micro_batch_loss(model, objective, inp, autocast=contextlib.nullcontext):
     """The one micro-batch computation every path shares (training, validation, ZeRO, and the pipeline
     schedule's last stage through :func:`_schedule_run`): logits = model(inputs), then the objective's
-    loss; returns (loss, stats)."""
+    loss; returns (loss, stats). Under context parallelism the inputs are this rank's shard and the loss
+    and statistics its part of the micro-batch's (they sum over the CP group)."""
+    inp = cp_shard(objective, inp)
     with autocast():
         return objective.loss(model(**inp.model_kwargs()), inp)
 
@@ -39,17 +67,21 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast):
     from setdiff_mega.model import mcore_cpu
     from setdiff_mega.model.transformer import model_chunks
 
+    cp, cp_group = _cp_group()
+    micro = [cp_shard(objective, inp) for inp in micro]
+
     def forward_step(data_iterator, model):
         inp = next(data_iterator)
         out = model(**inp.model_kwargs())
 
         def loss_func(output):
             loss, st = objective.loss(output, inp)
-            # clone: the schedule divides the returned loss by the micro-batch count in place
+            # clone: the schedule scales the returned loss in place (by CP / micro-batches: the gradients are
+            # averaged over DP x CP ranks, the CP shards' losses add up)
             return loss, {"loss": loss.detach().clone(), "nll_sum": st["nll_sum"], "num_tokens": st["num_tokens"]}
         return out, loss_func
 
-    T, B = micro[0].tokens.shape[1], micro[0].tokens.shape[0]
+    T, B = micro[0].tokens.shape[1] * cp, micro[0].tokens.shape[0]      # the schedule divides T by CP itself
     chunks = model_chunks(model)
     # interleaved: every chunk consumes the micro-batches in order from its own iterator
     data = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
@@ -63,6 +95,8 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast):
         stats[1] = sum(float(x["nll_sum"]) for x in out)
         stats[2] = sum(float(x["num_tokens"]) for x in out)
     dist.all_reduce(stats, group=ps.get_pipeline_model_parallel_group())   # only the last stage is non-zero
+    if cp > 1:
+        dist.all_reduce(stats, group=cp_group)                              # the CP shards' parts
     return stats
 
 
@@ -72,14 +106,14 @@ def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
 
     if ps.get_pipeline_model_parallel_world_size() > 1:
         return float(_schedule_run(model, objective, micro, False, autocast)[0])
-    total = 0.0
+    total, cp = 0.0, _cp_group()[0]
     for i, inp in enumerate(micro):
         sync = ddp is model or i == len(micro) - 1
         with contextlib.nullcontext() if sync else ddp.no_sync():
             loss, _ = micro_batch_loss(ddp, objective, inp, autocast)
-            (loss / len(micro)).backward()
+            (loss * (cp / len(micro))).backward()        # averaged over DP x CP, the CP parts add up
         total += loss.item() / len(micro)
-    return total
+    return _sum_over_cp(total)
 
 
 @torch.no_grad()
@@ -94,7 +128,7 @@ def evaluate_batch(model, objective, micro: list, autocast) -> tuple[float, floa
     for inp in micro:
         _, st = micro_batch_loss(model, objective, inp, autocast)
         nll, n = nll + float(st["nll_sum"]), n + float(st["num_tokens"])
-    return nll, n
+    return _sum_over_cp(nll), _sum_over_cp(n)
 
 
 def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:
@@ -110,11 +144,13 @@ def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:
 
 
 def allreduce_dp_grads(model) -> None:
-    """Average gradients over the data-parallel group (used when DDP does not wrap the model)."""
+    """Average gradients over the data-parallel group, its context-parallel ranks included (used when DDP
+    does not wrap the model)."""
     from megatron.core import parallel_state as ps
 
-    _allreduce_grads([p.grad for p in model.parameters() if p.grad is not None], ps.get_data_parallel_group(),
-                     ps.get_data_parallel_world_size(), average=True)
+    _allreduce_grads([p.grad for p in model.parameters() if p.grad is not None],
+                     ps.get_data_parallel_group(with_context_parallel=True),
+                     ps.get_data_parallel_world_size(with_context_parallel=True), average=True)
 
 
 def allreduce_sequence_parallel_grads(model) -> None:

@@ -57,6 +57,20 @@ class TrainResult:
     final_val_loss_ema: float | None = None   # with train.ema_decay: the validation loss of the EMA weights
 
 
+def _memory_metrics() -> dict:
+    """Peak memory (GiB) of rank 0 and the largest over all ranks (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    from .loggers import peak_memory_bytes
+
+    own = peak_memory_bytes()
+    top = torch.tensor([float(own)], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    key = "cuda_max_allocated" if torch.cuda.is_available() else "peak_rss"
+    return {f"mem/{key}_gib": own / 2 ** 30, f"mem/{key}_gib_max_rank": float(top) / 2 ** 30}
+
+
 class Trainer:
     """One training run with seams, in the manner of torchtitan's ``Trainer``:
 
@@ -91,7 +105,8 @@ class Trainer:
             check_matches(p, info, self.vocab, tok if dc.check_tokenizer else None)
         validate_layout(cfg)                               # sizes against the model, before any process group
         self.env = initialize(pc.tensor_model_parallel_size, pc.pipeline_model_parallel_size, seed=tc.seed,
-                              virtual_pipeline_model_parallel_size=pc.virtual_pipeline_model_parallel_size)
+                              virtual_pipeline_model_parallel_size=pc.virtual_pipeline_model_parallel_size,
+                              context_parallel_size=pc.context_parallel_size)
         validate_layout(cfg, self.env.world_size)
         self.main = self.env.rank == 0
         self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
@@ -143,11 +158,12 @@ class Trainer:
 
             self.engine = zero_engine(model, self.optimizer, tc)
             self.optimizer = self.engine.optimizer
-        elif self.dp > 1 and self.pp == 1:
+        elif ps.get_data_parallel_world_size(with_context_parallel=True) > 1 and self.pp == 1:
             from torch.nn.parallel import DistributedDataParallel
 
+            # DP x CP ranks: the CP ranks of a replica hold the same weights and add up their gradients
             self.ddp = DistributedDataParallel(model, broadcast_buffers=False,
-                                               process_group=ps.get_data_parallel_group())
+                                               process_group=ps.get_data_parallel_group(with_context_parallel=True))
         self.ema = None
         if tc.ema_decay > 0:
             from .ema import EMA
@@ -174,7 +190,8 @@ class Trainer:
         self.log(f"model: {self.n_params / 1e6:.2f}M parameters, vocab {self.vocab} (padded "
                  f"{model.padded_vocab_size}); objective {self.objective.name}; L={L}; {len(self.train_ds)} train / "
                  f"{len(self.valid_ds)} valid samples; layout TP={cfg.parallel.tensor_model_parallel_size} "
-                 f"PP={self.pp} DP={self.dp}, {self.samples_per_step} samples per step")
+                 f"CP={cfg.parallel.context_parallel_size} PP={self.pp} DP={self.dp}, {self.samples_per_step} "
+                 f"samples per step")
         self.logger = MetricLogger(Path(tc.save_dir), tc.train_steps, self.start_step, cfg.logging, to_dict(cfg),
                                    enabled=self.main, resume_step=self.start_step if resumed is not None else None,
                                    log_interval=tc.log_interval)
@@ -256,6 +273,7 @@ class Trainer:
                 "perf/model_tflops_per_device": tflops}
         if self.peak:
             perf["perf/mfu"] = tflops * 1e12 / self.peak
+        perf.update(_memory_metrics())
         self.logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm), **perf,
                          "data/consumed_samples": self.consumed, **self.guard.metrics()}, done)
         self.tok_window = self.proc_window = 0
@@ -276,6 +294,7 @@ class Trainer:
             self.last_eval["ema_loss"] = ema_eval["loss"]
             self.logger.log({"val/ema_loss": ema_eval["loss"]}, tc.train_steps)
         self.ckpt = self.save(tc.train_steps)
+        self.checkpointer.wait(tc.train_steps)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -292,6 +311,7 @@ class Trainer:
                 for step in range(self.start_step, tc.train_steps):
                     total, gnorm, lr = self.train_step(step)
                     done = step + 1
+                    self.checkpointer.poll(done)              # publish finished asynchronous saves
                     if self.logger.due(done):
                         self._log_step(done, total, gnorm, lr, t_window)
                         t_window = time.perf_counter()
@@ -305,6 +325,7 @@ class Trainer:
                     stop_signal = signals.agreed()
                     if stop_signal is not None and done != tc.train_steps:
                         self.ckpt = self.save(done)
+                        self.checkpointer.wait(done)
                         logger.write(f"{stop_signal} received: saved step {done} to {self.ckpt}; stopping (resume "
                                      f"with train.resume=auto)")
                         break

@@ -56,6 +56,22 @@ def test_two_nodes_on_localhost_train_data_parallel(data_dir, tmp_path):
     assert "done:" not in outs[1][0] + outs[1][1]          # only rank 0 reports
 
 
+def test_torchrun_context_parallel_run(data_dir, tmp_path):
+    """CP = 2 under a real torchrun: both ranks read the same samples (DP = 1) and hold half of each stream."""
+    save = tmp_path / "run"
+    args = ["--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=6", f"data.path={data_dir / 'corpus'}",
+            f"train.save_dir={save}", "parallel.context_parallel_size=2"]
+    r = subprocess.run(["bash", "launch.sh", "--", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=_env(NNODES="1", NODE_RANK="0", NPROC_PER_NODE="2", MASTER_PORT=str(_port())))
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["final_val_loss"] < summary["initial_val_loss"]
+    state = json.loads((save / "checkpoints" / "step_0000006" / "state.json").read_text())
+    assert state["context_parallel_size"] == 2 and state["data_parallel_size"] == 1
+    assert state["consumed_samples"] == 6 * 4              # the CP ranks share every sample
+    assert "CP=2 PP=1 DP=1" in r.stdout + r.stderr
+
+
 def test_dry_run_commands_for_every_launcher():
     def cmd(*args, **env):
         r = subprocess.run(["bash", "launch.sh", "--dry-run", *args, "--", "x=1"], cwd=ROOT, env=_env(**env),

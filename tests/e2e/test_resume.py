@@ -3,6 +3,7 @@ or in the middle of a save, resumes from the last complete checkpoint, and its l
 uninterrupted run bit for bit. Also: SIGTERM saves and stops cleanly."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,3 +164,22 @@ def test_sigterm_saves_and_stops_then_resumes_exactly(data_dir, tmp_path, refere
     rc, out = _torchrun(_args(data_dir, save, ["train.save_interval=0"]), tmp_path / "logs")
     assert rc == 0, out[-3000:]
     assert _losses(save) == reference
+
+
+def test_async_saves_resume_exactly_and_a_kill_in_flight_publishes_nothing(data_dir, tmp_path, reference):
+    """train.async_save=true: rank 0 SIGKILLed right after its step-6 writers were scheduled leaves step 6
+    unpublished (step 3, saved asynchronously, is the newest complete one); resuming with async saves to the
+    end logs the uninterrupted synchronous run's losses bit for bit."""
+    save, logs, asy = tmp_path / "run", tmp_path / "logs", ["train.async_save=true"]
+    ck = save / "checkpoints"
+    rc, out = _torchrun(_args(data_dir, save, asy), logs, SETDIFF_MEGA_FAULT="kill_in_save:6")
+    assert rc != 0, out[-3000:]
+    assert not (ck / "step_0000006").exists() and (ck / "step_0000003" / "state.json").is_file()
+    rc, out = _torchrun(_args(data_dir, save, asy), logs)
+    assert rc == 0, out[-3000:]
+    assert "resumed from" in out and "step_0000003" in out
+    # training went on while step 9 was written: published after 1-3 further steps (the save at 12 waits)
+    assert re.search(r"step_0000009 \(written asynchronously, [123] training step\(s\) after it was scheduled", out)
+    assert _losses(save) == reference
+    assert (ck / "latest").read_text().strip() == f"step_{STEPS:07d}"
+    assert sorted(p.name for p in ck.glob("step_*")) == ["step_0000006", "step_0000009", "step_0000012"]

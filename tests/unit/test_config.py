@@ -77,12 +77,12 @@ def test_impossible_layouts_fail_with_the_sizes(overrides, pattern):
         load_config(ROOT / "configs/tiny_cpu.yaml", overrides)
 
 
-def test_world_size_must_be_a_multiple_of_tp_times_pp():
+def test_world_size_must_be_a_multiple_of_tp_cp_pp():
     from setdiff_mega.config import validate_layout
 
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml", ["parallel.pipeline_model_parallel_size=2"])
     validate_layout(cfg, world_size=4)
-    with pytest.raises(ConfigError, match=r"world size 3 is not divisible by TP\*PP = 1\*2 = 2"):
+    with pytest.raises(ConfigError, match=r"world size 3 is not divisible by TP\*CP\*PP = 1\*1\*2 = 2"):
         validate_layout(cfg, world_size=3)
 
 
@@ -94,6 +94,9 @@ def test_world_size_must_be_a_multiple_of_tp_times_pp():
      r"not supported with DeepSpeed ZeRO"),
     (["parallel.pipeline_model_parallel_size=2", "train.zero_stage=3"],
      r"ZeRO \(train.zero_stage=3\) is not supported together with PP=2"),
+    (["train.async_save=true", "train.zero_stage=2"], r"use train.async_save=false"),
+    (["model.recompute_granularity=full", "model.recompute_method=block", "model.recompute_num_layers=3",
+      "parallel.pipeline_model_parallel_size=2"], r"each model chunk, which has 2: choose at most 2"),
 ])
 def test_parallel_feature_conflicts(overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):

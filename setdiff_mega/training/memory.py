@@ -1,0 +1,118 @@
+"""Memory per rank of a training configuration and layout (``tools/estimate_memory.py``).
+
+Per rank, in bytes (b = micro-batch size, T = positions per sample of the objective, N = positions with
+logits, h = hidden size, f = MLP width, V = padded vocabulary, l = layers per pipeline stage):
+
+    parameters   P_rank = (body / PP + embedding and / or head of this stage) / TP      (largest stage)
+    weights      P_rank x w, w = 2 (train.precision=bf16: bf16 parameters) or 4; / DP under ZeRO-3
+    gradients    P_rank x w (/ DP under ZeRO >= 2)
+    AdamW        P_rank x 2w (m and v in the parameters' dtype; / DP under ZeRO >= 1)
+    EMA          4 bytes per parameter (train.ema_decay > 0)
+    activations  per micro-batch in flight (PP = 1: 1; 1F1B: min(PP, micro-batches) on the first stage):
+                 layers  l x a x b x T_loc x (6.5 h + (5 h + k f) / TP) (k = 2 GELU, 4 SwiGLU; the
+                         coefficients measured on this stack: the tensors autograd keeps for the backward,
+                         ``tests/unit/test_memory.py``), T_loc = T / CP (each stream padded to 2 CP chunks)
+                 mask    b|1 x T_loc x T bytes (bool; the dense mask; cached static mask: b = 1)
+                 head    N_loc x b x (4 V + 8 h) (the fp32 log-probabilities, the head input) + T_loc x b x 4h
+                 a = 2 bytes under bf16 autocast, 4 in fp32
+                 recomputation: full/uniform n keeps each unit's input (l / n x b T_loc h x a) plus one
+                 unit's activations during its backward; full/block n keeps the inputs of the n
+                 recomputed layers and the activations of the l - n others; selective (core attention)
+                 saves nothing on these kernels (the SDPA kernels keep no T x T tensor; q, k, v and the
+                 output are kept by the linear layers anyway), so it is counted as none
+
+The estimate ignores allocator fragmentation, communication buffers and the framework's own footprint
+(imports, CUDA context), which a measured peak includes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .flops import body_parameters, processed_positions
+
+GIB = 2 ** 30
+
+
+@dataclass
+class MemoryEstimate:
+    parameters: int               # this rank's (largest stage)
+    weights: float                # bytes
+    gradients: float
+    optimizer: float
+    ema: float
+    activations: float
+    activations_no_recompute: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.ema + self.activations
+
+    def table(self) -> list[tuple[str, float]]:
+        return [("weights", self.weights), ("gradients", self.gradients), ("optimizer (AdamW)", self.optimizer),
+                ("EMA", self.ema), ("activations", self.activations), ("total", self.total)]
+
+
+def rank_parameters(mc, padded_vocab: int, tp: int, pp: int) -> int:
+    """Parameters of the largest pipeline stage's rank (body split over PP, TP shards of everything)."""
+    h, v = mc.hidden_size, padded_vocab
+    body = body_parameters(mc) // pp
+    embed = v * h
+    head = 0 if mc.tie_embeddings else v * h + (v if mc.head_bias else 0)
+    final_norm = h * (2 if mc.normalization == "LayerNorm" else 1)
+    stages = [embed + head + final_norm] if pp == 1 else [embed, head + final_norm]
+    return (body + max(stages)) // tp
+
+
+def _layer_activations(mc, b: int, T_loc: int, tp: int, a: int) -> float:
+    k = 4 if mc.activation == "swiglu" else 2
+    return b * T_loc * (6.5 * mc.hidden_size + (5 * mc.hidden_size + k * mc.ffn_size) / tp) * a
+
+
+def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 1, cp: int = 1,
+                     padded_vocab: int = 0, precision: str = "fp32", recompute: bool = True,
+                     micro_batches: int = 1, split: bool = False):
+    """Activation bytes of one rank at the backward's peak (see the module docstring); ``recompute=False``
+    ignores the config's recomputation; ``split=True`` returns (kept after the forward, recomputation
+    workspace)."""
+    T, N = processed_positions(objective, L)
+    streams = max(1, round(T / N)) if N else 1
+    Ls = T // streams
+    Ls_p = -(-Ls // (2 * cp)) * 2 * cp
+    T_loc, N_loc = streams * Ls_p // cp, (N // Ls) * Ls_p // cp if Ls else 0
+    a = 2 if precision == "bf16" else 4
+    layers = mc.num_layers // pp
+    per_layer = _layer_activations(mc, b, T_loc, tp, a)
+    layer_input = b * T_loc * mc.hidden_size * a
+    g, n = (mc.recompute_granularity, mc.recompute_num_layers) if recompute else (None, None)
+    workspace = 0.0                      # a recomputed unit's activations, alive during its backward only
+    if g == "full" and mc.recompute_method == "uniform":
+        body, workspace = -(-layers // n) * layer_input, min(n, layers) * per_layer
+    elif g == "full":
+        body, workspace = min(n, layers) * layer_input + max(layers - n, 0) * per_layer, per_layer
+    else:
+        body = layers * per_layer
+    mask = T_loc * streams * Ls_p        # [1, T_loc, T'] bool
+    head = N_loc * b * (4 * padded_vocab + 8 * mc.hidden_size) + T_loc * b * 4 * mc.hidden_size
+    kept = min(pp, micro_batches) * body + mask + head
+    return (kept, workspace) if split else kept + workspace
+
+
+def estimate(cfg, padded_vocab: int, world_size: int | None = None) -> MemoryEstimate:
+    """Per-rank memory of a :class:`~setdiff_mega.config.RunConfig` (its layout; DP from ``world_size``)."""
+    mc, tc, p = cfg.model, cfg.train, cfg.parallel
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    dp = max(1, (world_size or tp * pp * cp) // (tp * pp * cp))
+    n = rank_parameters(mc, padded_vocab, tp, pp)
+    wb = 2 if tc.precision == "bf16" else 4
+    zero = tc.zero_stage
+    weights = n * wb / (dp if zero >= 3 else 1)
+    grads = n * wb / (dp if zero >= 2 else 1)
+    optim = n * 2 * wb / (dp if zero >= 1 else 1)
+    ema = 4.0 * n if tc.ema_decay > 0 else 0.0
+    args = (mc, cfg.objective.name, cfg.data.seq_length, tc.micro_batch_size, tp, pp, cp, padded_vocab, tc.precision)
+    act = {r: activation_bytes(*args, recompute=r, micro_batches=tc.grad_accum_steps) for r in (True, False)}
+    return MemoryEstimate(parameters=n, weights=weights, gradients=grads, optimizer=optim, ema=ema,
+                          activations=act[True], activations_no_recompute=act[False])
+
+
+__all__ = ["MemoryEstimate", "estimate", "activation_bytes", "rank_parameters", "GIB"]
