@@ -42,7 +42,7 @@ class MetricLogger:
                                             dir=str(save_dir), config=config_dict, reinit="finish_previous")
             except Exception as e:  # never let experiment tracking kill a training run
                 self.write(f"wandb disabled ({type(e).__name__}: {e})")
-        if getattr(lc, "tensorboard", False):
+        if lc.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(log_dir=str(save_dir / "tensorboard"), purge_step=resume_step)

@@ -1,11 +1,14 @@
-"""Forward / backward / gradient bookkeeping for any (TP, PP, DP) layout.
+"""Forward / backward / gradient bookkeeping for any (TP, CP, PP, DP) layout.
 
 * PP = 1: micro-batches run through the (optionally DDP-wrapped) model, loss / n_micro each.
 * PP > 1: megatron-core's pipeline schedule (1F1B, or interleaved 1F1B over the V model chunks of
   each rank when virtual stages are set) runs the micro-batches; losses live on the last stage and are
   broadcast over the pipeline group so every rank logs and checks the same number.
 * Gradients: DDP averages over the data-parallel group for PP = 1; for PP > 1 they are averaged here
-  with one flat all-reduce per step (:func:`allreduce_dp_grads`).
+  with one flat all-reduce per step (:func:`allreduce_dp_grads`). Both use the DP x CP group.
+* CP > 1 (:mod:`setdiff_mega.parallel.context`): every micro-batch is this rank's shard (:func:`cp_shard`);
+  its loss and statistics are this rank's part (they sum over the CP group), the backward uses loss x CP
+  (megatron-core's schedule does the same), and logged losses / validation sums add the CP parts.
 * Clipping (:func:`clip_grad_norm`): the global L2 norm sums squared gradients over every TP / PP shard,
   counting TP-replicated parameters (norms, row-parallel biases) once, so it equals the single-process norm.
 * Also the step-level helpers the trainer composes: :func:`evaluate` (layout-independent validation),
