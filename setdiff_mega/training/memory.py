@@ -12,7 +12,8 @@ logits, h = hidden size, f = MLP width, V = padded vocabulary, l = layers per pi
                  layers  l x a x b x T_loc x (6.5 h + (5 h + k f) / TP) (k = 2 GELU, 4 SwiGLU; the
                          coefficients measured on this stack: the tensors autograd keeps for the backward,
                          ``tests/unit/test_memory.py``), T_loc = T / CP (each stream padded to 2 CP chunks)
-                 mask    b|1 x T_loc x T bytes (bool; the dense mask; cached static mask: b = 1)
+                 mask    b|1 x T_loc x T bytes (bool; the dense mask; cached static mask: b = 1); under CP
+                         also the objective's full T x T mask, from which the slice is cut
                  head    N_loc x b x (4 V + 8 h) (the fp32 log-probabilities, the head input) + T_loc x b x 4h
                  a = 2 bytes under bf16 autocast, 4 in fp32
                  recomputation: full/uniform n keeps each unit's input (l / n x b T_loc h x a) plus one
@@ -73,7 +74,7 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
                      micro_batches: int = 1, split: bool = False):
     """Activation bytes of one rank at the backward's peak (see the module docstring); ``recompute=False``
     ignores the config's recomputation; ``split=True`` returns (kept after the forward, recomputation
-    workspace)."""
+    workspace and other transient or resident buffers)."""
     T, N = processed_positions(objective, L)
     streams = max(1, round(T / N)) if N else 1
     Ls = T // streams
@@ -94,6 +95,8 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
     mask = T_loc * streams * Ls_p        # [1, T_loc, T'] bool
     head = N_loc * b * (4 * padded_vocab + 8 * mc.hidden_size) + T_loc * b * 4 * mc.hidden_size
     kept = min(pp, micro_batches) * body + mask + head
+    # under CP the objective's full dense mask stays resident next to this rank's slice (cached, bool)
+    workspace += (streams * Ls_p) ** 2 if cp > 1 else 0
     return (kept, workspace) if split else kept + workspace
 
 
