@@ -114,7 +114,7 @@ def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
         sync = ddp is model or i == len(micro) - 1
         with contextlib.nullcontext() if sync else ddp.no_sync():
             loss, _ = micro_batch_loss(ddp, objective, inp, autocast)
-            (loss * (cp / len(micro))).backward()        # averaged over DP x CP, the CP parts add up
+            (loss * cp / len(micro)).backward()          # averaged over DP x CP, the CP parts add up
         total += loss.item() / len(micro)
     return _sum_over_cp(total)
 
