@@ -39,7 +39,9 @@ def _cp_group():
     """(CP size, CP group or None)."""
     from megatron.core import parallel_state as ps
 
-    cp = ps.get_context_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    from setdiff_mega.parallel.context import cp_size_rank
+
+    cp = cp_size_rank()[0]
     return cp, (ps.get_context_parallel_group() if cp > 1 else None)
 
 
