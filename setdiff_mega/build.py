@@ -51,7 +51,8 @@ def objective_for(cfg: RunConfig, tok: Tokenizer):
     return build_objective(o.name, tok.mask, block_size=o.block_size, D=o.D, S_max=o.S_max, k=o.k, b=o.b,
                            keep_clean_bos=o.keep_clean_bos, eos_last=o.eos_last, eos_id=tok.eos,
                            loss_weighting=o.loss_weighting, t_eps=o.t_eps, fim_rate=o.fim_rate,
-                           fim_max_middle=o.fim_max_middle, fim_max_suffix=o.fim_max_suffix)
+                           fim_max_middle=o.fim_max_middle, fim_max_suffix=o.fim_max_suffix,
+                           dense_masks=cfg.parallel.context_parallel_size == 1)
 
 
 def model_for(cfg: RunConfig, vocab: int, *, sequence_parallel: bool = False):

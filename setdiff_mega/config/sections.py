@@ -369,10 +369,10 @@ def _check_context_parallel(cfg: RunConfig, cp: int) -> None:
     if L % (2 * cp):
         raise ConfigError(f"context parallelism cuts every stream into 2 x CP = {2 * cp} chunks: data.seq_length={L} "
                           f"must be a multiple of {2 * cp}")
-    if m.attention_backend != "sdpa":
-        raise ConfigError(f"parallel.context_parallel_size={cp} needs the dense-mask core attention "
-                          f"(model.attention_backend=sdpa); model.attention_backend={m.attention_backend} does not "
-                          f"gather keys over the CP group")
+    if m.attention_backend not in ("sdpa", "setcausal", "flex"):
+        raise ConfigError(f"parallel.context_parallel_size={cp} needs a core attention that gathers keys over the "
+                          f"CP group (model.attention_backend=sdpa, setcausal or flex); "
+                          f"model.attention_backend={m.attention_backend} does not")
     if cfg.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel together with context parallelism is not supported; use one")
     if cfg.train.zero_stage > 0:

@@ -23,6 +23,11 @@ With S = 1 it equals the set-causal mask.
 per-sample key padding) so attention kernels can skip the dense [T, T] tensor: FlexAttention builds a
 block mask from :meth:`MaskPattern.mask_mod`, the set-causal decomposition needs only the kind. Its
 :meth:`~MaskPattern.dense` is the dense mask built by the functions below, so the two cannot disagree.
+
+A pattern can also be a *view* (:meth:`MaskPattern.view`): queries at positions ``rows`` [T_q] and keys at
+positions ``cols`` [T_k] of the full T-position pattern, as a context-parallel rank sees it (its own rows,
+the keys it gathered in the CP group's order). The view's dense mask is [1|B, T_q, T_k], built from
+:meth:`MaskPattern.allowed` on the index pairs: the full T x T mask is never built.
 """
 from __future__ import annotations
 
@@ -99,6 +104,9 @@ class MaskPattern:
     * ``key_valid`` [B, T] (optional): :func:`with_key_padding` on top (invalid keys hidden from every
       query, an invalid query keeps itself).
 
+    * ``rows`` [T_q] / ``cols`` [T_k] (optional, long): a view, queries and keys at these positions of the
+      T-position pattern (None: every position in order).
+
     ``cache`` holds what kernels derive from the pattern (a FlexAttention block mask, checks), so a
     pattern built once per shape is analysed once, whatever the number of layers and steps.
     """
@@ -108,6 +116,8 @@ class MaskPattern:
     block_size: int = 1
     key_valid: Optional[torch.Tensor] = None
     cache: dict = field(default_factory=dict, repr=False)
+    rows: Optional[torch.Tensor] = None
+    cols: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.kind not in PATTERN_KINDS:
@@ -120,18 +130,48 @@ class MaskPattern:
     def is_setcausal(self) -> bool:
         return self.kind == "two_stream" and self.block_size == 1
 
+    @property
+    def is_view(self) -> bool:
+        return self.rows is not None or self.cols is not None
+
+    @property
+    def num_queries(self) -> int:
+        return self.length if self.rows is None else int(self.rows.numel())
+
+    @property
+    def num_keys(self) -> int:
+        return self.length if self.cols is None else int(self.cols.numel())
+
     def with_padding(self, key_valid: torch.Tensor | None) -> "MaskPattern":
         """The same structure with per-sample key validity [B, T] (None: unchanged)."""
         if key_valid is None:
             return self
+        if self.is_view:
+            raise ValueError("add key padding to the full pattern, then take the view")
         return MaskPattern(self.kind, self.length, self.block_size, key_valid.bool())
+
+    def view(self, rows: torch.Tensor, cols: torch.Tensor) -> "MaskPattern":
+        """Queries at positions ``rows``, keys at ``cols`` (long tensors) of this full pattern."""
+        if self.is_view:
+            raise ValueError("a view of a view: take the view of the full pattern")
+        for name, t in (("rows", rows), ("cols", cols)):
+            if t.dim() != 1 or (t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.length)):
+                raise ValueError(f"pattern view {name} must be positions in [0, {self.length}), got {t.tolist()}")
+        return MaskPattern(self.kind, self.length, self.block_size, self.key_valid, rows=rows.long(),
+                           cols=cols.long())
+
+    def _index(self, device):
+        """(query positions [T_q], key positions [T_k]) on ``device``."""
+        q = torch.arange(self.length, device=device) if self.rows is None else self.rows.to(device)
+        k = torch.arange(self.length, device=device) if self.cols is None else self.cols.to(device)
+        return q, k
 
     def allowed(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Structure only (no padding), for broadcastable integer index tensors q, k."""
         if self.kind == "causal":
             return k <= q
         if self.kind == "full":
-            return k == k
+            return (q >= 0) & (k >= 0)
         L, S = self.length // 2, self.block_size
         qc, kc = q < L, k < L
         bq, bk = (q % L) // S, (k % L) // S
@@ -139,9 +179,13 @@ class MaskPattern:
 
     def mask_mod(self):
         """FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of the whole pattern, padding included."""
-        valid = self.key_valid
+        valid, rows, cols = self.key_valid, self.rows, self.cols
 
         def mod(b, h, q_idx, kv_idx):
+            if rows is not None:
+                q_idx = rows[q_idx]
+            if cols is not None:
+                kv_idx = cols[kv_idx]
             ok = self.allowed(q_idx, kv_idx)
             if valid is None:
                 return ok
@@ -149,7 +193,15 @@ class MaskPattern:
         return mod
 
     def dense(self, device=None) -> torch.Tensor:
-        """The dense mask [1|B, T, T] (what the objectives pass as ``attention_mask``)."""
+        """The dense mask [1|B, T, T] (what the objectives pass as ``attention_mask``); a view's is
+        [1|B, T_q, T_k], built from the index pairs."""
+        if self.is_view:
+            q, k = self._index(device)
+            m = self.allowed(q[:, None], k[None, :])
+            if self.key_valid is None:
+                return m[None]
+            valid = self.key_valid.to(m.device)
+            return (m & valid[:, None, k]) | ((q[:, None] == k[None, :]) & ~valid[:, q, None])
         T = self.length
         if self.kind == "causal":
             m = causal_mask(T, device)

@@ -46,7 +46,7 @@ class ModelInputs:
 
     tokens: torch.Tensor            # [B, T] long
     position_ids: torch.Tensor      # [B, T] long (RoPE positions; SetDLM: original positions)
-    attention_mask: torch.Tensor    # [1|B, T, T] bool, True = allowed
+    attention_mask: Optional[torch.Tensor]   # [1|B, T, T] bool, True = allowed (None: built from the pattern)
     logits_start: int               # logits are needed for tokens[:, logits_start:]
     targets: torch.Tensor           # [B, N] long, token each logit row must predict
     loss_mask: torch.Tensor         # [B, N] bool, rows that count in the loss
@@ -89,6 +89,7 @@ class Objective(abc.ABC):
     name: str = ""
     two_stream: bool = False
     normalization: str = "sequence"  # "sequence": per-sequence mean then batch mean; "token": global
+    dense_masks: bool = True         # False: inputs carry the mask's pattern only (attention_mask None)
 
     def __init__(self, mask_id: int, loss_weighting: str = "unweighted"):
         self.mask_id = int(mask_id)
@@ -109,9 +110,11 @@ class Objective(abc.ABC):
         static = self._cached(("pattern", kind, T, block_size, dev), lambda: M.MaskPattern(kind, T, block_size))
         key_valid = key_valid_of(padding) if padding.any() else None
         if key_valid is None or bool(key_valid.all()):
+            if not self.dense_masks:
+                return None, static
             return self._cached(("mask", kind, T, block_size, dev), lambda: static.dense(dev)), static
         pattern = static.with_padding(key_valid)
-        return pattern.dense(dev), pattern
+        return (pattern.dense(dev) if self.dense_masks else None), pattern
 
     @abc.abstractmethod
     def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True) -> ModelInputs:
@@ -345,7 +348,9 @@ def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
         return parts[0]
     first = parts[0]
     masks = [p.attention_mask for p in parts]
-    if all(m is masks[0] for m in masks) and masks[0].shape[0] == 1:
+    if all(m is None for m in masks):         # patterns only (Objective.dense_masks False)
+        mask = None
+    elif all(m is masks[0] for m in masks) and masks[0].shape[0] == 1:
         mask = masks[0]
     else:
         mask = torch.cat([m.expand(1, *m.shape[1:]) if m.shape[0] == 1 else m for m in masks], 0)
@@ -379,9 +384,10 @@ def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
                     S_max: int | None = None, k: float | None = None, b: float | None = None,
                     keep_clean_bos: bool = False, eos_last: bool = False, eos_id: int | None = None,
                     loss_weighting: str = "unweighted", t_eps: float = 1e-3, fim_rate: float = 0.0,
-                    fim_max_middle: int = 0, fim_max_suffix: int = 0) -> Objective:
+                    fim_max_middle: int = 0, fim_max_suffix: int = 0, dense_masks: bool = True) -> Objective:
     """Factory by name through the method registry (:mod:`setdiff_mega.methods`); the keyword arguments are
-    the ObjectiveConfig fields (each method takes the ones it uses)."""
+    the ObjectiveConfig fields (each method takes the ones it uses). ``dense_masks=False``: the inputs carry
+    the mask's pattern only (context parallelism builds each rank's rows from it)."""
     from types import SimpleNamespace
 
     try:
@@ -391,7 +397,9 @@ def build_objective(name: str, mask_id: int, *, block_size: int = 4, D: int = 4,
     fields = SimpleNamespace(block_size=block_size, D=D, S_max=S_max, k=k, b=b, keep_clean_bos=keep_clean_bos,
                              eos_last=eos_last, loss_weighting=loss_weighting, t_eps=t_eps, fim_rate=fim_rate,
                              fim_max_middle=fim_max_middle, fim_max_suffix=fim_max_suffix)
-    return method.build(fields, mask_id, eos_id)
+    obj = method.build(fields, mask_id, eos_id)
+    obj.dense_masks = bool(dense_masks)
+    return obj
 
 
 __all__ = ["OBJECTIVES", "ModelInputs", "collate_inputs", "build_inputs_per_sample", "Objective", "ARObjective",

@@ -4,9 +4,7 @@ megatron-core hands core attention q [s, b, h, d], k and v [s, b, g, d] (g = que
 and a bool ``attention_mask`` [b|1, 1, s, s] with **True = masked out**. The backends return the
 context [s, b, h*d]:
 
-* :class:`SDPACoreAttention` ("sdpa", default): the dense-mask reference (also the backend of context
-  parallelism: keys and values gathered over the CP group, the mask [b|1, 1, s_loc, s] sliced by
-  :mod:`setdiff_mega.parallel.context`),
+* :class:`SDPACoreAttention` ("sdpa", default): the dense-mask reference,
   ``torch.nn.functional.scaled_dot_product_attention`` with the arbitrary mask (on CPU about 23% faster
   than mcore's local DotProductAttention; on GPU it picks PyTorch's mask-capable kernels). A mask whose
   pattern is plain causal without padding runs SDPA's mask-free causal kernel (flash on GPU).
@@ -16,6 +14,10 @@ context [s, b, h*d]:
   decomposition for set-causal patterns, SDPA for every other mask.
 * the implementation's own core attention ("local": mcore ``DotProductAttention``, or TE's with the
   Transformer Engine spec), the unfused reference.
+
+Under context parallelism (:mod:`setdiff_mega.parallel.context`) every backend gets local queries and
+the keys / values gathered over the CP group (:meth:`SDPACoreAttention.forward`), with the mask's rows
+[b|1, 1, s_loc, s] and the pattern's view (local rows x gathered keys) for the structured kernels.
 
 The structure of the mask comes from the pattern attached to the mask tensor by the model
 (``attention_mask.attention_pattern``, :class:`setdiff_mega.diffusion.masks.MaskPattern`); without one
@@ -78,7 +80,7 @@ class SDPACoreAttention(MegatronModule):
 
     def attend(self, q, k, v, attention_mask, pattern):
         """q [b, h, s, d], k / v [b, g, s, d], mcore mask (True = masked out) -> [b, h, s, d]."""
-        causal = attention_mask is None or (pattern is not None and pattern.kind == "causal"
+        causal = attention_mask is None or (pattern is not None and pattern.kind == "causal" and not pattern.is_view
                                             and pattern.key_valid is None and pattern.length == q.shape[2])
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if causal else ~attention_mask, dropout_p=self.active_dropout,

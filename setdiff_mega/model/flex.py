@@ -4,8 +4,9 @@ For q [b, h, s, d], k / v [b, g, s, d] and a mask that carries a
 :class:`~setdiff_mega.diffusion.masks.MaskPattern`, the block mask is built from the pattern's
 ``mask_mod(b, h, q_idx, kv_idx)`` (structure AND key padding) by ``create_block_mask`` once per pattern and
 device and kept in ``pattern.cache``: a static pattern (no padding; the objectives build one per shape) is
-analysed once for the whole run, however many layers and steps use it. Fully masked 128 x 128 tiles are
-skipped, so the set-causal 2L x 2L mask costs about what its allowed pairs cost.
+analysed once for the whole run, however many layers and steps use it. A context-parallel rank's view
+(local query rows x gathered keys) gets its own T_loc x T' block mask from the view's ``mask_mod``.
+Fully masked 128 x 128 tiles are skipped, so the set-causal 2L x 2L mask costs about what its allowed pairs cost.
 
 On CUDA ``flex_attention`` is compiled (``torch.compile``, one kernel per shape, forward and backward); on
 CPU it runs eagerly and has **no backward** (PyTorch's limitation), so training on CPU with this backend is
@@ -36,15 +37,17 @@ def block_mask_for(pattern, device: torch.device):
     key = ("flex_block_mask", str(device))
     if key not in pattern.cache:
         B = None if pattern.key_valid is None else pattern.key_valid.shape[0]
-        if pattern.key_valid is not None and pattern.key_valid.device != device:
-            pattern.key_valid = pattern.key_valid.to(device)
-        T = pattern.length
-        pattern.cache[key] = create_block_mask(pattern.mask_mod(), B, None, T, T, device=device)
+        for name in ("key_valid", "rows", "cols"):       # what the mask_mod indexes lives on the device
+            t = getattr(pattern, name)
+            if t is not None and t.device != device:
+                setattr(pattern, name, t.to(device))
+        pattern.cache[key] = create_block_mask(pattern.mask_mod(), B, None, pattern.num_queries, pattern.num_keys,
+                                               device=device)
     return pattern.cache[key]
 
 
 def flex_attention(q, k, v, pattern, scale=None):
-    """q [b, h, T, d], k / v [b, g, T, d] under ``pattern`` -> [b, h, T, d]."""
+    """q [b, h, T_q, d], k / v [b, g, T_k, d] under ``pattern`` (T_q = T_k = T unless a view) -> [b, h, T_q, d]."""
     from torch.nn.attention.flex_attention import flex_attention as eager_flex
 
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -66,8 +69,9 @@ class FlexCoreAttention(SDPACoreAttention):
             warnings.warn("attention_backend=flex falls back to the dense-mask SDPA path: FlexAttention has no "
                           "attention dropout (set model.attention_dropout=0 to use it)")
             return super().attend(q, k, v, attention_mask, pattern)
-        if pattern.length != q.shape[2]:
-            raise ValueError(f"mask pattern covers {pattern.length} positions, the input has {q.shape[2]}")
+        if (pattern.num_queries, pattern.num_keys) != (q.shape[2], k.shape[2]):
+            raise ValueError(f"mask pattern covers {pattern.num_queries} queries x {pattern.num_keys} keys, the "
+                             f"input has {q.shape[2]} x {k.shape[2]}")
         return flex_attention(q, k, v, pattern, self.softmax_scale)
 
 

@@ -33,7 +33,10 @@ CUDA. For other inputs (fp32 on CUDA, other devices) :func:`setcausal_attention`
 
 :class:`SetCausalCoreAttention` ("setcausal" backend) applies it inside the model when the mask's pattern is
 set-causal (two-stream, block size 1) with valid keys first in each stream and a fused kernel takes the
-inputs; every other mask (AR, MDLM, BD3LM, KV-cached decoding), attention dropout and inputs without a
+inputs (a context-parallel rank's view of the pattern, :meth:`MaskPattern.view`, runs the same
+decomposition over its own query chunks and the gathered keys through
+:func:`~setdiff_mega.model.segments.segment_attention`); every other mask (AR, MDLM, BD3LM, KV-cached
+decoding), attention dropout and inputs without a
 kernel (fp32 on CUDA) take the SDPA path of its base class. Before its first use on a device / dtype / head
 dim the fused path checks itself against the plain-ops decomposition (:func:`kernel_verified`).
 """
@@ -47,6 +50,9 @@ import torch
 import torch.nn.functional as F
 
 from .attention import SDPACoreAttention, expand_groups
+from .segments import flash_bwd as _flash_bwd
+from .segments import flash_fwd as _flash_fwd
+from .segments import segment_attention, setcausal_plan
 
 
 def kernel_supported(q: torch.Tensor) -> bool:
@@ -55,25 +61,6 @@ def kernel_supported(q: torch.Tensor) -> bool:
         return q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     d = q.shape[-1]
     return q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16) and d <= 256 and d % 8 == 0
-
-
-def _flash_fwd(q, k, v, scale):
-    """Causal attention -> (out [B, H, L, d], lse [B, H, L] fp32, what the backward needs besides)."""
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
-        return out, lse, None
-    out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
-        q, k, v, 0.0, True, False, scale=scale)
-    return out, lse, (cum_q, cum_k, max_q, max_k, seed, offset)
-
-
-def _flash_bwd(dout, q, k, v, out, lse, aux, scale):
-    if aux is None:
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout.contiguous(), q, k, v, out, lse, 0.0, True, scale=scale)
-    cum_q, cum_k, max_q, max_k, seed, offset = aux
-    return torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        dout.contiguous(), q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset, scale=scale)
 
 
 def setcausal_attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -184,10 +171,18 @@ def setcausal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     return SetCausalAttention.apply(q, k, v, scale)
 
 
+def _setcausal_rows(rows: torch.Tensor, L: int) -> torch.Tensor:
+    """The set-causal mask (True = allowed) of query positions ``rows`` against all 2L keys [len(rows), 2L]."""
+    q, k = rows[:, None], torch.arange(2 * L, device=rows.device)[None, :]
+    qc, kc, i, j = q < L, k < L, q % L, k % L
+    return (qc & kc & (j <= i)) | (~qc & kc & (j < i)) | (~qc & ~kc & (j == i))
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_verified(device: str, dtype: torch.dtype, head_dim: int) -> bool:
     """One-time self-check of the fused path on this device / dtype / head dim: outputs and gradients of
-    :class:`SetCausalAttention` on a small random input against :func:`setcausal_attention_math` in fp32
+    :class:`SetCausalAttention` on a small random input against :func:`setcausal_attention_math` in fp32,
+    and of :func:`~setdiff_mega.model.segments.segment_attention` on a CP rank's rows against masked SDPA
     (relative error < 1e-4 in fp32/fp64, < 3e-2 in bf16/fp16). A kernel that behaves differently on some
     platform or PyTorch version then costs speed (the core attention falls back to the dense mask, with a
     warning), never correctness."""
@@ -201,11 +196,23 @@ def kernel_verified(device: str, dtype: torch.dtype, head_dim: int) -> bool:
         r = [t.float().requires_grad_() for t in base[:3]]
         ref = setcausal_attention_math(*r, scale)
         want = [ref, *torch.autograd.grad(ref, r, base[3].float())]
+        # the segment path of a CP rank's view: chunks 0 and 3 of 4 of both streams, against the masked rows
+        L = 36
+        rows = torch.tensor([p for s in (0, L) for p in list(range(s, s + 9)) + list(range(s + 27, s + 36))],
+                            device=dev)
+        x = [t[:, :, :2 * L].clone().requires_grad_() for t in base[:3]]
+        out = segment_attention(x[0][:, :, rows], x[1], x[2], setcausal_plan(rows.tolist(), L), scale)
+        got += [out, *torch.autograd.grad(out, x, base[3][:, :, :rows.numel()])]
+        r = [t[:, :, :2 * L].float().requires_grad_() for t in base[:3]]
+        ref = F.scaled_dot_product_attention(r[0][:, :, rows], r[1], r[2], attn_mask=_setcausal_rows(rows, L),
+                                             scale=scale)
+        want += [ref, *torch.autograd.grad(ref, r, base[3][:, :, :rows.numel()].float())]
     errs = [((a.float() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
     tol = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
     if not all(e < tol for e in errs):       # NaN compares False: also a failure
         warnings.warn(f"set-causal fused-kernel self-check failed on {device} / {dtype} / head dim {head_dim} "
-                      f"(relative errors out, dq, dk, dv: {', '.join(f'{e:.2e}' for e in errs)}); "
+                      f"(relative errors out, dq, dk, dv, then of the CP view: "
+                      f"{', '.join(f'{e:.2e}' for e in errs)}); "
                       f"attention_backend=setcausal uses the dense-mask path here")
         return False
     return True
@@ -224,17 +231,36 @@ class SetCausalCoreAttention(SDPACoreAttention):
             return super().attend(q, k, v, attention_mask, pattern)
         if not kernel_verified(str(q.device), q.dtype, q.shape[-1]):
             return super().attend(q, k, v, attention_mask, pattern)
-        return setcausal_attention(q, expand_groups(k, q.shape[1]), expand_groups(v, q.shape[1]),
-                                   self.softmax_scale)
+        k, v = expand_groups(k, q.shape[1]), expand_groups(v, q.shape[1])
+        if pattern.is_view:          # a CP rank's chunks: keys back in position order, then the segment plan
+            order, plan = self.view_plan(pattern, q.device)
+            scale = 1.0 / math.sqrt(q.shape[-1]) if self.softmax_scale is None else float(self.softmax_scale)
+            return segment_attention(q, k.index_select(2, order), v.index_select(2, order), plan, scale)
+        return setcausal_attention(q, k, v, self.softmax_scale)
+
+    @staticmethod
+    def view_plan(pattern, device):
+        """(key order back to positions [T] long, :func:`~setdiff_mega.model.segments.setcausal_plan`)."""
+        key = ("setcausal_view_plan", str(device))
+        if key not in pattern.cache:
+            rows = pattern.rows.tolist() if pattern.rows is not None else list(range(pattern.length))
+            order = torch.argsort(pattern.cols) if pattern.cols is not None else torch.arange(pattern.length)
+            pattern.cache[key] = order.to(device), setcausal_plan(rows, pattern.length // 2)
+        return pattern.cache[key]
 
     @staticmethod
     def decomposable(pattern, q) -> bool:
-        """Set-causal over this input, with every stream's padding (if any) after its valid keys."""
-        if pattern is None or not pattern.is_setcausal or pattern.length != q.shape[2]:
+        """Set-causal over this input, with every stream's padding (if any) after its valid keys; a view
+        must have sorted runs of rows and every position as a key (what a CP rank gathers)."""
+        if pattern is None or not pattern.is_setcausal or pattern.num_queries != q.shape[2]:
             return False
-        if "valid_keys_first" not in pattern.cache:
-            pattern.cache["valid_keys_first"] = pattern.valid_keys_first()
-        return pattern.cache["valid_keys_first"]
+        if "decomposable" not in pattern.cache:
+            ok = pattern.valid_keys_first()
+            if pattern.cols is not None:
+                ok = ok and torch.equal(torch.sort(pattern.cols).values,
+                                       torch.arange(pattern.length, device=pattern.cols.device))
+            pattern.cache["decomposable"] = ok
+        return pattern.cache["decomposable"]
 
 
 __all__ = ["setcausal_attention", "setcausal_attention_math", "SetCausalAttention", "SetCausalCoreAttention",

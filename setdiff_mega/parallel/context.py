@@ -10,11 +10,17 @@ attention: early and late chunks together, so every rank has about the same numb
 
 Attention. Queries stay local; keys and values are all-gathered over the CP group in rank order
 (:func:`gather_sequence`: forward all-gather, backward the sum of every rank's gradient, returned to
-the rank that owns the rows), so rank r's keys are ordered ``perm = concat_r idx_r``. The dense mask is
-sliced once per micro-batch to rows ``idx_r`` and columns ``perm`` ([1|B, T_loc, T']): nothing is
-reordered in the layers. RoPE is applied before the gather at each token's own position, so the
-gathered keys carry the right rotation. Padding rows attend only to themselves and no row attends to
-them.
+the rank that owns the rows), so rank r's keys are ordered ``perm = concat_r idx_r``. The mask of a
+micro-batch with a :class:`~setdiff_mega.diffusion.masks.MaskPattern` is built directly as rows ``idx_r``
+and columns ``perm`` ([1|B, T_loc, T'], 1/c of the full mask; the full T x T mask is never built: the
+run's objective builds patterns only, ``build_objective(dense_masks=False)``) and the pattern travels
+as a view (``pattern.view(idx_r, perm)``) for the core attentions; a hand-built mask without a pattern
+is sliced. Every backend attends over the gathered keys: sdpa with the mask rows, FlexAttention with
+the view's block mask (T_loc x T'), the set-causal decomposition with the view's chunks
+(:func:`setdiff_mega.model.segments.setcausal_plan`: per local chunk, a full block over the earlier
+keys and a causal block over its own, merged by log-sum-exp). RoPE is applied before the gather at
+each token's own position, so the gathered keys carry the right rotation. No row attends to the CP
+layout's padding positions; their own rows (never read) attend to themselves at least.
 
 Loss. Each rank scores its own logit rows (those of ``idx_r`` at or past ``logits_start``) with the
 full sequence's denominators (:attr:`ModelInputs.denominators`: tokens per row of the batch, scored
@@ -22,8 +28,7 @@ tokens, target tokens), so the CP ranks' losses sum to the single-process loss a
 (NLL sum, token counts) sum to its statistics. Gradients are summed over CP: the caller backpropagates
 ``loss x CP`` and averages over the data-parallel-with-CP group (DP x CP ranks).
 
-Only the dense-mask backend (``model.attention_backend=sdpa``) attends across the CP group; the layout
-check refuses the others.
+SP and ZeRO are refused together with CP by the layout check.
 """
 from __future__ import annotations
 
@@ -76,15 +81,38 @@ def _padded_mask(mask: torch.Tensor, streams: int, Lp: int) -> torch.Tensor:
     return m
 
 
+def padded_pattern(pattern, streams: int, Lp: int):
+    """``pattern`` over the CP layout's padded streams (each padded at its end to ``Lp``): the padding
+    positions are invalid keys (seen by nobody, each sees itself), so the real positions keep their mask."""
+    from setdiff_mega.diffusion.masks import MaskPattern
+
+    Ls = pattern.length // streams
+    if Lp == Ls:
+        return pattern
+    valid = pattern.key_valid if pattern.key_valid is not None else torch.ones(1, pattern.length, dtype=torch.bool)
+    valid = _pad_stream_dim(valid.bool(), 1, streams, Lp, False)
+    return MaskPattern(pattern.kind, streams * Lp, pattern.block_size, valid)
+
+
+def _local_mask(inp, streams: int, Lp: int, idx: torch.Tensor, perm: torch.Tensor):
+    """(this rank's mask rows [1|B, T_loc, T'] in gathered key order, the pattern view or None)."""
+    if inp.attention_pattern is not None:        # from the pattern: the full T x T mask is never built
+        view = padded_pattern(inp.attention_pattern, streams, Lp).view(idx, perm)
+        return view.dense(idx.device), view
+    mask = _padded_mask(inp.attention_mask.bool(), streams, Lp)
+    return mask[:, idx][:, :, perm], None
+
+
 def shard_inputs(inp, streams: int, cp: int, rank: int):
-    """This CP rank's :class:`~setdiff_mega.diffusion.objectives.ModelInputs` of the full micro-batch ``inp``."""
+    """This CP rank's :class:`~setdiff_mega.diffusion.objectives.ModelInputs` of the full micro-batch ``inp``:
+    its positions, its mask rows (from the pattern where there is one, which then travels as a view for the
+    core attention), its logit rows and the full micro-batch's loss denominators."""
     B, T = inp.tokens.shape
     idx, Lp = shard_indices(T, streams, cp, rank)
     perm = torch.cat([shard_indices(T, streams, cp, r)[0] for r in range(cp)])
     dev = inp.tokens.device
     idx, perm = idx.to(dev), perm.to(dev)
-    mask = inp.attention_mask if inp.attention_mask is not None else inp.attention_pattern.dense(dev)
-    mask = _padded_mask(mask.bool(), streams, Lp)[:, idx][:, :, perm]
+    mask, view = _local_mask(inp, streams, Lp, idx, perm)
     start = inp.logits_start
     if start % (T // streams):
         raise ValueError(f"logits_start={start} is not a stream boundary of {T} positions in {streams} streams")
@@ -107,7 +135,7 @@ def shard_inputs(inp, streams: int, cp: int, rank: int):
         inp, tokens=_pad_stream_dim(inp.tokens, 1, streams, Lp, 0)[:, idx],
         position_ids=_pad_stream_dim(inp.position_ids, 1, streams, Lp, 0)[:, idx], attention_mask=mask,
         logits_start=int((idx < start_p).sum()), targets=out_rows(inp.targets, 0), loss_mask=out_rows(loss_mask, False),
-        weights=out_rows(inp.weights, 0.0), extras=extras, attention_pattern=None, denominators=den)
+        weights=out_rows(inp.weights, 0.0), extras=extras, attention_pattern=view, denominators=den)
 
 
 class _GatherSequence(torch.autograd.Function):

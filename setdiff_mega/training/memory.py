@@ -13,7 +13,7 @@ logits, h = hidden size, f = MLP width, V = padded vocabulary, l = layers per pi
                          coefficients measured on this stack: the tensors autograd keeps for the backward,
                          ``tests/unit/test_memory.py``), T_loc = T / CP (each stream padded to 2 CP chunks)
                  mask    b|1 x T_loc x T bytes (bool; the dense mask; cached static mask: b = 1); under CP
-                         also the objective's full T x T mask, from which the slice is cut
+                         the rank's rows, built from the mask's pattern (no full T x T mask)
                  head    N_loc x b x (4 V + 8 h) (the fp32 log-probabilities, the head input) + T_loc x b x 4h
                  a = 2 bytes under bf16 autocast, 4 in fp32
                  recomputation: full/uniform n keeps each unit's input (l / n x b T_loc h x a) plus one
@@ -95,8 +95,6 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
     mask = T_loc * streams * Ls_p        # [1, T_loc, T'] bool
     head = N_loc * b * (4 * padded_vocab + 8 * mc.hidden_size) + T_loc * b * 4 * mc.hidden_size
     kept = min(pp, micro_batches) * body + mask + head
-    # under CP the objective's full dense mask stays resident next to this rank's slice (cached, bool)
-    workspace += (streams * Ls_p) ** 2 if cp > 1 else 0
     return (kept, workspace) if split else kept + workspace
 
 

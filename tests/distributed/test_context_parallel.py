@@ -1,7 +1,7 @@
 """Context parallelism on gloo: CP = 2 (each rank holds two balanced chunks of every stream, keys and
 values all-gathered) reproduces single-process training (losses, gradient norms, validation loss,
-weights) for SetDLM, BD3LM and AR, also with TP = 2 and with PP = 2; impossible layouts stop with a
-clear message."""
+weights) for SetDLM (set-causal decomposition), BD3LM and AR, and SetDLM (dense mask rows) with TP = 2,
+PP = 2 and DP = 2; impossible layouts stop with a clear message."""
 import pytest
 
 from setdiff_mega.config import ConfigError
@@ -14,13 +14,18 @@ def _cp(n):
     return (f"parallel.context_parallel_size={n}",)
 
 
-@pytest.mark.parametrize("objective", ["setdlm", "bd3lm", "ar"])
-def test_context_parallel_training_matches_single_process(tiny_data, tmp_path, objective):  # noqa: F811
+@pytest.mark.parametrize("objective,backend", [("setdlm", "setcausal"), ("bd3lm", "sdpa"), ("ar", "sdpa")])
+def test_context_parallel_training_matches_single_process(tiny_data, tmp_path, objective, backend):  # noqa: F811
+    """SetDLM with the set-causal decomposition (each rank's chunks against the gathered keys, no mask), the
+    others with the dense-mask rows; the SetDLM runs with the dense mask are the TP / PP / DP tests below."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
     init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init)[0]
-    out = _run(tiny_data, tmp_path / "cp", 2, 1, 1, objective, init, 4, 0, False, _cp(2))
+    be = (f"model.attention_backend={backend}",)
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init, 4, 0, False, be)[0]
+    out = _run(tiny_data, tmp_path / "cp", 2, 1, 1, objective, init, 4, 0, False, (*_cp(2), *be))
     _assert_matches(ref, out)
+    if backend == "setcausal":              # the CP ranks took the segment path, the reference the two-call one
+        assert ref["decomposed_calls"] > 0 and all(out[r]["segment_calls"] > 0 for r in (0, 1))
 
 
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
@@ -44,7 +49,7 @@ def test_context_parallel_with_data_parallel(tiny_data, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("extra,message", [
     (("data.seq_length=30",), "must be a multiple of 4"),
-    (("model.attention_backend=setcausal",), "needs the dense-mask core attention"),
+    (("model.attention_backend=local",), "needs a core attention that gathers keys"),
     (("train.zero_stage=2",), "not supported together with context parallelism"),
 ])
 def test_impossible_context_parallel_layouts_are_refused(tmp_path, extra, message):

@@ -64,17 +64,19 @@ def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4, zero
     from setdiff_mega.model import setcausal
     from setdiff_mega.training import train
 
-    calls = []
-    real = setcausal.setcausal_attention
+    calls, segment_calls = [], []
+    real, real_segments = setcausal.setcausal_attention, setcausal.segment_attention
     setcausal.setcausal_attention = lambda *a: calls.append(1) or real(*a)      # count decomposed calls
+    setcausal.segment_attention = lambda *a: segment_calls.append(1) or real_segments(*a)   # CP views
     cfg = _config(data_dir, save_dir, tp, pp, objective, init, mbs, zero, sp, extra)
     try:
         res = train(cfg, log=lambda *a: None)
     finally:
-        setcausal.setcausal_attention = real
+        setcausal.setcausal_attention, setcausal.segment_attention = real, real_segments
     rows = [r for r in res.history if "train/loss" in r]
     out = {"loss": [r["train/loss"] for r in rows], "gnorm": [r["train/grad_norm"] for r in rows],
-           "val": res.final_val_loss, "params": res.num_parameters, "decomposed_calls": len(calls)}
+           "val": res.final_val_loss, "params": res.num_parameters, "decomposed_calls": len(calls),
+           "segment_calls": len(segment_calls)}
     return out
 
 

@@ -1,6 +1,8 @@
 """Context-parallel sharding (setdiff_mega/parallel/context.py) in one process: the CP ranks' shards, with
 the keys each rank gathers, reproduce full attention row for row, and their losses and statistics add up to
 the full micro-batch's, for every objective (AR's odd L - 1 positions padded)."""
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,3 +75,78 @@ def test_shards_reproduce_attention_loss_and_stats(name, cp):
     assert sum(p[1] for p in parts) == pytest.approx(float(st["nll_sum"]), rel=1e-5)
     assert sum(p[2] for p in parts) == pytest.approx(float(st["num_tokens"]))
     torch.testing.assert_close(grads, logits.grad)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_setcausal_segments_on_each_rank_reproduce_attention_and_gradients(cp):
+    """The set-causal decomposition over a CP rank's view (its chunks x the gathered keys) gives the rows
+    and, summed over the ranks, the gradients of the mask-free decomposition of the whole sequence."""
+    from setdiff_mega.model.segments import segment_attention
+    from setdiff_mega.model.setcausal import SetCausalCoreAttention, setcausal_attention_math
+
+    obj, full = _inputs("setdlm")
+    B, T = full.tokens.shape
+    g = torch.Generator().manual_seed(2)
+    q, k, v, gout = (torch.randn(B, 2, T, 8, generator=g) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = setcausal_attention_math(*leaves, 0.3)
+    ref_grads = torch.autograd.grad(ref, leaves, gout)
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    for r in range(cp):
+        view = shard_inputs(full, 2, cp, r).attention_pattern
+        assert view.is_view and SetCausalCoreAttention.decomposable(view, q[:, :, view.rows])
+        order, plan = SetCausalCoreAttention.view_plan(view, q.device)
+        x = [q[:, :, view.rows].clone().requires_grad_(), k[:, :, view.cols].clone().requires_grad_(),
+             v[:, :, view.cols].clone().requires_grad_()]                       # local queries, gathered keys
+        out = segment_attention(x[0], x[1].index_select(2, order), x[2].index_select(2, order), plan, 0.3)
+        torch.testing.assert_close(out, ref[:, :, view.rows].detach())
+        dq, dk, dv = torch.autograd.grad(out, x, gout[:, :, view.rows])
+        grads[0][:, :, view.rows] += dq
+        grads[1][:, :, view.cols] += dk
+        grads[2][:, :, view.cols] += dv
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", ["ar", "bd3lm", "setdlm"])
+def test_flex_attention_on_each_rank_view_matches_the_mask_rows(name):
+    """FlexAttention's block mask of a CP rank's view (T_loc x T', forward only on CPU) gives the masked rows."""
+    from setdiff_mega.model.flex import flex_attention
+
+    obj, full = _inputs(name)
+    streams = methods.get(name).streams
+    B, T = full.tokens.shape
+    for r in range(2):
+        sh = shard_inputs(full, streams, 2, r)
+        n = sh.tokens.shape[1]
+        g = torch.Generator().manual_seed(r)
+        q, k, v = torch.randn(B, 2, n, 8, generator=g), torch.randn(B, 2, 2 * n, 8, generator=g), \
+            torch.randn(B, 2, 2 * n, 8, generator=g)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=sh.attention_mask[:, None])
+        torch.testing.assert_close(flex_attention(q, k, v, sh.attention_pattern), want)
+
+
+@pytest.mark.parametrize("name", ["ar", "mdlm", "bd3lm", "setdlm"])
+def test_pattern_only_inputs_shard_to_the_same_rows(name):
+    """With ``dense_masks=False`` the objective builds no mask; each rank's rows, built from the pattern,
+    are the rows sliced from the full dense mask."""
+    obj, full = _inputs(name)
+    lazy = build_objective(name, MASK, block_size=4, D=2, eos_id=EOS, dense_masks=False)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 49, (3, 16), generator=g)
+    padding = torch.zeros(3, 16, dtype=torch.bool)
+    padding[0, -3:] = True
+    tokens[padding] = 0
+    dense_inp = obj.build_inputs(tokens, padding=padding, generator=torch.Generator().manual_seed(1))
+    lazy_inp = lazy.build_inputs(tokens, padding=padding, generator=torch.Generator().manual_seed(1))
+    assert lazy_inp.attention_mask is None and lazy_inp.attention_pattern is not None
+    streams = methods.get(name).streams
+    T = dense_inp.tokens.shape[1]
+    for r in range(2):
+        a = shard_inputs(dense_inp, streams, 2, r)
+        b = shard_inputs(lazy_inp, streams, 2, r)
+        sliced = shard_inputs(dataclasses.replace(dense_inp, attention_pattern=None), streams, 2, r)
+        idx, Lp = shard_indices(T, streams, 2, r)
+        real = (idx % Lp) < T // streams                # the CP layout's padding rows are never read
+        for m in (a.attention_mask, b.attention_mask):
+            assert torch.equal(m.expand_as(sliced.attention_mask)[:, real], sliced.attention_mask[:, real])
