@@ -253,6 +253,10 @@ class ParallelConfig:
     sequence_parallel: bool = False              # SP (needs TP > 1): norms / dropout on sequence shards
     context_parallel_size: int = 1               # CP: every stream of a sample split over CP ranks
                                                  # (parallel/context.py); DP = world / (TP * CP * PP)
+    overlap_grad_reduce: bool = True             # DP x CP gradient buckets all-reduced during the backward
+                                                 # (megatron-core DDP, parallel/ddp.py; no ZeRO)
+    ddp_bucket_size: int = 0                     # elements per gradient bucket; 0 = megatron-core's default
+                                                 # max(40M, 1M x DP)
 
 
 @dataclass
@@ -353,6 +357,8 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
                           f"PP={pp} (megatron-core's pipeline schedule drives the model); use PP=1 or zero_stage=0")
     if pp > 1 and m.tie_embeddings:
         raise ConfigError(f"model.tie_embeddings needs the embedding and the head on one stage; PP={pp} splits them")
+    if p.ddp_bucket_size < 0:
+        raise ConfigError(f"parallel.ddp_bucket_size={p.ddp_bucket_size} must be >= 0 (0 = megatron-core's default)")
     cp = p.context_parallel_size
     if cp != 1:
         _check_context_parallel(cfg, cp)

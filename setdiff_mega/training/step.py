@@ -4,8 +4,10 @@
 * PP > 1: megatron-core's pipeline schedule (1F1B, or interleaved 1F1B over the V model chunks of
   each rank when virtual stages are set) runs the micro-batches; losses live on the last stage and are
   broadcast over the pipeline group so every rank logs and checks the same number.
-* Gradients: DDP averages over the data-parallel group for PP = 1; for PP > 1 they are averaged here
-  with one flat all-reduce per step (:func:`allreduce_dp_grads`). Both use the DP x CP group.
+* Gradients: megatron-core's DDP (:class:`~setdiff_mega.parallel.ddp.GradReducer`) averages them over
+  the DP x CP group for every layout, bucketed and overlapped with the last micro-batch's backward (PP = 1:
+  :meth:`~setdiff_mega.parallel.ddp.GradReducer.no_sync` for the others; PP > 1: the schedule's
+  ``no_sync_func``); :meth:`~setdiff_mega.parallel.ddp.GradReducer.finish` then exposes them as ``.grad``.
 * CP > 1 (:mod:`setdiff_mega.parallel.context`): every micro-batch is this rank's shard (:func:`cp_shard`);
   its loss and statistics are this rank's part (they sum over the CP group), the backward uses loss x CP
   (megatron-core's schedule does the same), and logged losses / validation sums add the CP parts.
@@ -65,7 +67,7 @@ def micro_batch_loss(model, objective, inp, autocast=contextlib.nullcontext):
         return objective.loss(model(**inp.model_kwargs()), inp)
 
 
-def _schedule_run(model, objective, micro, forward_only: bool, autocast):
+def _schedule_run(model, objective, micro, forward_only: bool, autocast, chunks=None):
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -87,7 +89,7 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast):
         return out, loss_func
 
     T, B = micro[0].tokens.shape[1] * cp, micro[0].tokens.shape[0]      # the schedule divides T by CP itself
-    chunks = model_chunks(model)
+    chunks = model_chunks(model) if chunks is None else chunks          # training: the DDP-wrapped chunks
     # interleaved: every chunk consumes the micro-batches in order from its own iterator
     data = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
     with mcore_cpu.cuda_redirect(), autocast():
@@ -106,19 +108,27 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast):
 
 
 def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
-    """Accumulate gradients of the mean micro-batch loss; returns that mean on every rank of the replica."""
+    """Accumulate gradients of the mean micro-batch loss (averaged over DP x CP when ``ddp`` is the
+    :class:`~setdiff_mega.parallel.ddp.GradReducer`, local when it is ``model``); returns that mean on every
+    rank of the replica."""
     from megatron.core import parallel_state as ps
 
+    reducer = None if ddp is model else ddp
     if ps.get_pipeline_model_parallel_world_size() > 1:
-        return float(_schedule_run(model, objective, micro, False, autocast)[0])
-    total, cp = 0.0, _cp_group()[0]
-    for i, inp in enumerate(micro):
-        sync = ddp is model or i == len(micro) - 1
-        with contextlib.nullcontext() if sync else ddp.no_sync():
-            loss, _ = micro_batch_loss(ddp, objective, inp, autocast)
-            (loss * cp / len(micro)).backward()          # averaged over DP x CP, the CP parts add up
-        total += loss.item() / len(micro)
-    return _sum_over_cp(total)
+        total = float(_schedule_run(model, objective, micro, False, autocast,
+                                    reducer.chunks if reducer is not None else None)[0])
+    else:
+        loss_sum, cp = 0.0, _cp_group()[0]
+        for i, inp in enumerate(micro):
+            sync = reducer is None or i == len(micro) - 1
+            with contextlib.nullcontext() if sync else reducer.no_sync():
+                loss, _ = micro_batch_loss(ddp, objective, inp, autocast)
+                (loss * cp / len(micro)).backward()          # averaged over DP x CP, the CP parts add up
+            loss_sum += loss.item() / len(micro)
+        total = _sum_over_cp(loss_sum)
+    if reducer is not None:
+        reducer.finish()
+    return total
 
 
 @torch.no_grad()
@@ -146,16 +156,6 @@ def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:
         flat /= size
     for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
         g.copy_(synced)
-
-
-def allreduce_dp_grads(model) -> None:
-    """Average gradients over the data-parallel group, its context-parallel ranks included (used when DDP
-    does not wrap the model)."""
-    from megatron.core import parallel_state as ps
-
-    _allreduce_grads([p.grad for p in model.parameters() if p.grad is not None],
-                     ps.get_data_parallel_group(with_context_parallel=True),
-                     ps.get_data_parallel_world_size(with_context_parallel=True), average=True)
 
 
 def allreduce_sequence_parallel_grads(model) -> None:
@@ -284,6 +284,6 @@ def total_parameters(model) -> int:
     return int(n)
 
 
-__all__ = ["forward_backward", "evaluate_batch", "allreduce_dp_grads", "allreduce_sequence_parallel_grads",
+__all__ = ["forward_backward", "evaluate_batch", "allreduce_sequence_parallel_grads",
            "clip_grad_norm", "autocast_context", "evaluate", "mean_over_dp", "zero_step",
            "step_epoch", "total_parameters"]

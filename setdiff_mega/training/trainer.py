@@ -158,12 +158,12 @@ class Trainer:
 
             self.engine = zero_engine(model, self.optimizer, tc)
             self.optimizer = self.engine.optimizer
-        elif ps.get_data_parallel_world_size(with_context_parallel=True) > 1 and self.pp == 1:
-            from torch.nn.parallel import DistributedDataParallel
+        elif ps.get_data_parallel_world_size(with_context_parallel=True) > 1:
+            from setdiff_mega.parallel.ddp import GradReducer
 
             # DP x CP ranks: the CP ranks of a replica hold the same weights and add up their gradients
-            self.ddp = DistributedDataParallel(model, broadcast_buffers=False,
-                                               process_group=ps.get_data_parallel_group(with_context_parallel=True))
+            pc = cfg.parallel
+            self.ddp = GradReducer(model, overlap=pc.overlap_grad_reduce, bucket_size=pc.ddp_bucket_size)
         self.ema = None
         if tc.ema_decay > 0:
             from .ema import EMA
@@ -219,12 +219,14 @@ class Trainer:
     def train_step(self, step: int) -> tuple[float, torch.Tensor, float]:
         """One optimizer step; returns (mean loss over DP, global gradient norm, learning rate)."""
         from .optim import lr_at, set_lr
-        from .step import allreduce_dp_grads, allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
+        from .step import allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
 
         tc, dp, objective = self.cfg.train, self.dp, self.objective
         lr = lr_at(self.guard.schedule_step(step), tc)
         set_lr(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ddp is not self.model and self.engine is None:
+            self.ddp.zero()                            # megatron-core DDP's gradient buffers
         micro = []
         self.watch.check()                             # the data files are the ones we started with
         for _ in range(tc.grad_accum_steps):
@@ -242,8 +244,6 @@ class Trainer:
             total = forward_backward(self.model, self.ddp, objective, micro, autocast)
             if self.cfg.parallel.sequence_parallel:
                 allreduce_sequence_parallel_grads(self.model)
-            if self.pp > 1:
-                allreduce_dp_grads(self.model)
             gnorm = clip_grad_norm(self.model, tc.clip_grad)
         total = mean_over_dp(total, dp)
         if self.guard.accept(step, total, gnorm):      # every rank agrees (train.nonfinite: stop | skip)

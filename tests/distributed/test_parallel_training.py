@@ -182,16 +182,17 @@ def test_resume_from_a_middle_checkpoint_is_exact(tiny_data, tmp_path, zero):
     assert "error" in other and "train.resume_optimizer=false" in other["error"]
 
 
-def test_interleaved_pipeline_matches_single_process(tiny_data, tmp_path):
-    """PP = 2 with V = 2 virtual stages (4 layers: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3), run by
-    megatron-core's interleaved 1F1B schedule, reproduces single-process training; its checkpoint (per-chunk
-    shards with global layer indices) reads back as the single-process model."""
+def test_interleaved_pipeline_with_data_parallel_matches_single_process(tiny_data, tmp_path):
+    """PP = 2 with V = 2 virtual stages (4 layers: stage 0 holds layers 0 and 2, stage 1 layers 1 and 3) x
+    DP = 2, run by megatron-core's interleaved 1F1B schedule with its DDP (small buckets, each chunk's
+    reduction started by the schedule and overlapped), reproduces single-process training; its checkpoint
+    (per-chunk shards with global layer indices) reads back as the single-process model."""
     layers = ["model.num_layers=4"]
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", layers))
     init = tmp_path / "init"
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, layers)[0]
-    out = _run(tiny_data, tmp_path / "vp", 2, 1, 2, "setdlm", init, 4, 0, False,
-               layers + ["parallel.virtual_pipeline_model_parallel_size=2"])
+    out = _run(tiny_data, tmp_path / "vp", 4, 1, 2, "setdlm", init, 2, 0, False,
+               layers + ["parallel.virtual_pipeline_model_parallel_size=2", "parallel.ddp_bucket_size=2000"])
     _assert_matches(ref, out)
 
 
