@@ -40,3 +40,11 @@ def tiny_model(mcore):
 
 
 MASK_ID = 60
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests that launch gloo ranks with the fork-based harness (their module imports ``run_ranks``) run
+    first: once a test has initialised torch.distributed in the pytest process (the ``mcore`` fixture,
+    in-process training in tests/e2e), the harness must spawn fresh interpreters instead, which costs
+    seconds per rank. The order is otherwise kept."""
+    items.sort(key=lambda item: 0 if getattr(getattr(item, "module", None), "run_ranks", None) else 1)

@@ -4,7 +4,7 @@ activations (with the configured recomputation and without), no process group ne
 
     python tools/estimate_memory.py --config configs/tiny_cpu.yaml
     python tools/estimate_memory.py --config configs/owt_setdlm.yaml --world-size 8 data.seq_length=16384 \\
-        parallel.context_parallel_size=4 parallel.tensor_model_parallel_size=2 model.attention_backend=sdpa
+        parallel.context_parallel_size=4 parallel.tensor_model_parallel_size=2 model.attention_backend=setcausal
 
 The vocabulary is the config's ``model.vocab_size`` or ``--vocab`` (default 50,304 rows: GPT-2's padded);
 the formulas are in setdiff_mega/training/memory.py (checked against the model in tests/unit/test_memory.py).

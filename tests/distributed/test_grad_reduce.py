@@ -63,3 +63,17 @@ def test_grad_reducer_averages_exactly_and_overlaps_the_last_backward(overlap):
         assert out[r]["issued"] == [0, out[r]["buckets"] if overlap else 0]
     for k, v in out[0]["weights"].items():              # rank 1 holds rank 0's weights after the wrap
         torch.testing.assert_close(out[1]["weights"][k], v, rtol=0, atol=0)
+
+
+def test_grad_reduce_benchmark_runs_both_variants_with_equal_losses(tmp_path):
+    """tools/bench_grad_reduce.py's runner at toy size: every layout and variant, equal losses, a ratio."""
+    from setdiff_mega.data.prepare import prepare
+    from setdiff_mega.training.bench_grad_reduce import run
+
+    prepare(tmp_path, None, num_math=60, num_stories=60, vocab_size=300, heldout=4, log=lambda *a: None)
+    rows = run(tmp_path, tmp_path, ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+                                    "data.seq_length=32", "train.micro_batch_size=2", "train.grad_accum_steps=2"],
+               steps=3, warmup=1, bucket_size=2000, log=lambda *a: None)
+    assert [(r["pp"], r["overlap"]) for r in rows] == [(1, True), (1, False), (2, True), (2, False)]
+    assert all(r["median_step_s"] > 0 and len(r["losses"]) == 3 for r in rows)
+    assert rows[0]["ratio_off_over_on"] > 0 and rows[2]["ratio_off_over_on"] > 0

@@ -44,17 +44,29 @@ def test_generate_cli_plain_and_native_engines_give_identical_tokens(trained_run
     assert texts["plain"] == texts["native"] and len(texts["plain"]) == 3
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prompt", "x " * 200], "is longer than the model's context of 32 tokens"),
-    (["--infill-prefix", "a", "--infill-suffix", "b", "--span", "0"], "infill span must be >= 1"),
-    (["--file", "/nonexistent.txt"], "No such file"),
-    ([], "no prompts"),
+@pytest.mark.parametrize("args,message,subprocess", [
+    (["--prompt", "x " * 200], "is longer than the model's context of 32 tokens", True),
+    (["--infill-prefix", "a", "--infill-suffix", "b", "--span", "0"], "infill span must be >= 1", False),
+    (["--file", "/nonexistent.txt"], "No such file", False),
+    ([], "no prompts", False),
 ])
-def test_generate_cli_bad_requests(trained_run, args, message):
+def test_generate_cli_bad_requests(trained_run, capsys, args, message, subprocess):
+    """Exit code 2 and one line naming the problem; the first case as a real process, the others through
+    the same entry point in this process (a CLI start costs seconds)."""
     save, _ = trained_run
-    r = _run(["tools/generate.py", "--checkpoint", str(save), *args])
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert message in r.stderr, r.stderr
+    argv = ["--checkpoint", str(save), *args]
+    if subprocess:
+        r = _run(["tools/generate.py", *argv])
+        code, err = r.returncode, r.stderr
+    else:
+        import runpy
+
+        from setdiff_mega.cli import run_cli
+
+        main = runpy.run_path("tools/generate.py", run_name="generate_cli")["main"]
+        code, err = run_cli(main, argv), capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert message in err, err
 
 
 def test_prompt_context_limits():

@@ -44,17 +44,26 @@ def test_data_without_manifest_holding_the_mask_id_is_refused(two_tokenizers, tm
         check_dataset(tmp_path / "mega", a.vocab_size, tokenizer=a)
 
 
-@pytest.mark.parametrize("damage, needle", [
-    (lambda b: b"XXIDIDX\x00\x00" + b[9:], "does not start with megatron-core's index header"),
-    (lambda b: b[:20], "is truncated inside its header"),
-    (lambda b: b[:-8], "is truncated or corrupt"),
-    (lambda b: b[:9] + (2).to_bytes(8, "little") + b[17:], "has version 2"),
+@pytest.mark.parametrize("damage, needle, cli", [
+    (lambda b: b"XXIDIDX\x00\x00" + b[9:], "does not start with megatron-core's index header", True),
+    (lambda b: b[:20], "is truncated inside its header", False),
+    (lambda b: b[:-8], "is truncated or corrupt", False),
+    (lambda b: b[:9] + (2).to_bytes(8, "little") + b[17:], "has version 2", False),
 ])
-def test_a_damaged_index_is_one_line_without_a_library_traceback(two_tokenizers, tmp_path, damage, needle):
+def test_a_damaged_index_is_one_line_without_a_library_traceback(two_tokenizers, tmp_path, damage, needle, cli):
+    """Every damage is named by the header check (in process); the CLIs, which run that check before
+    megatron-core sees the file, are run for the first one (each CLI start costs seconds)."""
+    from setdiff_mega.data.indexed import DataError, check_dataset
+
     d, a, _ = two_tokenizers
     shutil.copy(d / "corpus.bin", tmp_path / "corpus.bin")
     shutil.copy(d / "tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "corpus.idx").write_bytes(damage((d / "corpus.idx").read_bytes()))
+    with pytest.raises(DataError, match="regenerate the dataset") as e:
+        check_dataset(tmp_path / "corpus", a.vocab_size)
+    assert f"index file '{tmp_path / 'corpus'}.idx'" in str(e.value) and needle in str(e.value)
+    if not cli:
+        return
     r = run_tool(["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=2",
                   f"data.path={tmp_path / 'corpus'}", f"train.save_dir={tmp_path / 'run'}"])
     one_line_error(r, f"index file '{tmp_path / 'corpus'}.idx'", needle, "regenerate the dataset")
