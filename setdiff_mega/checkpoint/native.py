@@ -79,7 +79,8 @@ def layout_state() -> dict:
             "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
             "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
             "context_parallel_size": ps.get_context_parallel_world_size(),
-            "data_parallel_size": ps.get_data_parallel_world_size()}
+            "data_parallel_size": ps.get_data_parallel_world_size(),
+            "zero_partitions": ps.get_data_parallel_world_size(with_context_parallel=True)}
 
 
 def staged_save(save_dir: str | Path, step: int, write_shards, config, tokenizer, state: dict,

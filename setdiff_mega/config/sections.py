@@ -315,11 +315,13 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
         if cfg.train.zero_stage > 0:
             raise ConfigError("parallel.sequence_parallel is not supported with DeepSpeed ZeRO (train.zero_stage="
                               f"{cfg.train.zero_stage}); use one of them")
-        L = cfg.data.seq_length
-        T = {"ar": L - 1, "mdlm": L}.get(cfg.objective.name, 2 * L)
+        L, cp = cfg.data.seq_length, max(p.context_parallel_size, 1)
+        Ls, streams = {"ar": (L - 1, 1), "mdlm": (L, 1)}.get(cfg.objective.name, (L, 2))
+        T = streams * -(-Ls // (2 * cp)) * 2 * cp // cp        # this rank's positions (each stream padded for CP)
         if T % tp:
-            raise ConfigError(f"sequence parallelism splits the {T} processed positions (objective "
-                              f"{cfg.objective.name}, L={L}) over TP={tp}; choose data.seq_length so they divide")
+            raise ConfigError(f"sequence parallelism splits the {T} positions each rank processes (objective "
+                              f"{cfg.objective.name}, L={L}, CP={cp}) over TP={tp}; choose data.seq_length so "
+                              f"they divide")
     if pp > m.num_layers:
         raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
     if m.num_layers % pp:
@@ -379,11 +381,6 @@ def _check_context_parallel(cfg: RunConfig, cp: int) -> None:
         raise ConfigError(f"parallel.context_parallel_size={cp} needs a core attention that gathers keys over the "
                           f"CP group (model.attention_backend=sdpa, setcausal or flex); "
                           f"model.attention_backend={m.attention_backend} does not")
-    if cfg.parallel.sequence_parallel:
-        raise ConfigError("parallel.sequence_parallel together with context parallelism is not supported; use one")
-    if cfg.train.zero_stage > 0:
-        raise ConfigError(f"DeepSpeed ZeRO (train.zero_stage={cfg.train.zero_stage}) is not supported together with "
-                          f"context parallelism (CP={cp}); use zero_stage=0 (DDP over DP x CP)")
 
 
 __all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig",

@@ -28,7 +28,8 @@ tokens, target tokens), so the CP ranks' losses sum to the single-process loss a
 (NLL sum, token counts) sum to its statistics. Gradients are summed over CP: the caller backpropagates
 ``loss x CP`` and averages over the data-parallel-with-CP group (DP x CP ranks).
 
-SP and ZeRO are refused together with CP by the layout check.
+With sequence parallelism the TP ranks split each CP rank's positions; under ZeRO, DeepSpeed partitions over the
+DP x CP ranks (setdiff_mega/parallel/zero.py).
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 ``train.zero_stage > 0`` wraps the model and the project's AdamW (same parameter groups) in a DeepSpeed
 engine: ZeRO-1 shards optimizer states, ZeRO-2 also gradients, ZeRO-3 also parameters, across the
-data-parallel group. DeepSpeed sees megatron-core's groups through :class:`McoreMPU` (its "mpu"
-protocol: model parallel = tensor parallel), so gradient norms and reductions respect TP. The engine
+data-parallel group with its context-parallel ranks (DP x CP). DeepSpeed sees megatron-core's groups
+through :class:`McoreMPU` (its "mpu" protocol: model parallel = tensor parallel), so gradient norms and
+reductions respect TP. The engine
 owns gradient accumulation, DP averaging and clipping (``gradient_clipping``). CPU machines use
 DeepSpeed's CPU accelerator with gloo; its shared-memory communication op is not JIT-built (it is an
 optimisation for multi-process CPU training that needs a compiler and ~30 s).
@@ -35,14 +36,16 @@ class McoreMPU:
     get_tensor_model_parallel_world_size = get_model_parallel_world_size
     get_tensor_model_parallel_group = get_model_parallel_group
 
+    # DeepSpeed's "data parallel" group is DP x CP: the context-parallel ranks of a replica hold the same
+    # weights and add up their gradients (setdiff_mega/parallel/context.py), so ZeRO partitions over them too
     def get_data_parallel_rank(self):
-        return self._ps().get_data_parallel_rank()
+        return self._ps().get_data_parallel_rank(with_context_parallel=True)
 
     def get_data_parallel_world_size(self):
-        return self._ps().get_data_parallel_world_size()
+        return self._ps().get_data_parallel_world_size(with_context_parallel=True)
 
     def get_data_parallel_group(self):
-        return self._ps().get_data_parallel_group()
+        return self._ps().get_data_parallel_group(with_context_parallel=True)
 
 
 def import_deepspeed():

@@ -256,11 +256,11 @@ class Checkpointer:
             if self.engine is None:
                 load_sharded(ck / "dist", self.model, self.optimizer)
             else:
-                dp = ps.get_data_parallel_world_size()
-                if state.get("data_parallel_size") != dp:
-                    raise CheckpointError(f"'{ck / 'zero'}' holds ZeRO shards for DP="
-                                          f"{state.get('data_parallel_size')}, this run has DP={dp}; use the same "
-                                          f"world size / TP / PP, or set "
+                parts = ps.get_data_parallel_world_size(with_context_parallel=True)     # DP x CP
+                saved = state.get("zero_partitions", state.get("data_parallel_size"))
+                if saved != parts:
+                    raise CheckpointError(f"'{ck / 'zero'}' holds ZeRO shards for DP x CP = {saved}, this run has "
+                                          f"DP x CP = {parts}; use the same world size / TP / CP / PP, or set "
                                           f"train.resume_optimizer=false to resume the weights only")
                 path, _ = self.engine.load_checkpoint(str(ck / "zero"), tag="state", load_optimizer_states=True,
                                                       load_lr_scheduler_states=False, load_module_strict=True)

@@ -250,7 +250,7 @@ def zero_step(engine, objective, micro, autocast):
     """One optimizer step through a DeepSpeed engine; a non-finite loss on any rank stops before the update."""
     import torch.distributed as dist
 
-    total = 0.0
+    total, cp = 0.0, _cp_group()[0]
     for inp in micro:
         loss, _ = micro_batch_loss(engine, objective, inp, autocast)
         bad = torch.tensor([0.0 if math.isfinite(loss.item()) else 1.0])
@@ -258,11 +258,13 @@ def zero_step(engine, objective, micro, autocast):
         if bad.item():
             raise TrainingError(f"non-finite loss on {int(bad.item())} rank(s); no update was applied. Lower "
                                 f"train.lr or use train.precision=fp32")
-        engine.backward(loss)          # scaled by 1 / gradient_accumulation_steps inside DeepSpeed
+        # scaled by 1 / gradient_accumulation_steps and averaged over DP x CP inside DeepSpeed: x CP makes
+        # the CP shards' parts add up (as in forward_backward)
+        engine.backward(loss * cp)
         engine.step()                  # the optimizer steps at the accumulation boundary
         total += loss.item() / len(micro)
     norm = engine.get_global_grad_norm()
-    return total, torch.tensor(float(norm) if norm is not None else 0.0)
+    return _sum_over_cp(total), torch.tensor(float(norm) if norm is not None else 0.0)
 
 
 def step_epoch(sample_index: int, n: int) -> int:

@@ -1,7 +1,7 @@
 """Context parallelism on gloo: CP = 2 (each rank holds two balanced chunks of every stream, keys and
 values all-gathered) reproduces single-process training (losses, gradient norms, validation loss,
 weights) for SetDLM (set-causal decomposition), BD3LM and AR, and SetDLM (dense mask rows) with TP = 2,
-PP = 2 and DP = 2; impossible layouts stop with a clear message."""
+PP = 2, DP = 2, ZeRO-2 and TP = 2 with SP; impossible layouts stop with a clear message."""
 import pytest
 
 from setdiff_mega.config import ConfigError
@@ -38,6 +38,20 @@ def test_context_parallel_with_tensor_or_pipeline_parallel(tiny_data, tmp_path, 
     _assert_matches(ref, out)
 
 
+@pytest.mark.parametrize("extra,world", [(("train.zero_stage=2",), 2),
+                                         (("parallel.sequence_parallel=true",), 4)])
+def test_context_parallel_with_zero_or_sequence_parallel(tiny_data, tmp_path, extra, world):  # noqa: F811
+    """CP = 2 with DeepSpeed ZeRO-2 (partitions over the DP x CP ranks) and CP = 2 x TP = 2 with sequence
+    parallelism (the TP ranks split each CP rank's positions)."""
+    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
+    init = tmp_path / "init"
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    tp, sp = (2, True) if "parallel.sequence_parallel=true" in extra else (1, False)
+    zero = 2 if "train.zero_stage=2" in extra else 0
+    out = _run(tiny_data, tmp_path / "cpx", world, tp, 1, "setdlm", init, 4, zero, sp, _cp(2))
+    _assert_matches(ref, out)
+
+
 def test_context_parallel_with_data_parallel(tiny_data, tmp_path):  # noqa: F811
     """CP = 2 x DP = 2: gradients averaged over the four ranks, the CP parts added."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
@@ -50,7 +64,6 @@ def test_context_parallel_with_data_parallel(tiny_data, tmp_path):  # noqa: F811
 @pytest.mark.parametrize("extra,message", [
     (("data.seq_length=30",), "must be a multiple of 4"),
     (("model.attention_backend=local",), "needs a core attention that gathers keys"),
-    (("train.zero_stage=2",), "not supported together with context parallelism"),
 ])
 def test_impossible_context_parallel_layouts_are_refused(tmp_path, extra, message):
     from setdiff_mega.config import validate_layout
