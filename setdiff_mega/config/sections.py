@@ -317,11 +317,12 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
                               f"{cfg.train.zero_stage}); use one of them")
         L, cp = cfg.data.seq_length, max(p.context_parallel_size, 1)
         Ls, streams = {"ar": (L - 1, 1), "mdlm": (L, 1)}.get(cfg.objective.name, (L, 2))
-        T = streams * -(-Ls // (2 * cp)) * 2 * cp // cp        # this rank's positions (each stream padded for CP)
+        # this rank's positions (under CP each stream is padded to 2 x CP chunks)
+        T = streams * Ls if cp == 1 else streams * -(-Ls // (2 * cp)) * 2
+        processed = "processed positions" if cp == 1 else f"positions each of the CP={cp} ranks processes"
         if T % tp:
-            raise ConfigError(f"sequence parallelism splits the {T} positions each rank processes (objective "
-                              f"{cfg.objective.name}, L={L}, CP={cp}) over TP={tp}; choose data.seq_length so "
-                              f"they divide")
+            raise ConfigError(f"sequence parallelism splits the {T} {processed} (objective "
+                              f"{cfg.objective.name}, L={L}) over TP={tp}; choose data.seq_length so they divide")
     if pp > m.num_layers:
         raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
     if m.num_layers % pp:
