@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     p.add_argument("--world-size", type=int, default=None, help="processes (default TP x CP x PP: DP = 1)")
     p.add_argument("--vocab", type=int, default=None, help="tokenizer vocabulary (default model.vocab_size or 50304)")
     p.add_argument("--json", default=None, help="also write the numbers here")
+    p.add_argument("--measure", action="store_true",
+                   help="also run one training step here (CPU, TP = CP = PP = 1) and print the measured peak of "
+                        "the bytes it allocates next to the estimated activations + gradients")
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = p.parse_args(argv)
     from setdiff_mega.config import load_config, validate_layout
@@ -46,9 +49,20 @@ def main(argv=None) -> int:
     for name, v in est.table():
         print(f"  {name:<20} {v / GIB:9.2f} GiB")
     print(f"  {'(activations without recomputation)':<20} {est.activations_no_recompute / GIB:9.2f} GiB")
+    extra = {}
+    if args.measure:
+        if tp * cp * pp != 1:
+            raise ValueError(f"--measure runs one process: use TP = CP = PP = 1 (got TP={tp} CP={cp} PP={pp})")
+        from setdiff_mega.training.memory import measure_config
+
+        peak, want = measure_config(cfg, vocab), est.activations + est.gradients
+        extra = {"measured_step_peak": peak, "estimated_activations_and_gradients": want}
+        print(f"  measured step peak {peak / GIB:.3f} GiB vs estimated activations + gradients {want / GIB:.3f} GiB "
+              f"(ratio {want / peak:.2f})")
     if args.json:
         Path(args.json).write_text(json.dumps({name: v for name, v in est.table()} | {
-            "parameters": est.parameters, "activations_no_recompute": est.activations_no_recompute}, indent=1))
+            "parameters": est.parameters, "activations_no_recompute": est.activations_no_recompute} | extra,
+            indent=1))
     return 0
 
 

@@ -14,16 +14,29 @@ logits, h = hidden size, f = MLP width, V = padded vocabulary, l = layers per pi
                          ``tests/unit/test_memory.py``), T_loc = T / CP (each stream padded to 2 CP chunks)
                  mask    b|1 x T_loc x T bytes (bool; the dense mask; cached static mask: b = 1); under CP
                          the rank's rows, built from the mask's pattern (no full T x T mask)
-                 head    N_loc x b x (4 V + 8 h) (the fp32 log-probabilities, the head input) + T_loc x b x 4h
+                 head    N_loc x b x (4 V + 8 h) (the fp32 log-probabilities, the head input) + T_loc x b x 4h;
+                         the loss's backward adds 3 x N_loc x b x 4 V (fp32 gradients of the log-probabilities
+                         and the logits) while everything above is still kept: the workspace of the step is
+                         the larger of that and a recomputed unit's activations
                  a = 2 bytes under bf16 autocast, 4 in fp32
                  recomputation: full/uniform n keeps each unit's input (l / n x b T_loc h x a) plus one
                  unit's activations during its backward; full/block n keeps the inputs of the n
-                 recomputed layers and the activations of the l - n others; selective (core attention)
-                 saves nothing on these kernels (the SDPA kernels keep no T x T tensor; q, k, v and the
-                 output are kept by the linear layers anyway), so it is counted as none
+                 recomputed layers and the activations of the l - n others (the recomputed layers' backward
+                 comes after the others' activations are freed: one layer's worth only if n = l);
+                 selective (core attention) saves nothing on these kernels (the SDPA kernels keep no
+                 T x T tensor; q, k, v and the output are kept by the linear layers anyway), so it is
+                 counted as none
 
 The estimate ignores allocator fragmentation, communication buffers and the framework's own footprint
-(imports, CUDA context), which a measured peak includes.
+(imports, CUDA context), which a process's RSS or ``cuda.max_memory_allocated`` includes.
+
+:func:`measure_step_peak` measures what the estimate predicts for the activations and gradients: the peak
+of the bytes allocated and not yet freed during one training step (forward, backward, optimizer step),
+from the allocation events of PyTorch's profiler, counted from the start of the step (so the weights and
+the optimizer state, which exist before it, are not in it). It is the CPU counterpart of CUDA's
+``max_memory_allocated`` minus the memory in use before the step; glibc's retained free memory makes an
+RSS peak larger by an amount that depends on the allocation history (measured: 1.1 GiB RSS growth for a
+0.69 GiB allocation peak).
 """
 from __future__ import annotations
 
@@ -88,14 +101,67 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
     workspace = 0.0                      # a recomputed unit's activations, alive during its backward only
     if g == "full" and mc.recompute_method == "uniform":
         body, workspace = -(-layers // n) * layer_input, min(n, layers) * per_layer
-    elif g == "full":
-        body, workspace = min(n, layers) * layer_input + max(layers - n, 0) * per_layer, per_layer
+    elif g == "full":     # block: the first n layers recomputed, after the others' activations are freed
+        body = min(n, layers) * layer_input + max(layers - n, 0) * per_layer
+        workspace = per_layer if n >= layers else 0.0
     else:
         body = layers * per_layer
     mask = T_loc * streams * Ls_p        # [1, T_loc, T'] bool
     head = N_loc * b * (4 * padded_vocab + 8 * mc.hidden_size) + T_loc * b * 4 * mc.hidden_size
     kept = min(pp, micro_batches) * body + mask + head
+    # the loss's backward, first in the backward (all activations still kept): about three fp32 [N, V] tensors
+    # (the log-probabilities' gradient, the logits' gradient in the softmax and at the head; measured 2.2-2.8)
+    workspace = max(workspace, 3 * N_loc * b * 4 * padded_vocab)
     return (kept, workspace) if split else kept + workspace
+
+
+def measure_step_peak(step) -> int:
+    """Peak bytes allocated (and not yet freed) during ``step()`` on the CPU, from the profiler's memory
+    events in time order (see the module docstring). Run one step before, so the optimizer state exists."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    live = peak = 0
+    for _, n in events:
+        live += n
+        peak = max(peak, live)
+    return peak
+
+
+def measure_config(cfg, vocab: int, seed: int = 0) -> int:
+    """:func:`measure_step_peak` of one training step of ``cfg``'s model and objective on random tokens in
+    this process (single-rank layouts; megatron-core's parallel state is initialised if it is not)."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from setdiff_mega.diffusion import build_inputs_per_sample, build_objective
+    from setdiff_mega.model import build_model
+    from setdiff_mega.parallel import initialize
+
+    from .step import autocast_context
+
+    if not ps.model_parallel_is_initialized():
+        initialize(seed=seed)
+    tc, o = cfg.train, cfg.objective
+    model = build_model(cfg.model, vocab, precision=tc.precision).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    obj = build_objective(o.name, vocab - 1, block_size=o.block_size, D=o.D)
+    b, L = tc.micro_batch_size, cfg.data.seq_length
+    tokens = torch.randint(0, vocab - 1, (b, L), generator=torch.Generator().manual_seed(seed))
+    inp = build_inputs_per_sample(obj, tokens, list(range(b)), seed=seed)
+
+    def step():
+        with autocast_context(tc.precision):
+            loss, _ = obj.loss(model(**inp.model_kwargs()), inp)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    step()
+    return measure_step_peak(step)
 
 
 def estimate(cfg, padded_vocab: int, world_size: int | None = None) -> MemoryEstimate:
@@ -116,4 +182,5 @@ def estimate(cfg, padded_vocab: int, world_size: int | None = None) -> MemoryEst
                           activations=act[True], activations_no_recompute=act[False])
 
 
-__all__ = ["MemoryEstimate", "estimate", "activation_bytes", "rank_parameters", "GIB"]
+__all__ = ["measure_step_peak", "measure_config", "MemoryEstimate", "estimate", "activation_bytes",
+           "rank_parameters", "GIB"]

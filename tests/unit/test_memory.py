@@ -1,7 +1,8 @@
 """The per-rank memory estimate (setdiff_mega/training/memory.py, tools/estimate_memory.py) against what the
-model holds: its parameter count exactly, and the activations autograd keeps for the backward (measured with
-saved-tensor hooks, parameters excluded) within 25%, with and without recomputation; CP and TP shrink the
-per-rank activations."""
+model holds: its parameter count exactly, the activations autograd keeps for the backward (measured with
+saved-tensor hooks, parameters excluded) and the peak of the bytes allocated during a training step
+(activations + gradients, measured from the profiler's allocation events) within 25%, with and without
+recomputation; CP and TP shrink the per-rank activations."""
 import pytest
 import torch
 
@@ -48,7 +49,43 @@ def test_estimate_matches_the_model(mcore, objective, fields, L, b):
     assert rank_parameters(mc, model.padded_vocab_size, 1, 1) == sum(p.numel() for p in model.parameters())
     kept, workspace = activation_bytes(mc, objective, L, b, padded_vocab=model.padded_vocab_size, split=True)
     assert kept == pytest.approx(saved, rel=0.25), (kept, saved)
-    assert (workspace > 0) == (mc.recompute_granularity == "full")            # no CP: no resident full mask
+    assert workspace >= 3 * 4 * model.padded_vocab_size * b * (L if objective != "ar" else L - 1)   # loss backward
+
+
+@pytest.mark.parametrize("objective,fields,L,b", [
+    ("setdlm", {}, 128, 8),
+    ("setdlm", {"hidden_size": 32, "num_attention_heads": 2, "num_layers": 2}, 64, 16),   # the head dominates
+    ("bd3lm", {"hidden_size": 96, "num_attention_heads": 4}, 32, 8),
+    ("ar", {"activation": "swiglu"}, 64, 4),
+    ("setdlm", {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}, 64, 4),
+    ("setdlm", {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 2}, 64, 4),
+])
+def test_estimate_matches_the_measured_peak_of_a_training_step(mcore, objective, fields, L, b):
+    """Activations + gradients of the estimate against the measured peak of the bytes allocated during one
+    training step (forward, backward, AdamW; measure_step_peak), within 25%."""
+    from setdiff_mega.config import ModelConfig
+    from setdiff_mega.model import build_model
+    from setdiff_mega.training.memory import measure_step_peak
+
+    mc = ModelConfig(**{"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "zero_init_head": False,
+                        **fields})
+    torch.manual_seed(0)
+    model = build_model(mc, 301).train()
+    opt = torch.optim.AdamW(model.parameters())
+    obj = build_objective(objective, 300, D=2, block_size=4)
+    inp = build_inputs_per_sample(obj, torch.randint(0, 300, (b, L), generator=torch.Generator().manual_seed(1)),
+                                  list(range(b)), seed=5)
+
+    def step():
+        loss, _ = obj.loss(model(**inp.model_kwargs()), inp)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    step()                                       # the optimizer state exists before the measured step
+    peak = measure_step_peak(step)
+    grads = 4 * sum(p.numel() for p in model.parameters())
+    est = activation_bytes(mc, objective, L, b, padded_vocab=model.padded_vocab_size) + grads
+    assert est == pytest.approx(peak, rel=0.25), (est, peak)
 
 
 def test_context_and_tensor_parallel_shrink_the_activations_per_rank():
