@@ -83,13 +83,35 @@ class SDPACoreAttention(MegatronModule):
         causal = attention_mask is None or (pattern is not None and pattern.kind == "causal" and not pattern.is_view
                                             and pattern.key_valid is None and pattern.length == q.shape[2])
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if causal else ~attention_mask, dropout_p=self.active_dropout,
+            q, k, v, attn_mask=None if causal else allowed_mask(attention_mask), dropout_p=self.active_dropout,
             is_causal=causal, scale=self.softmax_scale, enable_gqa=self.heads != self.groups)
 
 
 def mask_pattern(attention_mask):
     """The :class:`~setdiff_mega.diffusion.masks.MaskPattern` the model attached to this mask, or None."""
     return getattr(attention_mask, "attention_pattern", None)
+
+
+def lazy_mask(pattern, device):
+    """A placeholder for the dense mask of ``pattern`` (an empty tensor carrying the pattern): the core
+    attentions that need the dense mask build it once per pattern (:func:`allowed_mask`), the structured
+    ones (set-causal decomposition, FlexAttention) never do."""
+    import torch
+
+    m = torch.empty(0, dtype=torch.bool, device=device)
+    m.attention_pattern = pattern
+    return m
+
+
+def allowed_mask(attention_mask):
+    """The boolean mask with True = allowed [b|1, 1, s, s_k]: mcore's mask inverted, or a placeholder's
+    pattern built densely once (cached on the pattern, shared by every layer)."""
+    if attention_mask.numel() or mask_pattern(attention_mask) is None:
+        return ~attention_mask
+    pattern, key = attention_mask.attention_pattern, ("dense_allowed", str(attention_mask.device))
+    if key not in pattern.cache:
+        pattern.cache[key] = pattern.dense(attention_mask.device)[:, None]
+    return pattern.cache[key]
 
 
 def expand_groups(t, heads: int):
@@ -100,4 +122,4 @@ def expand_groups(t, heads: int):
 
 ATTENTION_BACKENDS = ("sdpa", "flex", "setcausal", "local")
 
-__all__ = ["SDPACoreAttention", "ATTENTION_BACKENDS", "mask_pattern", "expand_groups"]
+__all__ = ["SDPACoreAttention", "ATTENTION_BACKENDS", "mask_pattern", "expand_groups", "lazy_mask", "allowed_mask"]

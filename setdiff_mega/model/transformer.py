@@ -7,7 +7,9 @@
 key padding; :class:`setdiff_mega.diffusion.masks.MaskPattern`). It rides on the mask tensor handed to
 megatron-core (attribute ``attention_pattern``), so each core attention sees exactly the mask it describes;
 backends that can (FlexAttention, the set-causal decomposition, SDPA's causal kernel) use it instead of
-the dense mask. Given a pattern, ``attention_mask`` may be None (it is then built from the pattern).
+the dense mask. Given a pattern, ``attention_mask`` may be None: the layers then get a placeholder
+carrying the pattern (:func:`~setdiff_mega.model.attention.lazy_mask`), and only a core attention that
+needs the dense mask builds it, once per pattern (the local mcore attention gets the dense mask).
 
 * Embedding: mcore ``LanguageModelEmbedding`` (vocab-parallel, no learned positions).
 * Positions: RoPE at the given per-sample ``position_ids`` (:mod:`.rope`); SetDLM passes the original
@@ -37,6 +39,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from .attention import lazy_mask
 from .rope import PerSampleRotary
 from .spec import block_spec, layer_spec
 
@@ -118,6 +121,16 @@ class SetDiffusionTransformer(MegatronModule):
             input_tensor = input_tensor[0]
         self.decoder.set_input_tensor(input_tensor)
 
+    @property
+    def lazy_masks(self) -> bool:
+        """True if every core attention of this chunk takes a pattern placeholder for the dense mask."""
+        from .attention import SDPACoreAttention
+
+        if not hasattr(self, "_lazy_masks"):
+            self._lazy_masks = all(isinstance(layer.self_attention.core_attention, SDPACoreAttention)
+                                   for layer in self.decoder.layers)
+        return self._lazy_masks
+
     @staticmethod
     def to_mcore_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """True = allowed [1|B, T, T] -> mcore's True = masked out [1|B, 1, T, T]."""
@@ -131,11 +144,14 @@ class SetDiffusionTransformer(MegatronModule):
                 attention_mask: torch.Tensor | None, logits_start: int = 0, attention_pattern=None) -> torch.Tensor:
         hidden = self.embedding(input_ids=tokens, position_ids=position_ids) if self.pre_process else None
         freqs = self.rope(position_ids)
-        if attention_mask is None and attention_pattern is not None:
-            attention_mask = attention_pattern.dense(position_ids.device)
-        mask = self.to_mcore_mask(attention_mask)
-        if mask is not None and attention_pattern is not None:
-            mask.attention_pattern = attention_pattern
+        if attention_mask is None and attention_pattern is not None and self.lazy_masks:
+            mask = lazy_mask(attention_pattern, position_ids.device)    # built by the core attention if needed
+        else:
+            if attention_mask is None and attention_pattern is not None:
+                attention_mask = attention_pattern.dense(position_ids.device)
+            mask = self.to_mcore_mask(attention_mask)
+            if mask is not None and attention_pattern is not None:
+                mask.attention_pattern = attention_pattern
         hidden = self.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=freqs)
         if not self.post_process:
             return hidden

@@ -99,7 +99,8 @@ def _local_mask(inp, streams: int, Lp: int, idx: torch.Tensor, perm: torch.Tenso
     """(this rank's mask rows [1|B, T_loc, T'] in gathered key order, the pattern view or None)."""
     if inp.attention_pattern is not None:        # from the pattern: the full T x T mask is never built
         view = padded_pattern(inp.attention_pattern, streams, Lp).view(idx, perm)
-        return view.dense(idx.device), view
+        # pattern-only inputs stay so: the core attention builds the rows if it needs them
+        return (None if inp.attention_mask is None else view.dense(idx.device)), view
     mask = _padded_mask(inp.attention_mask.bool(), streams, Lp)
     return mask[:, idx][:, :, perm], None
 

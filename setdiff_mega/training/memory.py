@@ -13,7 +13,8 @@ logits, h = hidden size, f = MLP width, V = padded vocabulary, l = layers per pi
                          coefficients measured on this stack: the tensors autograd keeps for the backward,
                          ``tests/unit/test_memory.py``), T_loc = T / CP (each stream padded to 2 CP chunks)
                  mask    b|1 x T_loc x T bytes (bool; the dense mask; cached static mask: b = 1); under CP
-                         the rank's rows, built from the mask's pattern (no full T x T mask)
+                         the rank's rows, built from the mask's pattern (no full T x T mask) by the sdpa
+                         backend only (setcausal on SetDLM and flex build none)
                  head    N_loc x b x (4 V + 8 h) (the fp32 log-probabilities, the head input) + T_loc x b x 4h;
                          the loss's backward adds 3 x N_loc x b x 4 V (fp32 gradients of the log-probabilities
                          and the logits) while everything above is still kept: the workspace of the step is
@@ -107,6 +108,9 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
     else:
         body = layers * per_layer
     mask = T_loc * streams * Ls_p        # [1, T_loc, T'] bool
+    structured = mc.attention_backend == "flex" or (mc.attention_backend == "setcausal" and objective == "setdlm")
+    if cp > 1 and structured:            # pattern-only inputs: these kernels never build the dense rows
+        mask = 0
     head = N_loc * b * (4 * padded_vocab + 8 * mc.hidden_size) + T_loc * b * 4 * mc.hidden_size
     kept = min(pp, micro_batches) * body + mask + head
     # the loss's backward, first in the backward (all activations still kept): about three fp32 [N, V] tensors

@@ -1,6 +1,8 @@
 """Attention backends inside the model (fp32, CPU): every backend that runs here gives the dense-mask
 reference's logits, loss and parameter gradients (relative 1e-5), with pinned context (prefix and suffix),
 right padding and grouped KV heads; mask patterns describe exactly the masks the objectives build."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -160,16 +162,25 @@ def test_flex_backend_refuses_cpu_training_with_a_clear_error(mcore):
         model(**inp.model_kwargs())
 
 
-def test_mask_free_inputs_build_the_mask_from_the_pattern(mcore):
-    """Given a pattern the dense mask may be omitted."""
-    model = _models(["setcausal"])["setcausal"].eval()
+@pytest.mark.parametrize("objective", ["setdlm", "bd3lm"])
+def test_mask_free_inputs_build_the_mask_from_the_pattern(mcore, objective):
+    """Given a pattern the dense mask may be omitted: the layers get a placeholder; the set-causal
+    decomposition never builds the mask, SDPA (BD3LM's block mask) builds it once for all layers."""
+    from setdiff_mega.diffusion import build_objective
+
+    mods = _models(["setcausal", "sdpa"])
     x, context, padding = _batch()
-    inp = SetDLMObjective(MASK_ID, D=3).build_inputs(x, context=context, padding=padding)
-    with torch.no_grad():
-        a = model(**inp.model_kwargs())
-        inp.attention_mask = None
-        b = model(**inp.model_kwargs())
-    assert torch.equal(a, b)
+    inp = build_objective(objective, MASK_ID, D=3, block_size=2).build_inputs(x, context=context, padding=padding)
+    for name, model in mods.items():
+        model.eval()
+        pattern = inp.attention_pattern
+        pattern.cache.clear()
+        with torch.no_grad():
+            a = model(**inp.model_kwargs())
+            b = model(**dataclasses.replace(inp, attention_mask=None).model_kwargs())
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        built = any(k[0] == "dense_allowed" for k in pattern.cache)
+        assert built == (name == "sdpa" or objective != "setdlm"), (name, objective)
 
 
 @pytest.mark.parametrize("use_cache", [True, False])

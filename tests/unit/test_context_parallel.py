@@ -148,5 +148,6 @@ def test_pattern_only_inputs_shard_to_the_same_rows(name):
         sliced = shard_inputs(dataclasses.replace(dense_inp, attention_pattern=None), streams, 2, r)
         idx, Lp = shard_indices(T, streams, 2, r)
         real = (idx % Lp) < T // streams                # the CP layout's padding rows are never read
-        for m in (a.attention_mask, b.attention_mask):
+        assert b.attention_mask is None                 # pattern only: the core attention builds the rows
+        for m in (a.attention_mask, b.attention_pattern.dense()):
             assert torch.equal(m.expand_as(sliced.attention_mask)[:, real], sliced.attention_mask[:, real])
