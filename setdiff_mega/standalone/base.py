@@ -37,6 +37,8 @@ class GenerationConfig:
     repetition_penalty: float = 1.0   # > 1 penalises tokens already in the context
     length_penalty: tuple | None = None   # (start, factor): exponential-decay EOS boost after start tokens
     use_cache: bool = True        # False: recompute the whole history every step (exactness reference)
+    static_shapes: bool = False   # SetDLM + cache: every decode step one shape, the cache at fixed addresses
+                                  # (exported model on CUDA: steps replayed from CUDA graphs; capture.py)
     context_length: int | None = None   # cache + chunk budget = the training length L (None: the model's)
     fht_cache_order: bool = False # SetDLM: same-step commits enter the cache in first-hitting-time order
     infill_full_context: bool = True  # SetDLM infill: prefill prefix AND suffix (False: prefix only)

@@ -12,7 +12,8 @@ which are evicted when the context budget is reached, is decided by the sampler'
 :class:`~setdiff_mega.standalone.context.Ledger`; the cache only stores tensors and drops the slots it is
 told to (:meth:`keep`). Dropping every row's n oldest entries (the usual eviction) only advances o; any
 other pattern compacts the window with a gather; the window moves back to offset 0 (one copy) when the
-buffer's end is reached.
+buffer's end is reached. A ``static`` cache always compacts, so o stays 0 and the attended view keeps its
+address (captured decode steps, :mod:`.capture`).
 
 A decode forward over a chunk of T tokens writes the chunk's K/V into the scratch region and computes
 attention of the chunk's queries over the contiguous view ``[window (C slots) ; chunk (T)]`` with a
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, groups: int, head_dim: int, capacity: int,
-                 dtype=torch.float32, device="cpu"):
+                 dtype=torch.float32, device="cpu", static: bool = False):
         self.num_layers, self.batch, self.capacity = num_layers, batch, int(capacity)
+        self.static = bool(static)          # the window stays at offset 0 (fixed addresses, :mod:`.capture`)
         self._shape = (num_layers, batch, groups, head_dim)
         self.offset, self._T = 0, None
         self._slack = max(64, self.capacity // 4)            # window moves before a copy; the chunk's room
@@ -66,13 +68,17 @@ class KVCache:
         o, C = self.offset, self.capacity
         return self.k[layer, :, :, o:o + C], self.v[layer, :, :, o:o + C]
 
+    def begin(self, T: int) -> None:
+        """Reserve the scratch slots of a chunk of T entries (the host-side part of a cached forward)."""
+        self._room(T)
+        self._T = T
+
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
         """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] -> [B, h, T, d]; k, v stay in the
         scratch region until :meth:`commit` or the next forward."""
         T = k.shape[2]
         if layer == 0:
-            self._room(T)
-        self._T = T
+            self.begin(T)
         o, s = self.offset, self.offset + self.capacity
         self.k[layer, :, :, s:s + T] = k
         self.v[layer, :, :, s:s + T] = v
@@ -88,7 +94,8 @@ class KVCache:
         slot = torch.arange(C, device=keep.device)[None]
         n = valid.sum(1) - keep.sum(1)
         n0 = int(n[0])
-        if bool((n == n0).all()) and bool(torch.equal(keep, valid & (slot >= n0))):   # the oldest n0 of every row
+        if not self.static and bool((n == n0).all()) and bool(torch.equal(keep, valid & (slot >= n0))):
+            # the oldest n0 of every row: only the offset moves (a static cache compacts instead)
             self.offset += n0
         else:
             key = torch.where(keep, slot, slot + C)                 # kept slots first, in their order

@@ -58,8 +58,9 @@ class Prepared:
         self.gated = c.hidden_act == "swiglu"
         self.heads, self.groups = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = c.hidden_size // c.num_attention_heads
-        self.inv_freq = inverse_frequencies(body.rotary.dim, body.rotary.base)
         self.embed = body.embed_tokens.weight
+        # on the weights' device: no host-to-device copy inside a forward (a captured step allows none)
+        self.inv_freq = inverse_frequencies(body.rotary.dim, body.rotary.base).to(self.embed.device)
         self.layers = []
         for layer in body.layers:
             a, m = layer.self_attn, layer.mlp

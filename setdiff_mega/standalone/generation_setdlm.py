@@ -37,6 +37,7 @@ from transformers.utils import ModelOutput
 
 from .base import Canvas, GenerationConfig
 from .baselines import ARSampler, BD3LMSampler, MDLMSampler
+from .capture import CapturedStep
 from .decode_step import Prepared
 from .decode_step import forward as decode_forward
 from .setdlm import SetDLMSampler
@@ -65,6 +66,8 @@ class DecodeModel:
         self.vocab_size = c.tokenizer_vocab_size
         self._cache = None
         self._prepared = getattr(model, "_setdiff_prepared", None)     # reused across generate() calls
+        # static caches (GenerationConfig.static_shapes): one CUDA graph per step signature (CPU: eager)
+        self.captured = CapturedStep(lambda *a: decode_forward(self._prepared, *a, self._cache))
 
     def parameters(self):
         return self.model.parameters()
@@ -96,7 +99,10 @@ class DecodeModel:
         return prepared
 
     def __call__(self, tokens, position_ids, keep, logits_start: int = 0):
-        return decode_forward(self.weights(), tokens, position_ids, keep, logits_start, self._cache)
+        w = self.weights()
+        if self._cache is not None and self._cache.static:
+            return self.captured(tokens, position_ids, keep, logits_start, self._cache, key=id(w))
+        return decode_forward(w, tokens, position_ids, keep, logits_start, self._cache)
 
 
 class TokenizerView:

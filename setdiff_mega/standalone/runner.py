@@ -10,7 +10,10 @@ Before the forward the :class:`~setdiff_mega.standalone.context.Ledger` evicts s
 ``cached + P_b + A_b <= budget``; after it, :meth:`ChunkRunner.persist` makes the pending tokens
 cached (their K/V are written; the queries' are dropped: method.md P12).
 
-``use_cache=True``: keys = [KVCache slots ; chunk], mask [B, T, C + T].
+``use_cache=True``: keys = [KVCache slots ; chunk], mask [B, T, C + T]. With ``static_chunk=(P, A)`` the
+pending and query rows are padded with invalid entries to P and A columns (wider chunks keep their
+width) and the cache keeps fixed addresses: every decode step has one shape (:mod:`.capture`); the
+prefill keeps its own.
 ``use_cache=False``: the whole insertion history is recomputed in front of the chunk with the mask the
 cache implies (:meth:`Ledger.history`), so both modes give the same logits up to float rounding, also
 after evictions. A forward whose only purpose is to cache tokens (a prefill) is skipped in that mode.
@@ -23,10 +26,21 @@ from .cache import KVCache
 from .context import Ledger
 
 
+def _pad(idx, ok, width: int, group=None):
+    """Packed rows [B, M] padded with invalid entries to ``width`` columns (never narrowed)."""
+    extra = width - idx.shape[1]
+    if extra <= 0:
+        return idx, ok, group
+    z = idx.new_zeros(idx.shape[0], extra)
+    return (torch.cat([idx, z], 1), torch.cat([ok, z.bool()], 1),
+            None if group is None else torch.cat([group, z - 1], 1))
+
+
 class ChunkRunner:
     def __init__(self, model, tokens_ref, mask_id: int, pad_id: int, use_cache: bool, budget: int | None,
-                 by_position: torch.Tensor | None = None):
+                 by_position: torch.Tensor | None = None, static_chunk: tuple | None = None):
         self.model, self.mask_id, self.pad_id = model, mask_id, pad_id
+        self.static_chunk = static_chunk if use_cache else None     # (pending, query) widths, or None
         self.tokens = tokens_ref
         B, N = tokens_ref.shape
         dev = tokens_ref.device
@@ -36,7 +50,8 @@ class ChunkRunner:
             layers, groups, head_dim = model.cache_shape()
             p = next(model.parameters())
             capacity = N if budget is None else min(int(budget), N)
-            self.cache = KVCache(layers, B, groups, head_dim, capacity, dtype=p.dtype, device=p.device)
+            self.cache = KVCache(layers, B, groups, head_dim, capacity, dtype=p.dtype, device=p.device,
+                                 static=self.static_chunk is not None)
         self.forwards = 0     # forward index (also counts skipped prefills: the ledger's clock)
         self.nfe = 0          # model calls
         self._pending = None
@@ -73,6 +88,16 @@ class ChunkRunner:
         if keep is not None and self.cache is not None:
             self.cache.keep(keep[:, :self.cache.capacity])
         self._pending = (pend_idx, pend_ok, pend_group, f)
+        P, A = pend_idx.shape[1], q_idx.shape[1]
+        if self.static_chunk is not None and A:          # fixed widths for decode steps (not the prefill)
+            pend_idx, pend_ok, pend_group = _pad(pend_idx, pend_ok, self.static_chunk[0], pend_group)
+            q_idx, q_ok, _ = _pad(q_idx, q_ok, self.static_chunk[1])
+            q_tokens = None if q_tokens is None else _pad(q_tokens, q_ok[:, :A], q_idx.shape[1])[0]
+            if query_mask is not None and query_mask.shape[-1] < q_idx.shape[1]:
+                qm = torch.zeros(*query_mask.shape[:-2], q_idx.shape[1], q_idx.shape[1], dtype=torch.bool,
+                                 device=query_mask.device)
+                qm[..., :A, :A] = query_mask
+                query_mask = qm
         tok, posi, ok, allowed = self._chunk(pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask)
         start = 0 if logits_rows == "all" else pend_idx.shape[1]
         if self.cache is not None:
@@ -80,7 +105,10 @@ class ChunkRunner:
             cache_part = self.cache.valid()[:, None, :].expand(B, T, self.cache.capacity)
             self.nfe += 1
             with self.model.use_cache(self.cache):
-                return self.model(tok, posi, torch.cat([cache_part, allowed], -1), start)
+                out = self.model(tok, posi, torch.cat([cache_part, allowed], -1), start)
+            if logits_rows != "all":
+                return out[:, :A]
+            return torch.cat([out[:, :P], out[:, pend_idx.shape[1]:pend_idx.shape[1] + A]], 1)
         if start == tok.shape[1]:          # nothing to predict: only the ledger learns about these tokens
             return None
         hpos, hok, hmask = self.ledger.history()

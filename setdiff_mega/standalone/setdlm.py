@@ -94,7 +94,9 @@ class SetDLMSampler:
                                  "decode through setdiff_mega.inference.generate with the checkpoint's objective")
             fht = first_hitting_times(canvas, cfg, budget, self.order_prior)
         by_pos = None if fht is None else ~canvas.infill
-        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, budget, by_pos)
+        static = (cfg.window, cfg.window) if cfg.static_shapes else None    # pending <= W commits, W queries
+        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, budget, by_pos,
+                             static_chunk=static)
         return runner, fht
 
     def _order(self, sel: torch.Tensor, fht):

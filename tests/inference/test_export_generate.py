@@ -237,3 +237,31 @@ def test_decode_step_computes_the_model_forward_and_follows_weight_updates(hf_mo
         changed = model(tokens, position_ids=pos, attention_mask=keep, logits_start=4).logits
         assert torch.allclose(dm(tokens, pos, keep, 4), changed, atol=1e-5) and dm.weights() is not first
         w.copy_(saved)
+
+
+@pytest.mark.parametrize("kind,W", [("prompt", 4), ("infill", 4), ("prompt", 1)])
+def test_static_shapes_decode_the_same_tokens_with_one_step_signature(exports, hf_models, tokenizer, kind, W):
+    """``static_shapes``: the chunks padded to W pending + W query rows and the cache at fixed addresses give
+    the same tokens (export and native path, past L: evictions), and every decode step after the prefill
+    has one signature (shapes, strides, cache address), what a CUDA graph needs (capture.py)."""
+    from dataclasses import replace
+
+    from setdiff_mega.standalone.base import Canvas
+    from setdiff_mega.standalone.generation_setdlm import DecodeModel, options
+    from setdiff_mega.standalone.setdlm import SetDLMSampler
+
+    rows = _ids(tokenizer, kind)
+    opts = {"max_new_tokens": 40, "stop_at_eos": False, "window": W, "tau": 0.5}
+    ids, mask = _batch(rows, tokenizer.pad)
+    model = hf_models["setdlm"]
+    dynamic = model.generate(ids, attention_mask=mask, **opts)
+    static = model.generate(ids, attention_mask=mask, static_shapes=True, **opts)
+    assert static.generated == dynamic.generated and static.nfe == dynamic.nfe
+    assert _native(exports["setdlm"], tokenizer, rows, {**opts, "static_shapes": True})[0] == dynamic.generated
+    dm, c = DecodeModel(model, L), model.config
+    cfg = replace(options(model, {**opts, "static_shapes": True}), context_length=L)
+    out = SetDLMSampler(dm, c.method["mask_token_id"], c.pad_token_id, c.eos_token_id, cfg).generate(
+        Canvas.from_prompts(rows, c.method["mask_token_id"], c.pad_token_id, cfg.max_new_tokens))
+    assert out.tokens == dynamic.generated and out.evicted > 0
+    assert dm.captured.steady_signatures() == 1 and len(dm.captured.signatures) == 2     # steps + the prefill
+    assert sum(dm.captured.signatures.values()) == out.nfe
