@@ -57,10 +57,11 @@ def test_two_nodes_on_localhost_train_data_parallel(data_dir, tmp_path):
 
 
 def test_torchrun_context_parallel_run(data_dir, tmp_path):
-    """CP = 2 under a real torchrun: both ranks read the same samples (DP = 1) and hold half of each stream."""
+    """CP = 2 under a real torchrun: both ranks read the same samples (DP = 1) and hold half of each stream,
+    attending with the set-causal decomposition per chunk (no mask)."""
     save = tmp_path / "run"
     args = ["--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=6", f"data.path={data_dir / 'corpus'}",
-            f"train.save_dir={save}", "parallel.context_parallel_size=2"]
+            f"train.save_dir={save}", "parallel.context_parallel_size=2", "model.attention_backend=setcausal"]
     r = subprocess.run(["bash", "launch.sh", "--", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=_env(NNODES="1", NODE_RANK="0", NPROC_PER_NODE="2", MASTER_PORT=str(_port())))
     assert r.returncode == 0, r.stderr[-3000:]
