@@ -225,8 +225,8 @@ class Trainer:
         lr = lr_at(self.guard.schedule_step(step), tc)
         set_lr(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ddp is not self.model and self.engine is None:
-            self.ddp.zero()                            # megatron-core DDP's gradient buffers
+        if self.ddp is not self.model:
+            self.ddp.zero()                            # megatron-core DDP's gradient buffers (never with ZeRO)
         micro = []
         self.watch.check()                             # the data files are the ones we started with
         for _ in range(tc.grad_accum_steps):
