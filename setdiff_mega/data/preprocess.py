@@ -264,6 +264,9 @@ def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int,
             _init_worker(tokenizer_path, max(1, os.cpu_count() or 1))
             results = map(encode_unit, jobs)
         else:
+            # imported once here, before the fork, instead of once per worker (seconds each at start-up)
+            import megatron.core.datasets.indexed_dataset  # noqa: F401
+
             pool = get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, 1))
             results = pool.imap_unordered(encode_unit, jobs)
         for r in results:

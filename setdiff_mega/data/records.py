@@ -65,8 +65,8 @@ def document(record, keys: list[str], where) -> Document:
     for k, v in zip(keys, values):
         ok = isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
         if not ok:
-            kind = "null" if v is None else type(v).__name__
-            raise DataError(f"{where}: the value of '{k}' is {kind} {_describe(v)}; a document must be a string, or "
+            what = "null" if v is None else f"{type(v).__name__} {_describe(v)}"
+            raise DataError(f"{where}: the value of '{k}' is {what}; a document must be a string, or "
                             f"a list of strings (sentences, as Megatron-LM reads them): fix or drop the record")
     if len(values) == 1:
         return values[0]

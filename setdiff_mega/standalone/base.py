@@ -249,7 +249,7 @@ class DecodeState:
         B, N = self.tokens.shape
         sel = torch.zeros(B, N, dtype=torch.bool, device=q_idx.device).scatter_(1, q_idx, cm) & allowed
         vals = torch.zeros(B, N, dtype=torch.long, device=q_idx.device).scatter_(1, q_idx, torch.where(cm, x, 0))
-        self.tokens[sel] = vals[sel]
+        self.tokens.copy_(torch.where(sel, vals, self.tokens))          # in place, no host sync
         if conf is not None and self.track_conf:
             c = torch.zeros(B, N, device=q_idx.device).scatter_(1, q_idx, torch.where(cm, conf.float(), 0.0))
             self.conf = torch.where(sel, c, self.conf)

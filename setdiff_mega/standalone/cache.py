@@ -19,7 +19,8 @@ A decode forward over a chunk of T tokens writes the chunk's K/V into the scratc
 attention of the chunk's queries over the contiguous view ``[window (C slots) ; chunk (T)]`` with a
 boolean keep-mask [B, 1, T, C + T] that the sampler builds (window slots >= length are never visible): no
 concatenation. :meth:`commit` then persists the first ``n[b]`` chunk entries of each row (the committed
-tokens) with one scatter for all layers; the rest (masked queries) are dropped.
+tokens) with one scatter for all layers (one slice copy when every row commits the same number of entries
+at the same length, e.g. batch 1); the rest (masked queries) are dropped.
 """
 from __future__ import annotations
 
@@ -110,11 +111,20 @@ class KVCache:
             raise RuntimeError("commit() without a preceding cached forward")
         T, o, C = self._T, self.offset, self.capacity
         n = n.to(self.length.device)
-        if (n > T).any():
+        counts, lengths = torch.stack([n, self.length]).tolist()          # one host sync
+        if max(counts, default=0) > T:
             raise ValueError("cannot persist more entries than the chunk holds")
-        if (self.length + n > C).any():
-            raise ValueError(f"committing {n.tolist()} entries overflows the cache (capacity {C}, "
-                             f"lengths {self.length.tolist()}); the sampler must evict first")
+        if any(a + b > C for a, b in zip(counts, lengths)):
+            raise ValueError(f"committing {counts} entries overflows the cache (capacity {C}, "
+                             f"lengths {lengths}); the sampler must evict first")
+        self._T = None
+        if len(set(counts)) <= 1 and len(set(lengths)) <= 1:   # every row alike (batch 1): one slice copy
+            m, at = (counts[0], o + lengths[0]) if counts else (0, o)
+            if m:                                              # [at, at + m) and the scratch never overlap
+                self.k[:, :, :, at:at + m] = self.k[:, :, :, o + C:o + C + m]
+                self.v[:, :, :, at:at + m] = self.v[:, :, :, o + C:o + C + m]
+            self.length = self.length + n
+            return
         j = torch.arange(T, device=n.device)[None]
         dest = torch.where(j < n[:, None], o + self.length[:, None] + j, o + C + j)    # dropped: stay in scratch
         L, B, g, _, d = self.k.shape
@@ -122,7 +132,6 @@ class KVCache:
         self.k.scatter_(3, gidx, self.k[:, :, :, o + C:o + C + T].clone())
         self.v.scatter_(3, gidx, self.v[:, :, :, o + C:o + C + T].clone())
         self.length = self.length + n
-        self._T = None
 
     def discard(self) -> None:
         """Forget the last chunk without persisting anything."""

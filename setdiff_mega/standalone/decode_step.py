@@ -12,7 +12,9 @@ not their size:
     forward  tokens / positions [B, T], keep [B, 1|-, T, C + T] bool; q, k, v = split(x W_qkv) as
              [B, heads + 2 groups, T, d]; RoPE (rotate-half on the first rot_dim channels) on the q and k
              heads in one operation; attention over [cache ; chunk] through ``cache.attend`` (or plain
-             SDPA over the chunk without a cache); the final norm and the head only on rows >= start.
+             SDPA over the chunk without a cache), with the boolean mask turned into SDPA's additive
+             0 / -inf mask once per forward instead of once per layer; the final norm and the head only
+             on rows >= start.
 
 Rows of the chunk never interact except through attention, so computing the norm and head only for the
 rows whose logits are asked for changes nothing.
@@ -106,6 +108,8 @@ def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cach
     h = F.embedding(tokens, w.embed)
     cos, sin = rope_cos_sin(position_ids, w.inv_freq, h.dtype)
     keep = keep[:, None] if keep.dim() == 3 else keep
+    if keep.dtype == torch.bool:           # the additive mask SDPA would build in every layer, built once
+        keep = torch.zeros(keep.shape, dtype=h.dtype, device=h.device).masked_fill_(~keep, float("-inf"))
     nh, g, d = w.heads, w.groups, w.head_dim
     gqa = nh != g
     for i, (n1, qkv_w, qkv_b, o_w, o_b, n2, up_w, up_b, down_w, down_b) in enumerate(w.layers):

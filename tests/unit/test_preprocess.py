@@ -113,7 +113,7 @@ def test_undecodable_and_non_string_input_name_the_line_in_the_file(corpus, tmp_
     n = good.count(b"\n")
     for tail, needle in ((b'{"text": "caf\xe9"}\n', rf"bad.jsonl:{n + 1}: not valid UTF-8 \(byte 0xe9 at column 14\)"),
                          (b'{"text": null}\n',
-                          rf"bad.jsonl:{n + 1}: the value of 'text' is null None; a document must"),
+                          rf"bad.jsonl:{n + 1}: the value of 'text' is null; a document must"),
                          (b'{"text": 42}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is int 42"),
                          (b'{"text": ["a", 3]}\n', rf"bad.jsonl:{n + 1}: the value of 'text' is list \['a', 3\]"),
                          (b'["text"]\n', rf"bad.jsonl:{n + 1}: expected a JSON object"),
