@@ -9,8 +9,10 @@ SetDLM cache-on vs cache-off speed ratio when decoding --long-length positions (
 EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model); then the engines side
 by side (native megatron-core model vs the plain-PyTorch model of the export format, interleaved, same
 prompts and settings, identical tokens checked): SetDLM with the cache decoding --long-length positions,
-SetDLM / AR / BD3LM on the math prompts. ``--checkpoint`` may be a Hugging Face export: its own remote
-code is then the plain engine. The grid decodes with --engine (default auto: plain when unsharded).
+SetDLM / AR / BD3LM on the math prompts, and for the long SetDLM case the split of a decode step into
+the model forward and the samplers' own work (shared by both engines). ``--checkpoint`` may be a
+Hugging Face export: its own remote code is then the plain engine. The grid decodes with --engine
+(default auto: plain when unsharded).
 Writes bench_generate.csv, cache_speedup.json, engine_speedup.json and speed_vs_tau.png.
 """
 import argparse
@@ -148,9 +150,14 @@ def compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out: Path) 
     for r in rows:
         print(f"{r['case']:18s} native {r['native_tokens_per_s']:7.1f} tok/s  plain {r['plain_tokens_per_s']:7.1f} "
               f"tok/s  x{r['speedup']:.2f}  identical tokens: {r['identical_tokens']}", file=sys.stderr)
+    split = benchmark.step_breakdown({"native": native, "plain": plain}, tok, "setdlm", cases[0][2], long_cfg,
+                                     repeats=args.engine_repeats)
+    for n, b in split.items():
+        print(f"setdlm_cache_long  {n:6s} per step {b['step_ms']:.3f} ms: forward {b['forward_ms']:.3f} ms, "
+              f"sampler {b['sampler_ms']:.3f} ms ({b['calls']} calls)", file=sys.stderr)
     report = {"checkpoint": str(args.checkpoint), "parameters": native.num_parameters(),
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-              "cases": rows}
+              "cases": rows, "step_breakdown": {"case": "setdlm_cache_long", **split}}
     (out / "engine_speedup.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({r["case"]: round(r["speedup"], 2) for r in rows}))
 

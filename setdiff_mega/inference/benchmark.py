@@ -3,9 +3,15 @@
 Protocol (method.md 7, P21): batch size 1, per-example tokens/s = generated tokens / wall time (prefill
 included), averaged over examples after ``warmup`` untimed examples. Every setting runs on the same
 model and the same prompts, so ratios between settings are meaningful on any machine.
+
+:func:`step_breakdown` splits a decode step into the model forward and the sampler's own work (the
+same code for every engine): it times every model call, then decodes again with each forward
+replaced by random logits of the same shape (same number of steps when one token is committed per
+step and EOS does not stop: tau >= 1, ``stop_at_eos=False``).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -96,6 +102,68 @@ def _tokens(model, tokenizer, method, prompts, cfg) -> list:
                                                  cfg.max_new_tokens, device=dev)).tokens[0] for p in prompts]
 
 
+class TimedModel:
+    """A model for the samplers whose calls are timed (``seconds``, ``calls``). With ``stub_vocab`` = V each
+    forward returns random logits [B, T - logits_start, V] instead (the cache's chunk slots are reserved as
+    a real forward would), so a decode measures the sampler's own work. Everything else is the model's."""
+
+    def __init__(self, model, stub_vocab: int | None = None):
+        self._model, self._stub = model, stub_vocab
+        self._cache, self.seconds, self.calls, self.vocab = None, 0.0, 0, None
+        self._gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    @contextlib.contextmanager
+    def use_cache(self, cache):
+        self._cache = cache
+        try:
+            with self._model.use_cache(cache):
+                yield cache
+        finally:
+            self._cache = None
+
+    def __call__(self, tokens, position_ids, keep, logits_start: int = 0):
+        t0 = time.perf_counter()
+        if self._stub is None:
+            out = self._model(tokens, position_ids, keep, logits_start)
+            self.vocab = out.shape[-1]
+        else:
+            if self._cache is not None:
+                self._cache.begin(tokens.shape[1])
+            out = torch.randn(tokens.shape[0], tokens.shape[1] - logits_start, self._stub, generator=self._gen,
+                              device=tokens.device)
+        if tokens.is_cuda:
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+
+def step_breakdown(engines: dict, tokenizer, method: str, prompts: list, cfg: GenerationConfig,
+                   repeats: int = 3) -> dict:
+    """Per model call (ms), per engine: the whole step, the forward inside it, and the sampler's own work
+    (forwards stubbed); engines interleaved, the fastest repeat kept (see the module docstring)."""
+    out = {n: [] for n in engines}
+    for r in range(repeats):
+        for n in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            if r == 0:
+                measure(engines[n], tokenizer, method, prompts[:1], cfg, warmup=0)
+            timed = TimedModel(engines[n])
+            t0 = time.perf_counter()
+            measure(timed, tokenizer, method, prompts, cfg, warmup=0)
+            wall = time.perf_counter() - t0
+            stub = TimedModel(engines[n], stub_vocab=timed.vocab)
+            t0 = time.perf_counter()
+            measure(stub, tokenizer, method, prompts, cfg, warmup=0)
+            own = time.perf_counter() - t0 - stub.seconds
+            out[n].append({"calls": timed.calls, "step_ms": 1e3 * wall / timed.calls,
+                           "forward_ms": 1e3 * timed.seconds / timed.calls,
+                           "sampler_ms": 1e3 * own / max(stub.calls, 1), "stub_calls": stub.calls})
+    return {n: min(rows, key=lambda x: x["step_ms"]) for n, rows in out.items()}
+
+
 def default_grid(base: GenerationConfig, windows=(1, 2, 4, 8), taus=(1e6, 0.9, 0.7, 0.5),
                  bd3_blocks=(2, 4, 8), mdlm_block=32):
     """(method, config) pairs: SetDLM W x tau, BD3LM block sizes (tau = 0.9), AR, MDLM."""
@@ -137,4 +205,5 @@ def plot_speed_vs_tau(rows: list[BenchRow], path) -> None:
     plt.close(fig)
 
 
-__all__ = ["BenchRow", "measure", "compare_engines", "default_grid", "plot_speed_vs_tau"]
+__all__ = ["BenchRow", "TimedModel", "measure", "compare_engines", "step_breakdown", "default_grid",
+           "plot_speed_vs_tau"]

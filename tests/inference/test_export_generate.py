@@ -265,3 +265,23 @@ def test_static_shapes_decode_the_same_tokens_with_one_step_signature(exports, h
     assert out.tokens == dynamic.generated and out.evicted > 0
     assert dm.captured.steady_signatures() == 1 and len(dm.captured.signatures) == 2     # steps + the prefill
     assert sum(dm.captured.signatures.values()) == out.nfe
+
+
+def test_step_breakdown_times_the_forwards_and_the_samplers_own_work(exports, hf_models, tokenizer):
+    """``tools/bench_generate.py``'s split of a decode step (benchmark.step_breakdown): the timing wrapper
+    changes no token, and the decode with stubbed forwards takes as many steps (one token per step, no
+    EOS stop, past L: evictions)."""
+    from setdiff_mega.inference import GenerationConfig
+    from setdiff_mega.inference.benchmark import TimedModel, _tokens, step_breakdown
+    from setdiff_mega.standalone.generation_setdlm import DecodeModel
+
+    engines = {"native": exports["setdlm"][0], "plain": DecodeModel(hf_models["setdlm"], L)}
+    cfg = GenerationConfig(max_new_tokens=40, window=2, tau=1e6, stop_at_eos=False, context_length=L)
+    prompts = TEXTS["prompt"][:1]
+    for m in engines.values():
+        assert _tokens(TimedModel(m), tokenizer, "setdlm", prompts, cfg) == _tokens(m, tokenizer, "setdlm",
+                                                                                    prompts, cfg)
+    split = step_breakdown(engines, tokenizer, "setdlm", prompts, cfg, repeats=1)
+    for b in split.values():
+        assert b["calls"] == b["stub_calls"] == 41                  # the prefill + 40 one-token steps
+        assert 0 < b["forward_ms"] < b["step_ms"] and b["sampler_ms"] > 0
