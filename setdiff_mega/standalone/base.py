@@ -175,6 +175,10 @@ class GenerationOutput:
 def pack(sel: torch.Tensor, width: int | None = None):
     """sel [B, N] bool -> (idx [B, M] long ascending positions, ok [B, M] bool, count [B])."""
     B, N = sel.shape
+    if B == 1 and width is None:                    # batch 1: the positions themselves, in three operations
+        idx = sel[0].nonzero()[:, 0][None]
+        M = idx.shape[1]
+        return idx, torch.ones(1, M, dtype=torch.bool, device=sel.device), idx.new_full((1,), M)
     count = sel.sum(1)
     M = (int(count.max()) if count.numel() else 0) if width is None else width
     pos = torch.arange(N, device=sel.device)

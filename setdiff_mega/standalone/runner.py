@@ -55,6 +55,7 @@ class ChunkRunner:
         self.forwards = 0     # forward index (also counts skipped prefills: the ledger's clock)
         self.nfe = 0          # model calls
         self._pending = None
+        self._layouts: dict = {}
 
     def _chunk(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask):
         B, P = pend_idx.shape
@@ -67,6 +68,9 @@ class ChunkRunner:
         tok = torch.cat([pend_tok, q_tokens.masked_fill(~q_ok, self.pad_id)], 1)
         posi = torch.cat([pend_idx * pend_ok, q_idx * q_ok], 1)
         ok = torch.cat([pend_ok, q_ok], 1)
+        if pend_group is None and query_mask is None:     # the common chunk: its layout, built once per shape
+            layout, eye = self._layout(P, A, dev)
+            return tok, posi, ok, (layout & ok[:, None, :] & ok[:, :, None]) | eye
         allowed = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
         if P:
             causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None]
@@ -78,6 +82,18 @@ class ChunkRunner:
         allowed = allowed & ok[:, None, :] & ok[:, :, None]
         allowed |= torch.eye(T, dtype=torch.bool, device=dev)[None]
         return tok, posi, ok, allowed
+
+    def _layout(self, P: int, A: int, dev) -> tuple:
+        """([1, T, T] pending causal + queries seeing every pending token, [1, T, T] identity) of a chunk
+        without groups or query mask, cached per (P, A)."""
+        key = (P, A)
+        if key not in self._layouts:
+            T = P + A
+            layout = torch.zeros(1, T, T, dtype=torch.bool, device=dev)
+            layout[:, :P, :P] = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+            layout[:, P:, :P] = True
+            self._layouts[key] = (layout, torch.eye(T, dtype=torch.bool, device=dev)[None])
+        return self._layouts[key]
 
     def run(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens=None, pend_group=None, query_mask=None,
             logits_rows: str = "queries"):
