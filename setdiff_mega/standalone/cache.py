@@ -106,7 +106,7 @@ class KVCache:
         self.length = keep.sum(1)
 
     def commit(self, n: torch.Tensor) -> None:
-        """Persist the first n[b] entries of the last chunk of every row (all layers, one scatter)."""
+        """Persist the first n[b] entries of the last chunk of every row (all layers at once)."""
         if self._T is None:
             raise RuntimeError("commit() without a preceding cached forward")
         T, o, C = self._T, self.offset, self.capacity
