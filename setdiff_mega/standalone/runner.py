@@ -68,24 +68,19 @@ class ChunkRunner:
         tok = torch.cat([pend_tok, q_tokens.masked_fill(~q_ok, self.pad_id)], 1)
         posi = torch.cat([pend_idx * pend_ok, q_idx * q_ok], 1)
         ok = torch.cat([pend_ok, q_ok], 1)
-        if pend_group is None and query_mask is None:     # the common chunk: its layout, built once per shape
-            layout, eye = self._layout(P, A, dev)
-            return tok, posi, ok, (layout & ok[:, None, :] & ok[:, :, None]) | eye
-        allowed = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
-        if P:
-            causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None]
-            same = None if pend_group is None else pend_group[:, :, None] == pend_group[:, None, :]
-            allowed[:, :P, :P] = causal if same is None else causal | same
-            allowed[:, P:, :P] = True
-        if A and query_mask is not None:
-            allowed[:, P:, P:] = query_mask
-        allowed = allowed & ok[:, None, :] & ok[:, :, None]
-        allowed |= torch.eye(T, dtype=torch.bool, device=dev)[None]
-        return tok, posi, ok, allowed
+        layout, eye = self._layout(P, A, dev)
+        allowed = layout                               # the common chunk: no groups, no query mask
+        if pend_group is not None or query_mask is not None:
+            allowed = layout.expand(B, T, T).clone()
+            if P and pend_group is not None:          # BD3LM: a block's pending tokens see each other
+                allowed[:, :P, :P] |= pend_group[:, :, None] == pend_group[:, None, :]
+            if A and query_mask is not None:
+                allowed[:, P:, P:] = query_mask
+        return tok, posi, ok, (allowed & ok[:, None, :] & ok[:, :, None]) | eye
 
     def _layout(self, P: int, A: int, dev) -> tuple:
-        """([1, T, T] pending causal + queries seeing every pending token, [1, T, T] identity) of a chunk
-        without groups or query mask, cached per (P, A)."""
+        """([1, T, T] pending causal + queries seeing every pending token, [1, T, T] identity), cached per
+        (P, A): the visibility of a chunk before groups, query mask and validity."""
         key = (P, A)
         if key not in self._layouts:
             T = P + A
