@@ -1,13 +1,20 @@
 """Shared CLI plumbing for the thin entry points in pretrain/ and tools/.
 
-``run_cli(fn)`` sets the offline environment (no hub downloads, wandb offline unless asked) and turns
-the project's user-facing errors (bad config, bad data, bad checkpoint, failed training) into one
-``error: ...`` line and exit status 2 instead of a stack trace.
+``run_cli(fn)`` sets the offline environment (no hub downloads, wandb offline unless asked), silences
+library log lines that users cannot act on (:func:`quiet_libraries`), and turns the project's
+user-facing errors (bad config, bad data, bad checkpoint, an output that would destroy something, failed
+training) into one ``error: ...`` line and exit status 2 instead of a stack trace.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+
+# Loggers whose warnings are about the installation, not the user's command: torchao's optional CUDA kernels
+# that a CPU wheel cannot load ("Failed to load .../_C_cutlass_90a.abi3.so") when transformers imports it,
+# and torch's deprecation notice for torchao's pytree registrations. Errors still pass.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 def offline_env() -> None:
@@ -17,19 +24,26 @@ def offline_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def quiet_libraries() -> None:
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def user_errors() -> tuple:
     from setdiff_mega.checkpoint.io import CheckpointError
     from setdiff_mega.config import ConfigError
     from setdiff_mega.data.indexed import DataError
     from setdiff_mega.inference.api import RequestError
+    from setdiff_mega.outputs import OutputError
     from setdiff_mega.training.trainer import TrainingError
 
-    return (ConfigError, DataError, CheckpointError, TrainingError, RequestError, FileNotFoundError, KeyError,
-            ValueError)
+    return (ConfigError, DataError, CheckpointError, TrainingError, RequestError, OutputError, FileNotFoundError,
+            KeyError, ValueError)
 
 
 def run_cli(fn, argv=None) -> int:
     offline_env()
+    quiet_libraries()
     errors = user_errors()
     try:
         return int(fn(argv) or 0)
@@ -42,4 +56,4 @@ def run_cli(fn, argv=None) -> int:
         return 130
 
 
-__all__ = ["run_cli", "offline_env"]
+__all__ = ["run_cli", "offline_env", "quiet_libraries"]

@@ -5,12 +5,12 @@ entry point (``python -m setdiff_mega.train``, the ``setdiff-pretrain`` console 
     python -m setdiff_mega.train --config configs/tiny_cpu.yaml [section.field=value ...]
     python pretrain/pretrain.py --config configs/tiny_cpu.yaml objective.name=ar train.train_steps=100
 
-Writes ``<train.save_dir>/summary.json`` (rank 0) and prints it as the last line.
+The trainer writes ``<train.save_dir>/summary.json`` (rank 0); it is printed as the last line. A run
+stopped by Ctrl-C saves, then exits with status 130.
 """
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from setdiff_mega.cli import run_cli
 
@@ -32,18 +32,9 @@ def main(argv=None) -> int:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0
     result = train(cfg)
-    summary = {"final_step": result.final_step, "initial_val_loss": round(result.initial_val_loss, 4),
-               "final_val_loss": round(result.final_val_loss, 4), "checkpoint": result.checkpoint,
-               "sample_tokens_per_s": round(result.sample_tokens_per_s, 1),
-               "processed_tokens_per_s": round(result.processed_tokens_per_s, 1),
-               "num_parameters": result.num_parameters, "stopped_by": result.stopped_by}
-    if result.final_val_loss_ema is not None:
-        summary["final_val_loss_ema"] = round(result.final_val_loss_ema, 4)
-    if is_main_process():                     # one summary per job, not one per rank
-        out = Path(cfg.train.save_dir) / "summary.json"
-        out.write_text(json.dumps(summary, indent=2))
-        print(json.dumps(summary))
-    return 0
+    if is_main_process():                     # one summary per job (the trainer wrote summary.json)
+        print(json.dumps(result.summary()))
+    return 130 if result.stopped_by == "SIGINT" else 0    # Ctrl-C: saved, and the caller sees an interrupt
 
 
 def cli() -> None:

@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from setdiff_mega.cli import run_cli  # noqa: E402
 from setdiff_mega.methods import SETDLM  # noqa: E402
 
+REPORTS = (".csv", ".png", ".json", ".jsonl", ".log", ".txt")     # what an --out-dir of this tool holds
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,7 +57,10 @@ def main(argv=None) -> int:
     from setdiff_mega.inference import GenerationConfig
     from setdiff_mega.inference.benchmark import default_grid, measure, plot_speed_vs_tau
     from setdiff_mega.inference.engine import decoding_model
+    from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
 
+    out = claim_output_dir(args.out_dir, [args.checkpoint, args.tasks], flag="--out-dir", tool="bench_generate",
+                           continues=True, owned=either(marked_by("bench_generate"), holds_only(*REPORTS)))
     if args.threads:
         torch.set_num_threads(args.threads)
     native, objective, tok, cfg = load_model(args.checkpoint)
@@ -65,8 +70,6 @@ def main(argv=None) -> int:
         raise FileNotFoundError(f"prompt file '{tasks}' does not exist; run tools/prepare_data.py --embedded first")
     prompts = [f"Question: {json.loads(x)['question']}\nAnswer:" for x in tasks.read_text().splitlines()
                if x.strip()][: args.num_prompts]
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     base = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_at_eos=True,
                             context_length=args.context_length or cfg.data.seq_length)
     grid = default_grid(base)

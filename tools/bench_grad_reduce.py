@@ -27,8 +27,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--bucket-size", type=int, default=200_000, help="elements per bucket when overlapping")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("overrides", nargs="*", help="dotted config overrides on top of the benchmark's model")
     args = p.parse_args(argv)
+    if args.json:
+        from setdiff_mega.outputs import check_output_file
+
+        check_output_file(args.json, [], flag="--json", overwrite=args.overwrite)
     from setdiff_mega.data.prepare import prepare
     from setdiff_mega.training.bench_grad_reduce import run
 
@@ -37,7 +42,9 @@ def main(argv=None) -> int:
         prepare(d, None, num_math=300, num_stories=300, vocab_size=400, heldout=10, log=lambda *a: None)
         rows = run(d, d, [*DEFAULT, *args.overrides], steps=args.steps, bucket_size=args.bucket_size)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        from setdiff_mega.outputs import write_file_atomic
+
+        write_file_atomic(args.json, json.dumps(rows, indent=1))
     return 0
 
 

@@ -77,12 +77,14 @@ def main(argv=None) -> int:
     from setdiff_mega.data.preprocess import preprocess
     from setdiff_mega.data.tokenizer import Tokenizer
     from setdiff_mega.model import mcore_cpu  # noqa: F401
+    from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
     # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_output_dir(args.out_dir, [], flag="--out-dir", tool="bench_preprocess", continues=True,
+                           owned=either(marked_by("bench_preprocess"), holds_only(
+                               ".csv", ".png", ".json", ".jsonl", ".log", ".txt", ".bin", ".idx")))
     jsonl = out / "corpus.jsonl"
     docs = embedded_corpus(args.docs // 2, args.docs - args.docs // 2, seed=123)
     write_jsonl([{"text": d["text"]} for d in docs], jsonl)

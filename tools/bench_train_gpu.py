@@ -63,8 +63,11 @@ def main(argv=None) -> int:
         raise ValueError(f"no setting matches --settings {args.settings}; labels: {[s[0] for s in DEFAULT_SETTINGS]}")
     if args.fp8 == "te":
         settings = [(label, o, b, "te" if f == "torchao" else f) for label, o, b, f in settings]
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
+
+    out = claim_output_dir(args.out_dir, [], flag="--out-dir", tool="bench_train_gpu", continues=True,
+                           owned=either(marked_by("bench_train_gpu"),
+                                        holds_only(".csv", ".png", ".json", ".jsonl", ".log", ".txt")))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name}; torch {torch.__version__}; preset {args.preset}; "
           f"{args.tokens_per_step} processed tokens per step", file=sys.stderr)

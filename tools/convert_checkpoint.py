@@ -6,10 +6,15 @@
     # Hugging Face directory -> a weights-only native checkpoint (train.init_from / generate / evaluate)
     python tools/convert_checkpoint.py from-hf exported/tiny_setdlm runs/from_hf [--step N]
 
+Outputs are never destructive: an output that is or contains the input, or an existing non-empty
+directory, is refused; ``--overwrite`` replaces only a previous output of the same conversion (an export;
+a directory of weights-only imports), never a training run's checkpoints or anything else.
+
 The export holds config.json (architecture, the training method and the full training config),
 generation_config.json (the decoding defaults: W = D, tau, block size, L), model.safetensors (fp32,
-bit-exact; ``--dtype bf16`` halves it), the tokenizer, a model card (README.md) and the standalone code
-(the model, its KV cache and the samplers: torch + transformers only), so that
+bit-exact; ``--dtype bf16`` halves it), the tokenizer, a model card (README.md), SHA256SUMS (every file's
+digest, checked on every load) and the standalone code (the model, its KV cache and the samplers: torch +
+transformers only), so that
 
     model = transformers.AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)
     model.generate(input_ids, max_new_tokens=64, window=4, tau=0.9)      # or model.infill(prefix, suffix, span)
@@ -37,22 +42,25 @@ def main(argv=None) -> int:
                    help="the EMA (train.ema_decay) or the raw weights (default: the EMA when the checkpoint has one)")
     a.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="weights' storage type (fp32: bit-exact; bf16: half the size)")
+    a.add_argument("--overwrite", action="store_true", help="replace a previous export at OUT_DIR (nothing else)")
     b = sub.add_parser("from-hf", help="Hugging Face directory -> native weights-only checkpoint")
     b.add_argument("hf_dir")
     b.add_argument("save_dir", help="run directory; the checkpoint goes to <save_dir>/checkpoints/step_N")
     b.add_argument("--step", type=int, default=None, help="step number to record (default: the exported one)")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace a previous import at SAVE_DIR (never a training run's checkpoints)")
     args = p.parse_args(argv)
     from setdiff_mega.checkpoint import convert, hf
 
     if args.direction == "to-hf":
-        out = convert.export(args.checkpoint, args.out_dir, args.weights, args.dtype)
+        out = convert.export(args.checkpoint, args.out_dir, args.weights, args.dtype, overwrite=args.overwrite)
         print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights) -> {out}, stored as {args.dtype} (load "
               f"with AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True); see {out}/README.md)")
     else:
         if not hf.is_hf_export(Path(args.hf_dir)):
             raise FileNotFoundError(f"'{args.hf_dir}' is not an exported setdiff-mega directory (no config.json "
                                     f"with model_type 'setdlm')")
-        out = convert.import_export(args.hf_dir, args.save_dir, args.step)
+        out = convert.import_export(args.hf_dir, args.save_dir, args.step, overwrite=args.overwrite)
         print(f"imported {args.hf_dir} -> {out}")
     return 0
 

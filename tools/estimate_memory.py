@@ -25,11 +25,16 @@ def main(argv=None) -> int:
     p.add_argument("--world-size", type=int, default=None, help="processes (default TP x CP x PP: DP = 1)")
     p.add_argument("--vocab", type=int, default=None, help="tokenizer vocabulary (default model.vocab_size or 50304)")
     p.add_argument("--json", default=None, help="also write the numbers here")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("--measure", action="store_true",
                    help="also run one training step here (CPU, TP = CP = PP = 1) and print the measured peak of "
                         "the bytes it allocates next to the estimated activations + gradients")
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = p.parse_args(argv)
+    if args.json:
+        from setdiff_mega.outputs import check_output_file
+
+        check_output_file(args.json, [args.config], flag="--json", overwrite=args.overwrite)
     from setdiff_mega.config import load_config, validate_layout
     from setdiff_mega.model.transformer import padded_vocab_size
     from setdiff_mega.training.memory import GIB, estimate
@@ -60,7 +65,9 @@ def main(argv=None) -> int:
         print(f"  measured step peak {peak / GIB:.3f} GiB vs estimated activations + gradients {want / GIB:.3f} GiB "
               f"(ratio {want / peak:.2f})")
     if args.json:
-        Path(args.json).write_text(json.dumps({name: v for name, v in est.table()} | {
+        from setdiff_mega.outputs import write_file_atomic
+
+        write_file_atomic(args.json, json.dumps({name: v for name, v in est.table()} | {
             "parameters": est.parameters, "activations_no_recompute": est.activations_no_recompute} | extra,
             indent=1))
     return 0

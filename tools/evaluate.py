@@ -29,16 +29,19 @@ def read_texts(path: str) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"text file '{p}' does not exist")
-    lines = [x for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
-    if p.suffix == ".jsonl":
-        out = []
-        for i, x in enumerate(lines, 1):
-            try:
-                out.append(json.loads(x)["text"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{p}:{i}: expected a JSON object with a 'text' field") from None
-        return out
-    return lines
+    lines = [(i, x) for i, x in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if x.strip()]
+    out = []
+    for i, x in lines:
+        if p.suffix != ".jsonl":
+            out.append(x)
+            continue
+        try:
+            out.append(json.loads(x)["text"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{p}:{i}: expected a JSON object with a 'text' field") from None
+    if not any(t.strip() for t in out if isinstance(t, str)):
+        raise ValueError(f"text file '{p}' holds no documents: a likelihood over it would score nothing")
+    return out
 
 
 def main(argv=None) -> int:
@@ -56,11 +59,13 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=64, help="examples per task")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", help="write the full report here (JSON)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--weights", choices=("ema", "raw"), default=None,
                    help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
     add_generation_arguments(p, max_new_tokens=96)
     args = p.parse_args(argv)
     args.seed = 0 if args.seed is None else args.seed
+    texts, task_rows = check_inputs(args)          # before any work: evaluations that would score nothing
 
     from tqdm import tqdm
 
@@ -73,7 +78,6 @@ def main(argv=None) -> int:
               "seq_length": L}
     if not args.no_likelihood:
         if args.text:
-            texts = read_texts(args.text)
             bar = tqdm(desc="likelihood", unit="seq", file=sys.stderr)
             res = likelihood.text_nll(model, objective, tok, texts, L, args.orders, args.seed, args.batch_size,
                                       progress=bar.update)
@@ -86,7 +90,8 @@ def main(argv=None) -> int:
         from setdiff_mega.inference.engine import decoding_model
 
         gc = config_from_args(args, cfg.objective, L)
-        report.update(run_tasks(decoding_model(model, cfg, tok, args.engine), tok, objective, gc, L, args))
+        report.update(run_tasks(decoding_model(model, cfg, tok, args.engine), tok, objective, gc, L, args,
+                                task_rows))
     parts = [f"{objective.name}"]
     if "likelihood" in report:
         lk = report["likelihood"]
@@ -104,21 +109,48 @@ def main(argv=None) -> int:
             parts.append(f"quest infill EM {q['exact_match']:.3f} (left-only {ql['exact_match']:.3f})")
     print(" | ".join(parts))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
+        from setdiff_mega.outputs import write_file_atomic
+
+        write_file_atomic(args.out, json.dumps(report, indent=2))
     return 0
 
 
-def run_tasks(model, tok, objective, gc, L, args) -> dict:
-    """The embedded tasks present in ``args.tasks``, decoded with ``gc``."""
+def check_inputs(args) -> tuple:
+    """(texts or None, task rows or None), refusing evaluations that would evaluate nothing."""
+    if args.no_tasks and args.no_likelihood:
+        raise ValueError("--no-tasks together with --no-likelihood leaves nothing to evaluate; drop one of them")
+    for name in ("max_sequences", "orders", "limit", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    if args.out:
+        from setdiff_mega.outputs import check_output_file
+
+        check_output_file(args.out, [args.checkpoint, args.text, args.data, args.tasks], flag="--out",
+                          overwrite=args.overwrite)
+    texts = read_texts(args.text) if args.text and not args.no_likelihood else None
+    return texts, None if args.no_tasks else load_task_rows(args.tasks, args.limit)
+
+
+def load_task_rows(task_dir: str, limit: int) -> dict:
+    """The embedded tasks present in ``task_dir`` (math and stories required; arithmetic and quests when
+    their files exist: corpora of generator version >= 2)."""
+    from setdiff_mega.eval import tasks
+
+    rows = {n: tasks.load_task(task_dir, n, limit) for n in ("math", "stories")}
+    rows.update({n: tasks.load_task(task_dir, n, limit) for n in ("arith", "quests")
+                 if (Path(task_dir) / f"{n}.jsonl").is_file()})
+    return rows
+
+
+def run_tasks(model, tok, objective, gc, L, args, rows: dict) -> dict:
+    """The embedded tasks ``rows`` (:func:`load_task_rows`), decoded with ``gc``."""
     from tqdm import tqdm
 
     from setdiff_mega.eval import tasks
 
     report = {}
-    math_rows = tasks.load_task(args.tasks, "math", args.limit)
-    story_rows = tasks.load_task(args.tasks, "stories", args.limit)
-    newer = {n: tasks.load_task(args.tasks, n, args.limit) for n in ("arith", "quests")
-             if (Path(args.tasks) / f"{n}.jsonl").is_file()}        # corpora of generator version >= 2
+    math_rows, story_rows = rows["math"], rows["stories"]
+    newer = {n: rows[n] for n in ("arith", "quests") if n in rows}
     total = len(math_rows) + 2 * len(story_rows) + len(newer.get("arith", [])) + 2 * len(newer.get("quests", []))
     bar = tqdm(total=total, desc="tasks", unit="ex", file=sys.stderr)
     report["math"] = tasks.math_accuracy(model, tok, objective, math_rows, gc, L, args.batch_size,

@@ -110,10 +110,17 @@ def main(argv=None) -> int:
     p.add_argument("--span", type=int, default=16, help="infill span length in tokens")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", help="write JSONL here instead of printing")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--weights", choices=("ema", "raw"), default=None,
                    help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
     add_generation_arguments(p)
     args = p.parse_args(argv)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1 (got {args.batch_size})")
+    if args.out:
+        from setdiff_mega.outputs import check_output_file
+
+        check_output_file(args.out, [args.checkpoint, args.file, args.demo], flag="--out", overwrite=args.overwrite)
 
     from tqdm import tqdm
 
@@ -143,9 +150,10 @@ def main(argv=None) -> int:
                            progress=bar.update)
     bar.close()
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            for req, r in zip(requests, results):
-                f.write(json.dumps({"request": req, **r}, ensure_ascii=False) + "\n")
+        from setdiff_mega.outputs import write_file_atomic
+
+        write_file_atomic(args.out, "".join(json.dumps({"request": req, **r}, ensure_ascii=False) + "\n"
+                                            for req, r in zip(requests, results)))
         tps = sum(r["num_tokens"] for r in results) / max(sum({r["seconds"] for r in results}), 1e-9)
         print(f"wrote {len(results)} results to {args.out} ({tps:.1f} tokens/s)", file=sys.stderr)
     else:

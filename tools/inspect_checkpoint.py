@@ -52,7 +52,12 @@ def main(argv=None) -> int:
     p.add_argument("--config", action="store_true", help="print the full training config")
     p.add_argument("--no-tensors", action="store_true", help="skip reading tensors (state and layout only)")
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     args = p.parse_args(argv)
+    if args.json:
+        from setdiff_mega.outputs import check_output_file
+
+        check_output_file(args.json, [args.path], flag="--json", overwrite=args.overwrite)
     from setdiff_mega.checkpoint import hf
     from setdiff_mega.checkpoint.io import resolve_checkpoint
     from setdiff_mega.config import to_dict
@@ -106,7 +111,9 @@ def main(argv=None) -> int:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     report["tensors"] = rows
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        from setdiff_mega.outputs import write_file_atomic
+
+        write_file_atomic(args.json, json.dumps(report, indent=2))
     return 0
 
 

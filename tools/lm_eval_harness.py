@@ -14,11 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from setdiff_mega.cli import offline_env  # noqa: E402
+from setdiff_mega.cli import run_cli  # noqa: E402
 
 
-def main() -> int:
-    offline_env()
+def main(argv=None) -> int:
     from setdiff_mega.eval import lm_eval_adapter
 
     lm_eval_adapter.make_lm_class()          # registers the "setdiff" model
@@ -26,9 +25,14 @@ def main() -> int:
 
     if "--model" not in sys.argv:
         sys.argv[1:1] = ["--model", "setdiff"]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ValueError as e:                  # the harness's own user errors (unknown tasks, bad arguments)
+        hint = (" (the harness lists its tasks with `lm-eval ls tasks`; tasks of your own need --include_path DIR)"
+                if str(e).startswith("Tasks not found") else "")
+        raise ValueError(f"lm-eval: {e}{hint}") from None
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -5,7 +5,9 @@
     python tools/prepare_data.py --input a.jsonl b.txt --json-key text --out data/mine [--tokenizer tok.json]
 
 Idempotent: with --skip-existing an output whose manifest exists is left alone (for --embedded: when its
-embedded.json records the current generator version and every count given on the command line).
+embedded.json records the current generator version and every count given on the command line), and an
+older corpus this tool wrote there is rebuilt. Without it, an existing output of this tool needs
+--overwrite; a non-empty directory this tool did not write, or one that holds an input, is never written.
 """
 import argparse
 import sys
@@ -33,11 +35,17 @@ def main(argv=None) -> int:
     p.add_argument("--heldout", type=int, default=None, help="held-out task documents per task (default 128)")
     p.add_argument("--seed", type=int, default=None, help="corpus seed (default 0)")
     p.add_argument("--skip-existing", action="store_true", help="do nothing if OUT/corpus is complete")
+    p.add_argument("--overwrite", action="store_true", help="rebuild a corpus this tool wrote at OUT")
     args = p.parse_args(argv)
     from setdiff_mega.data.indexed import check_dataset, read_manifest
     from setdiff_mega.data.prepare import embedded_is_current, prepare, prepare_from_files
+    from setdiff_mega.outputs import check_output_dir, marked_by, write_marker
 
     out = Path(args.out)
+    tool = "prepare_data"
+    check_output_dir(out, [*(args.input or []), args.tokenizer], flag="--out", tool=tool, overwrite=args.overwrite,
+                     continues=args.skip_existing,
+                     owned=lambda d: marked_by(tool)(d) or read_manifest(d / "corpus") is not None)
     counts = {"num_math": args.num_math, "num_stories": args.num_stories, "num_arith": args.num_arith,
               "num_quests": args.num_quests, "seed": args.seed, "heldout": args.heldout}
     given = {k: v for k, v in counts.items() if v is not None}
@@ -48,6 +56,8 @@ def main(argv=None) -> int:
             return 0
         print(f"{out} holds an older embedded corpus or one with other counts than {given} "
               f"({out / 'embedded.json'}); rebuilding")
+    out.mkdir(parents=True, exist_ok=True)
+    write_marker(out, tool)                 # first: an interrupted run's directory is still this tool's
     kw = dict(tokenizer_path=args.tokenizer, vocab_size=args.vocab_size)
     if args.embedded:
         dflt = {"num_math": 12000, "num_stories": 12000, "seed": 0, "heldout": 128}

@@ -12,7 +12,8 @@ text (blank-line separated documents) and datasets.save_to_disk directories; sev
 Each document becomes [BOS] tokens [EOD] (--no-bos / --no-eod to drop them); uint16 when the vocabulary
 fits. Workers tokenize independent work units in batches and write shards that are merged in input
 order. The manifest (counts, tokenizer hash and ids, SHA-256 of .bin and .idx) is written last: an
-interrupted run never leaves a dataset that looks complete.
+interrupted run never leaves a dataset that looks complete. An existing dataset at --output-prefix is
+refused unless --overwrite, and one without this project's manifest (or an input) is never replaced.
 """
 import argparse
 import sys
@@ -38,11 +39,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-bos", action="store_true")
     p.add_argument("--no-eod", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset this tool wrote at --output-prefix (never one without a manifest, never "
+                        "an input)")
     args = p.parse_args(argv)
     from setdiff_mega.data.preprocess import merge, preprocess
 
     if args.merge:
-        merge(args.merge, args.output_prefix)
+        merge(args.merge, args.output_prefix, overwrite=args.overwrite)
         return 0
     if not args.input or not args.tokenizer:
         raise ValueError("pass --input and --tokenizer (or --merge PREFIX ...)")
@@ -55,7 +59,7 @@ def main(argv=None) -> int:
         shard = (i, n)
     preprocess(args.input, args.output_prefix, args.tokenizer, json_keys=args.json_keys, workers=args.workers,
                batch_size=args.batch_size, unit_bytes=int(args.unit_mb * (1 << 20)), prepend_bos=not args.no_bos,
-               append_eod=not args.no_eod, progress=not args.no_progress, shard=shard)
+               append_eod=not args.no_eod, progress=not args.no_progress, shard=shard, overwrite=args.overwrite)
     return 0
 
 

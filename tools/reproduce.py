@@ -10,7 +10,8 @@ option at one size and token budget (>= 2 seeds for AR, BD3LM S = 4, SetDLM D = 
 head study (zero-initialised vs normal output head); evaluates arithmetic exact match against tokens/s and tokens
 per step (tau sweep; W in {D, 2D}), quest and story infilling, and the likelihood table, with EMA
 weights; checks the claims and writes the report section of --report and the files under --assets.
-Trained models under --out are reused on re-runs. See setdiff_mega/eval/reproduce.py.
+Trained models under --out are reused on re-runs (--out and --assets must be new or this tool's earlier
+output; none of the outputs may be or hold an input). See setdiff_mega/eval/reproduce.py.
 """
 import argparse
 import shlex
@@ -49,6 +50,7 @@ def main(argv=None) -> int:
     rc.overrides += list(args.overrides)
     rc.engine = args.engine
     assets = args.assets or str(Path(args.report).parent / "results" / "reproduce")
+    claim_outputs(args, rc, assets)
     given = argv if argv is not None else sys.argv[1:]
     command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
     res = R.run(rc, command.strip(), args.report, assets)
@@ -58,6 +60,24 @@ def main(argv=None) -> int:
     print(f"wrote {args.report} and {assets}/ in {m['wall_s'] / 60:.1f} min "
           f"(from scratch {m['from_scratch_s'] / 60:.1f} min)")
     return 0
+
+
+def claim_outputs(args, rc, assets: str) -> None:
+    """--out (trained models, reused on re-runs) and --assets continue this tool's earlier output or are new;
+    --report is a file whose reproduction section is replaced; none of them may be or hold an input."""
+    from setdiff_mega.config import load_config
+    from setdiff_mega.data.loader import parse_blend
+    from setdiff_mega.outputs import check_output_file, claim_output_dir, either, holds_only, marked_by
+
+    data = next((o.split("=", 1)[1] for o in reversed(rc.overrides) if o.startswith("data.path=")), None)
+    prefixes = parse_blend(data or load_config(rc.base_config, []).data.path)[0]
+    inputs = [rc.tasks, *(f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx"))]
+    tool = "reproduce"
+    claim_output_dir(args.out, inputs, flag="--out", tool=tool, continues=True,
+                     owned=either(marked_by(tool), lambda d: (d / "results.json").is_file()))
+    claim_output_dir(assets, inputs, flag="--assets", tool=tool, continues=True,
+                     owned=either(marked_by(tool), holds_only(".csv", ".png", ".json")))
+    check_output_file(args.report, [*inputs, args.out, assets], flag="--report", overwrite=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
     python tools/sweep.py configs/sweeps/tiny.yaml --mode collect   # CSV + fit + PNG from finished runs
     python tools/sweep.py configs/sweeps/tiny.yaml --list           # the runs and whether they are done
 
-Outputs in the grid's out_dir: results.csv, fit.json (per objective: E, A, B, alpha, beta with 90%
+The grid's out_dir is this sweep's own: a new directory, or one it wrote before (continued); a non-empty
+directory of anything else, or one holding the grid's inputs, is refused. Outputs in the grid's out_dir:
+results.csv, fit.json (per objective: E, A, B, alpha, beta with 90%
 bootstrap intervals, FLOPs per parameter-token, compute-optimal N and D for budget_flops), scaling.png.
 """
 import argparse
@@ -32,6 +34,8 @@ def main(argv=None) -> int:
     grid = sweep.load_grid(args.grid)
     runs = sweep.expand(grid)
     out = Path(grid.out_dir)
+    if not args.list:
+        claim_out_dir(grid, args.grid)
     if args.list:
         for r in runs:
             print(f"{'done' if sweep.finished(grid, r) else 'todo'}  {r.name}  ({r.steps} steps, {r.tokens} tokens)")
@@ -68,6 +72,21 @@ def main(argv=None) -> int:
                      f"({o['tokens_per_param']:.1f} tokens/param), loss {o['loss']:.3f}")
         print(line)
     return 0 if args.mode != "run" or not res["failed"] else 1
+
+
+def claim_out_dir(grid, grid_file: str) -> None:
+    """The grid's out_dir continues this sweep's earlier output, or is new; it never holds an input (the grid,
+    its base config, its data) and is never a directory another tool or a person made."""
+    from setdiff_mega.data.loader import parse_blend
+    from setdiff_mega.eval.sweep import load_run_config
+    from setdiff_mega.outputs import claim_output_dir, either, read_marker
+
+    data = parse_blend(load_run_config(grid).data.path)[0]
+    inputs = [grid_file, grid.base_config, *(f"{p}{ext}" for p in data for ext in (".bin", ".idx"))]
+    mine = lambda d: (read_marker(d) or {}).get("tool") == "sweep" and read_marker(d).get("grid") == grid.name
+    legacy = lambda d: read_marker(d) is None and ((d / "runs").is_dir() or (d / "results.csv").is_file())
+    claim_output_dir(grid.out_dir, inputs, flag=f"out_dir of grid '{grid.name}'", tool="sweep", continues=True,
+                     owned=either(mine, legacy), grid=grid.name)
 
 
 if __name__ == "__main__":

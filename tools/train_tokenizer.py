@@ -7,7 +7,8 @@
 
 Inputs: JSONL, parquet, plain text (blank-line separated documents) and datasets.save_to_disk
 directories, several files or globs. Writes OUT/tokenizer.json (+ tokenizer.special_tokens.json for
-adopted tokenizers) and prints the special ids.
+adopted tokenizers) and prints the special ids. An existing OUT/tokenizer.json is replaced only with
+--overwrite, and never when it is the tokenizer being adopted.
 """
 import argparse
 import json
@@ -33,13 +34,19 @@ def main(argv=None) -> int:
     p.add_argument("--pad", default=None)
     p.add_argument("--mask", default="<|mask|>")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT/tokenizer.json")
     args = p.parse_args(argv)
     from itertools import islice
 
     from setdiff_mega.data.preprocess import expand_inputs, plan_units, read_unit
-    from setdiff_mega.data.tokenizer import Tokenizer
+    from setdiff_mega.data.tokenizer import Tokenizer, roles_path
+    from setdiff_mega.outputs import check_output_file
 
     out = Path(args.out)
+    inputs = [*(args.input or []), args.from_tokenizer,
+              args.from_tokenizer and roles_path(args.from_tokenizer)]
+    for f in (out / "tokenizer.json", roles_path(out / "tokenizer.json")):
+        check_output_file(f, inputs, flag="--out", overwrite=args.overwrite)
     if args.from_tokenizer:
         if not args.bos or not args.eos:
             raise ValueError("--from-tokenizer needs --bos and --eos (the token strings of those roles)")

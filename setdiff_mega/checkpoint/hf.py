@@ -34,6 +34,7 @@ import torch
 
 from setdiff_mega import methods
 from setdiff_mega.methods import default_s_max
+from setdiff_mega.standalone.integrity import verify_checksums, write_checksums
 
 from .io import CheckpointError
 
@@ -184,8 +185,16 @@ def export_weights(path: Path) -> str:
     return json.loads((Path(path) / "config.json").read_text()).get("setdiff_mega_weights", "raw")
 
 
-def read_export(path: str | Path):
-    """(RunConfig, Tokenizer, weights) of an exported directory."""
+def check_checksums(path: str | Path) -> None:
+    """Every file of an export against its ``SHA256SUMS`` (exports before checksums: nothing to check)."""
+    p = Path(path)
+    problem = verify_checksums(lambda name: p / name if (p / name).is_file() else None)
+    if problem:
+        raise CheckpointError(f"export '{p}': {problem}")
+
+
+def read_export(path: str | Path, verify: bool = True):
+    """(RunConfig, Tokenizer, weights) of an exported directory; ``verify``: check ``SHA256SUMS`` first."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -198,6 +207,8 @@ def read_export(path: str | Path):
         raise CheckpointError(f"'{p / 'config.json'}' lacks the 'setdiff_mega' training config; it was not "
                               f"written by tools/convert_checkpoint.py")
     cfg = from_dict(meta["setdiff_mega"])
+    if verify:
+        check_checksums(p)
     f = p / "model.safetensors"
     if not f.is_file():
         raise CheckpointError(f"'{f}' is missing")
@@ -205,6 +216,9 @@ def read_export(path: str | Path):
         weights = load_file(str(f))
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"'{f}' is truncated or unreadable ({e})") from None
+    if not (p / "tokenizer.json").is_file():
+        raise CheckpointError(f"export '{p}' has no tokenizer.json (every export carries the tokenizer its model "
+                              f"was trained with): copy the export directory again, whole")
     try:
         tok = Tokenizer.from_file(p / "tokenizer.json")
     except (FileNotFoundError, ValueError) as e:
@@ -218,5 +232,6 @@ def load_into(model, weights: dict, path: Path, mc) -> None:
     model.load_state_dict(hf_to_native(weights, model.state_dict(), mc, src))
 
 
-__all__ = ["CODE_DIR", "code_files", "RULES", "Rule", "export_weights", "read_export", "is_hf_export", "native_to_hf",
+__all__ = ["CODE_DIR", "code_files", "check_checksums", "write_checksums", "RULES", "Rule", "export_weights",
+           "read_export", "is_hf_export", "native_to_hf",
            "hf_to_native", "hf_config", "load_into"]

@@ -5,7 +5,8 @@ type coercion) is :mod:`.loading`; the package re-exports both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from setdiff_mega import methods
@@ -38,8 +39,7 @@ class ModelConfig:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     init_method_std: float = 0.02
-    attention_backend: str = "sdpa"              # sdpa (dense-mask reference) | flex (FlexAttention, GPU
-                                                 # training) | setcausal (mask-free decomposition) | local
+    attention_backend: str = "sdpa"              # sdpa (dense mask) | flex | setcausal (mask-free) | local
     transformer_impl: str = "auto"               # auto | local | transformer_engine
     fp8: str = "none"                            # none | te (Transformer Engine) | torchao (float8 linears, TP=1)
     fp8_recipe: str = "tensorwise"               # tensorwise (current scaling) | delayed (te) | rowwise (torchao)
@@ -105,6 +105,9 @@ class ModelConfig:
         if self.num_attention_heads % self.query_groups:
             raise ConfigError(f"model.num_query_groups={self.query_groups} must divide model.num_attention_heads="
                               f"{self.num_attention_heads}")
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ConfigError(f"model.rotary_percent={self.rotary_percent} must be in (0, 1]: the share of each head "
+                              f"that carries rotary positions (0 would train without positions)")
         if self.vocab_size is not None and self.vocab_size < 4:
             raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
 
@@ -199,6 +202,8 @@ class TrainConfig:
     async_save: bool = False                     # periodic saves written by forked writers while training goes on
                                                  # (megatron-core's async save; published when every rank is done)
     resume: str = "auto"                         # auto (newest complete checkpoint in save_dir) | none | a path
+    overwrite: bool = False                      # a new run where another run's checkpoints are: remove them first
+    check_memory: bool = True                    # refuse a run whose estimated memory per rank exceeds the machine's
     resume_optimizer: bool = True                # false: resume weights + data position, fresh optimizer
     exit_on_signal: bool = True                  # SIGTERM / SIGUSR1: save at the end of the step and stop
     num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
@@ -217,6 +222,8 @@ class TrainConfig:
                       ("train.grad_accum_steps", self.grad_accum_steps))
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr} must be > 0 and train.min_lr={self.min_lr} in [0, lr]")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"train.num_threads={self.num_threads} must be >= 1 (or null for torch's default)")
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
         if not 0.0 <= self.ema_decay < 1.0:
@@ -285,6 +292,11 @@ def _at_least_one(*pairs) -> None:
 def validate(cfg: RunConfig) -> RunConfig:
     """Every section's own checks (``<Section>.check``), then the layout across sections; raises a
     ConfigError naming the field and the fix."""
+    for section in fields(cfg):              # NaN / inf pass every comparison below: refuse them first
+        for f in fields(getattr(cfg, section.name)):
+            v = getattr(getattr(cfg, section.name), f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{section.name}.{f.name}={v} is not a finite number")
     cfg.data.check()
     cfg.objective.check(cfg.data.seq_length)
     cfg.model.check(cfg.parallel.tensor_model_parallel_size)

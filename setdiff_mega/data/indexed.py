@@ -92,6 +92,30 @@ def write_indexed(prefix: str | Path, documents: Iterable[list[int]], vocab_size
     return manifest
 
 
+def check_output_prefix(prefix: str | Path, inputs=(), overwrite: bool = False, flag: str = "--output-prefix") -> Path:
+    """Before any work: ``prefix.bin/.idx/.manifest.json`` may not be an input, ``prefix`` not a directory
+    nor under a file, and an existing dataset there is replaced only with ``overwrite`` and only when this
+    project's preprocessing wrote it (its manifest); a .bin/.idx pair from anywhere else is never replaced."""
+    from setdiff_mega.outputs import OutputError, check_output_file
+
+    o = Path(prefix)
+    if o.is_dir():
+        raise OutputError(f"{flag} '{prefix}' is a directory; give a file prefix inside it, e.g. '{o / 'corpus'}'")
+    files = [Path(f"{prefix}.bin"), Path(f"{prefix}.idx"), manifest_path(prefix)]
+    for f in files:
+        check_output_file(f, inputs, flag=flag, overwrite=True)     # not an input, not a dir, parent a dir
+    existing = [f for f in files[:2] if f.exists()]
+    if not existing:
+        return o
+    if read_manifest(prefix) is None:
+        raise OutputError(f"{flag} '{prefix}': '{existing[0]}' exists and was not written by setdiff-mega's "
+                          f"preprocessing (no manifest); it is never replaced: choose another {flag}")
+    if not overwrite:
+        raise OutputError(f"{flag} '{prefix}' already holds a dataset ({prefix}.bin/.idx): choose another "
+                          f"{flag}, or pass --overwrite to replace it")
+    return o
+
+
 def write_manifest(prefix: str | Path, manifest: dict) -> None:
     """Write ``<prefix>.manifest.json`` atomically (the last step of every dataset write)."""
     tmp = Path(f"{manifest_path(prefix)}.tmp")
@@ -241,5 +265,5 @@ class DataWatch:
                                 f"checkpoint")
 
 
-__all__ = ["DataError", "DataWatch", "sha256_file", "write_indexed", "write_manifest", "check_dataset", "check_tokenizer",
+__all__ = ["DataError", "DataWatch", "sha256_file", "write_indexed", "check_output_prefix", "write_manifest", "check_dataset", "check_tokenizer",
            "check_matches", "check_index_header", "read_manifest", "manifest_path", "token_dtype"]

@@ -63,9 +63,6 @@ def prepare(out: str | Path, texts: list[str] | None = None, *, tokenizer_path: 
         tok = Tokenizer.train(texts, vocab_size=vocab_size)
         log(f"trained byte-level BPE, vocab {tok.vocab_size}, in {time.time() - t1:.1f}s")
     tok.save(out / "tokenizer.json")
-    stale = out / "cache"      # megatron-core's index cache is keyed by the path, not the content: a rewritten
-    if stale.is_dir():         # corpus with the old cache would index the old documents' offsets
-        shutil.rmtree(stale)
     t2 = time.time()
     info = {"hash": tok.hash, "vocab_size": tok.vocab_size, "special_ids": tok.special_ids}
     manifest = write_indexed(out / "corpus", encode_documents(tok, texts), tok.vocab_size, info)

@@ -32,7 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .indexed import MANIFEST_FORMAT, DataError, sha256_file, manifest_path, token_dtype, write_manifest
+from .indexed import (
+    MANIFEST_FORMAT,
+    DataError,
+    check_output_prefix,
+    manifest_path,
+    sha256_file,
+    token_dtype,
+    write_manifest,
+)
 
 
 @dataclass(frozen=True)
@@ -305,8 +313,10 @@ def _merge_shards(tmp: Path, units: list, dtype, out: Path) -> None:
 def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, json_keys=("text",),
                workers: int = 2, batch_size: int = 256, unit_bytes: int = 2 << 20, prepend_bos: bool = True,
                append_eod: bool = True, progress: bool = True, shard: tuple[int, int] | None = None,
-               log=print) -> dict:
-    """Tokenize ``inputs`` into ``output_prefix.{bin,idx}`` + manifest; returns the manifest.
+               log=print, overwrite: bool = False) -> dict:
+    """Tokenize ``inputs`` into ``output_prefix.{bin,idx}`` + manifest; returns the manifest. An existing
+    dataset at ``output_prefix`` is refused unless ``overwrite`` (and even then one this project did not
+    write, or an input, is never replaced: :func:`.indexed.check_output_prefix`).
 
     ``shard=(i, n)`` processes only the i-th of n contiguous slices of the work units (for several
     machines); :func:`merge` then joins the n outputs in order into the same dataset one run would give.
@@ -315,6 +325,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
 
     tok = Tokenizer.from_file(tokenizer_path)
     paths = expand_inputs(list(inputs))
+    check_output_prefix(output_prefix, [*paths, tokenizer_path], overwrite)
     units = plan_units(paths, unit_bytes)
     if not units:
         raise DataError(f"the inputs {paths} hold no data (empty files)")
@@ -352,14 +363,17 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     return manifest
 
 
-def merge(prefixes: list[str], output_prefix: str, log=print) -> dict:
-    """Join datasets (e.g. the shards of one preprocessing run) in order into ``output_prefix``."""
+def merge(prefixes: list[str], output_prefix: str, log=print, overwrite: bool = False) -> dict:
+    """Join datasets (e.g. the shards of one preprocessing run) in order into ``output_prefix`` (the same
+    output rules as :func:`preprocess`; the output is never one of the inputs)."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, IndexedDataset
 
     from .indexed import check_dataset, read_manifest
 
     if not prefixes:
         raise DataError("nothing to merge: pass the dataset prefixes to join")
+    check_output_prefix(output_prefix, [f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx", ".manifest.json")],
+                        overwrite)
     infos = [check_dataset(p, verify_hashes=True) for p in prefixes]
     manifests = [read_manifest(p) for p in prefixes]
     toks = {json.dumps((m or {}).get("tokenizer", {}).get("hash")) for m in manifests}

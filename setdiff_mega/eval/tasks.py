@@ -77,7 +77,17 @@ def load_task(task_dir: str | Path, name: str, limit: int | None = None) -> list
     if not f.is_file():
         raise FileNotFoundError(f"'{f}' does not exist; run tools/prepare_data.py --embedded first (or pass "
                                 f"--tasks DIR)")
-    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    rows = []
+    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{f}:{n}: not valid JSON ({e.msg}); regenerate the task files with "
+                                 f"tools/prepare_data.py --embedded") from None
+    if not rows:
+        raise ValueError(f"task file '{f}' holds no examples: an evaluation on it would score nothing; regenerate "
+                         f"it with tools/prepare_data.py --embedded (or pass --tasks DIR)")
     return rows[:limit] if limit else rows
 
 

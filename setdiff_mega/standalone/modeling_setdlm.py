@@ -21,8 +21,9 @@ positions and mask. ``config.method`` says how the model was trained and how to 
 Decoding: ``model.generate(input_ids, attention_mask=None, max_new_tokens=..., window=..., tau=...)`` and
 ``model.infill(prefix_ids, suffix_ids, span)`` run the checkpoint's sampler with a KV cache
 (:mod:`.generation_setdlm`; each decode forward is :mod:`.decode_step`, the same function over fused
-weights). ``from_pretrained`` checks the directory first (weights present and shaped as the config says, a
-tokenizer with the MASK token) and reads ``generation_config.json``.
+weights). ``from_pretrained`` checks the directory first (every file against ``SHA256SUMS``, :mod:`.integrity`;
+``verify_checksums=False`` skips that; weights present and shaped as the config says, a tokenizer with the
+MASK token) and reads ``generation_config.json``.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from .decode_step import inverse_frequencies, rope_cos_sin, rotate
 from .generation_setdlm import generate as _generate
 from .generation_setdlm import infill as _infill
 from .generation_setdlm import read_defaults
+from .integrity import verify_checksums
 
 CAUSAL_OBJECTIVES = ("ar",)     # objectives decoded left to right (config.json "method" of old exports)
 
@@ -203,9 +205,10 @@ class SetDLMForDiffusionLM(SetDLMPreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         config = kwargs.get("config")
+        verify = kwargs.pop("verify_checksums", True)
         if not isinstance(config, SetDLMConfig):
             config = SetDLMConfig.from_pretrained(pretrained_model_name_or_path)
-        check_export(pretrained_model_name_or_path, config, cls)
+        check_export(pretrained_model_name_or_path, config, cls, verify)
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         model.decode_defaults = read_defaults(pretrained_model_name_or_path)
         return model
@@ -223,14 +226,18 @@ def _fail(path, what: str):
     raise ValueError(f"SetDLM export '{path}': {what}; re-export it with tools/convert_checkpoint.py to-hf")
 
 
-def check_export(path, config: SetDLMConfig, cls) -> None:
-    """One clear error for a bad export: missing or unreadable weights, tensors that do not fit the
-    config, a method without a sampler, a tokenizer without the MASK token."""
+def check_export(path, config: SetDLMConfig, cls, verify: bool = True) -> None:
+    """One clear error for a bad export: files that do not match their checksums, missing or unreadable
+    weights, tensors that do not fit the config, a method without a sampler, a tokenizer without the MASK
+    token."""
     def fetch(name):
         try:
             return cached_file(str(path), name, _raise_exceptions_for_missing_entries=False)
         except OSError:
             return None
+    problem = verify_checksums(fetch) if verify else None
+    if problem:
+        raise ValueError(f"SetDLM export '{path}': {problem}")
     m = config.method or {}
     if "mask_token_id" not in m or "sampler" not in m:
         _fail(path, "config.json 'method' lacks mask_token_id / sampler (exported before generate() existed)")
@@ -250,7 +257,8 @@ def check_export(path, config: SetDLMConfig, cls) -> None:
         _fail(path, f"the weights do not match config.json ({'; '.join(bad[:3])})")
     tok_file = fetch("tokenizer.json")
     if tok_file is None:
-        _fail(path, "tokenizer.json is missing")
+        raise ValueError(f"SetDLM export '{path}': tokenizer.json is missing (every export carries the tokenizer "
+                         f"its model was trained with): copy the export directory again, whole")
     added = {t["id"]: t["content"] for t in json.loads(open(tok_file, encoding="utf-8").read()).get("added_tokens", [])}
     if m["mask_token_id"] not in added:
         _fail(path, f"tokenizer.json has no MASK token with id {m['mask_token_id']} (the config's mask_token_id)")

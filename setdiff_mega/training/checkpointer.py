@@ -15,15 +15,16 @@ Resume is exact because everything the next step depends on is restored: paramet
 moments bit for bit, the AdamW step counter, the learning rate (a pure function of the step), the data
 stream (restarted at ``consumed_samples``), per-sample noise (a function of the sample index), RNGs.
 
-Signals: SIGTERM (what schedulers send before a kill) and SIGUSR1 (Slurm's ``--signal``) set a flag;
-at the end of the current step all ranks agree (an all-reduce, since a signal may reach only some
-ranks), save, and leave the loop cleanly.
+Signals: SIGTERM (what schedulers send before a kill), SIGUSR1 (Slurm's ``--signal``) and SIGINT (Ctrl-C;
+a second Ctrl-C aborts at once, without saving) set a flag; at the end of the current step all ranks
+agree (an all-reduce, since a signal may reach only some ranks), save, and leave the loop cleanly.
 """
 from __future__ import annotations
 
 import os
 import random
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,14 +32,9 @@ import torch
 import torch.distributed as dist
 
 from setdiff_mega import methods
-from setdiff_mega.checkpoint.io import (
-    CheckpointError,
-    checkpoints_root,
-    latest_checkpoint,
-    read_state,
-    resolve_checkpoint,
-)
+from setdiff_mega.checkpoint.io import CheckpointError
 from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config, staged_save
+from setdiff_mega.checkpoint.rundir import find_resume
 from setdiff_mega.checkpoint.sharded import load_ema, load_sharded, save_sharded, start_writer_service
 
 FAULT_ENV = "SETDIFF_MEGA_FAULT"     # "kill_in_save:<step>": the job dies by SIGKILL inside that save (tests)
@@ -81,13 +77,15 @@ def set_rng_state(state: dict) -> None:
 
 
 class ExitSignals:
-    """SIGTERM / SIGUSR1 -> a flag checked (and agreed on by all ranks) at step boundaries."""
+    """SIGTERM / SIGUSR1 / SIGINT -> a flag checked (and agreed on by all ranks) at step boundaries; a second
+    SIGINT raises KeyboardInterrupt (abort now, no save)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.received: int | None = None
+        self.interrupted = False
         self._previous = {}
 
     def __enter__(self):
@@ -100,6 +98,12 @@ class ExitSignals:
         return self
 
     def _handler(self, signum, frame):
+        if signum == signal.SIGINT:
+            if self.interrupted:
+                raise KeyboardInterrupt
+            self.interrupted = True
+            print("\nSIGINT: saving at the end of this step, then stopping (Ctrl-C again aborts without saving)",
+                  file=sys.stderr, flush=True)
         self.received = signum
 
     def __exit__(self, *exc):
@@ -117,17 +121,6 @@ class ExitSignals:
         return signal.Signals(int(flag.item())).name if flag.item() else None
 
 
-def find_resume(cfg) -> tuple[Path, dict] | None:
-    """The checkpoint ``train.resume`` names (auto: the newest complete one in save_dir, or None)."""
-    want = cfg.train.resume
-    if want in (None, "", "none"):
-        return None
-    if want == "auto":
-        ck = latest_checkpoint(checkpoints_root(Path(cfg.train.save_dir)))
-        return None if ck is None else (ck, read_state(ck))
-    return resolve_checkpoint(want)
-
-
 def check_resumable(found: tuple[Path, dict], cfg) -> None:
     """The checkpoint continues this run: same architecture, the method's identity fields, the same
     length, and a training (not weights-only) checkpoint; else one CheckpointError naming the field."""
@@ -141,8 +134,8 @@ def check_resumable(found: tuple[Path, dict], cfg) -> None:
         if a != b:
             raise CheckpointError(f"checkpoint '{ck}' (train.resume={cfg.train.resume}) was trained with "
                                   f"{section}.{name}={a!r}, this run has {b!r}: to continue it keep {a!r}; for a "
-                                  f"new run use another train.save_dir (or train.resume=none), and "
-                                  f"train.init_from={ck} to start from its weights")
+                                  f"new run use another train.save_dir (or replace this run: train.resume=none "
+                                  f"train.overwrite=true), and train.init_from={ck} to start from its weights")
     if state.get("kind") != "training":
         raise CheckpointError(f"'{ck}' is a weights-only checkpoint (no optimizer or data position); "
                               f"start from it with train.init_from={ck} instead of train.resume")

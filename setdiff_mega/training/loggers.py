@@ -80,6 +80,7 @@ class MetricLogger:
                 self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
+        """Close every sink (idempotent)."""
         if self.bar is not None:
             self.bar.close()
         if self.jsonl is not None:
@@ -88,6 +89,7 @@ class MetricLogger:
             self.wandb_run.finish()
         if self.tb is not None:
             self.tb.close()
+        self.bar = self.jsonl = self.wandb_run = self.tb = None
 
 
 def peak_memory_bytes() -> int:

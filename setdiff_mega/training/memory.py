@@ -186,5 +186,40 @@ def estimate(cfg, padded_vocab: int, world_size: int | None = None) -> MemoryEst
                           activations=act[True], activations_no_recompute=act[False])
 
 
+def available_bytes() -> tuple[float, str]:
+    """(bytes a rank may use, what they are): free memory of this GPU, or this machine's available RAM
+    shared by the ranks on it (``LOCAL_WORLD_SIZE``, set by torchrun)."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return float(free), "free on this GPU"
+    import psutil
+
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    share = f" shared by {local} ranks" if local > 1 else ""
+    return psutil.virtual_memory().available / local, f"of this machine's available memory{share}"
+
+
+def check_memory(cfg, padded_vocab: int, world_size: int | None = None) -> None:
+    """Refuse (ConfigError naming the fields) a run whose estimated memory per rank exceeds what the machine
+    has: the kernel would kill it with no message (a long data.seq_length, say), after the set-up."""
+    from setdiff_mega.config import ConfigError
+
+    est = estimate(cfg, padded_vocab, world_size)
+    have, what = available_bytes()
+    if est.total <= have:
+        return
+    act = est.activations / GIB
+    raise ConfigError(f"this run needs about {est.total / GIB:.1f} GiB per rank (activations {act:.1f} GiB at "
+                      f"data.seq_length={cfg.data.seq_length}, train.micro_batch_size="
+                      f"{cfg.train.micro_batch_size}; tools/estimate_memory.py shows the whole estimate), more than "
+                      f"the {have / GIB:.1f} GiB {what}: lower data.seq_length or train.micro_batch_size, recompute "
+                      f"activations (model.recompute_granularity), or split the work over more ranks "
+                      f"(train.check_memory=false skips this check)")
+
+
 __all__ = ["measure_step_peak", "measure_config", "MemoryEstimate", "estimate", "activation_bytes",
-           "rank_parameters", "GIB"]
+           "rank_parameters", "available_bytes", "check_memory", "GIB"]

@@ -23,6 +23,7 @@ resume (``train.resume=auto``) and SIGTERM / SIGUSR1 handling are in :mod:`.chec
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -35,11 +36,14 @@ from setdiff_mega.build import model_for
 from setdiff_mega.build import objective_for as objective_from_config
 from setdiff_mega.build import tokenizer_for as resolve_tokenizer
 from setdiff_mega.build import vocab_for as resolve_vocab
+from setdiff_mega.checkpoint.rundir import claim
 from setdiff_mega.config import RunConfig, to_dict
 from setdiff_mega.data.indexed import DataWatch, check_dataset, check_matches
 from setdiff_mega.diffusion import build_inputs_per_sample
+from setdiff_mega.model import padded_vocab_size
 
 from .guard import StepGuard, TrainingError
+from .memory import check_memory
 from .step import autocast_context, evaluate, mean_over_dp, step_epoch, total_parameters, zero_step
 
 
@@ -55,6 +59,17 @@ class TrainResult:
     num_parameters: int
     stopped_by: str | None = None        # the signal that stopped the run early (after saving), if any
     final_val_loss_ema: float | None = None   # with train.ema_decay: the validation loss of the EMA weights
+
+    def summary(self) -> dict:
+        """What ``<save_dir>/summary.json`` holds (and the training CLI prints)."""
+        out = {"final_step": self.final_step, "initial_val_loss": round(self.initial_val_loss, 4),
+               "final_val_loss": round(self.final_val_loss, 4), "checkpoint": self.checkpoint,
+               "sample_tokens_per_s": round(self.sample_tokens_per_s, 1),
+               "processed_tokens_per_s": round(self.processed_tokens_per_s, 1),
+               "num_parameters": self.num_parameters, "stopped_by": self.stopped_by}
+        if self.final_val_loss_ema is not None:
+            out["final_val_loss_ema"] = round(self.final_val_loss_ema, 4)
+        return out
 
 
 def _memory_metrics() -> dict:
@@ -109,6 +124,10 @@ class Trainer:
                               context_parallel_size=pc.context_parallel_size)
         validate_layout(cfg, self.env.world_size)
         self.main = self.env.rank == 0
+        self.lock, self.found = claim(cfg, self.env.rank)   # before anything is written to train.save_dir
+        if tc.check_memory:
+            check_memory(cfg, padded_vocab_size(self.vocab, cfg.model.make_vocab_size_divisible_by,
+                                                pc.tensor_model_parallel_size), self.env.world_size)
         self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         self.pp = ps.get_pipeline_model_parallel_world_size()
         if not self.main:
@@ -128,7 +147,8 @@ class Trainer:
         n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size * self.dp
         self.train_ds, self.valid_ds, _ = build_splits(
             dc.path, self.tok, dc.seq_length, dc.split, dc.seed,
-            (tc.train_steps * self.samples_per_step, n_valid, n_valid), dc.cache_dir, dc.check_tokenizer)
+            (tc.train_steps * self.samples_per_step, n_valid, n_valid), dc.cache_dir, dc.check_tokenizer,
+            log=self.log)
         if self.valid_ds is None or len(self.valid_ds) == 0:
             self.log("warning: no validation split (data.split gives it weight 0): validating on training samples")
             self.valid_ds = self.train_ds
@@ -140,11 +160,10 @@ class Trainer:
 
         from setdiff_mega.checkpoint import load_weights
 
-        from .checkpointer import Checkpointer, find_resume, load_resume_weights
+        from .checkpointer import Checkpointer, load_resume_weights
         from .optim import build_optimizer
 
-        cfg, tc, model = self.cfg, self.cfg.train, self.model
-        self.found = found = find_resume(cfg)
+        cfg, tc, model, found = self.cfg, self.cfg.train, self.model, self.found
         if found is not None:
             load_resume_weights(found, model, cfg)          # before ZeRO partitions the weights
         elif tc.init_from:
@@ -298,47 +317,56 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
+        """Set up, train, and hand the run directory back (its lock is held from set-up to the summary)."""
+        self.lock = self.logger = None
+        try:
+            self.setup()
+            return self._loop()
+        finally:
+            if self.logger is not None:
+                self.logger.close()
+            if self.lock is not None:
+                self.lock.release()
+
+    def _loop(self) -> TrainResult:
         from .checkpointer import ExitSignals
         from .loggers import plot_loss_curve
 
-        self.setup()
         tc, logger = self.cfg.train, self.logger
         t_window = t_start = time.perf_counter()
         self.sample_tps = self.proc_tps = 0.0
         self.ckpt, stop_signal, done = (self.found[0] if self.found is not None else None), None, self.start_step
-        try:
-            with ExitSignals(tc.exit_on_signal) as signals:
-                for step in range(self.start_step, tc.train_steps):
-                    total, gnorm, lr = self.train_step(step)
-                    done = step + 1
-                    self.checkpointer.poll(done)              # publish finished asynchronous saves
-                    if self.logger.due(done):
-                        self._log_step(done, total, gnorm, lr, t_window)
-                        t_window = time.perf_counter()
-                    logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{self.sample_tps:,.0f}"})
-                    if self.validation_due(done):
-                        self.last_eval = self.validate()
-                        logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, done)
-                        logger.write(f"step {done}: train loss {total:.4f}  val loss {self.last_eval['loss']:.4f}  "
-                                     f"lr {lr:.2e}  {self.sample_tps:,.0f} sample tok/s ({self.proc_tps:,.0f} "
-                                     f"processed)")
-                    stop_signal = signals.agreed()
-                    if stop_signal is not None and done != tc.train_steps:
-                        self.ckpt = self.save(done)
-                        self.checkpointer.wait(done)
-                        logger.write(f"{stop_signal} received: saved step {done} to {self.ckpt}; stopping (resume "
-                                     f"with train.resume=auto)")
-                        break
-                    if self.checkpointer.due(done):
-                        self.ckpt = self.save(done)
+        with ExitSignals(tc.exit_on_signal) as signals:
+            for step in range(self.start_step, tc.train_steps):
+                total, gnorm, lr = self.train_step(step)
+                done = step + 1
+                self.checkpointer.poll(done)              # publish finished asynchronous saves
+                if self.logger.due(done):
+                    self._log_step(done, total, gnorm, lr, t_window)
+                    t_window = time.perf_counter()
+                logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{self.sample_tps:,.0f}"})
+                if self.validation_due(done):
+                    self.last_eval = self.validate()
+                    logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, done)
+                    logger.write(f"step {done}: train loss {total:.4f}  val loss {self.last_eval['loss']:.4f}  "
+                                 f"lr {lr:.2e}  {self.sample_tps:,.0f} sample tok/s ({self.proc_tps:,.0f} "
+                                 f"processed)")
+                stop_signal = signals.agreed()
+                if stop_signal is not None and done != tc.train_steps:
+                    self.ckpt = self.save(done)
+                    self.checkpointer.wait(done)
+                    logger.write(f"{stop_signal} received: saved step {done} to {self.ckpt}; stopping (resume "
+                                 f"with train.resume=auto)")
+                    break
+                if self.checkpointer.due(done):
+                    self.ckpt = self.save(done)
+            else:
+                if self.start_step < tc.train_steps or self.resumed is None:
+                    self._finish()
                 else:
-                    if self.start_step < tc.train_steps or self.resumed is None:
-                        self._finish()
-                    else:
-                        logger.write(f"{self.found[0]} is already at train.train_steps={tc.train_steps}: nothing "
-                                     f"to train")
-        finally:
-            logger.close()
+                    logger.write(f"{self.found[0]} is already at train.train_steps={tc.train_steps}: nothing "
+                                 f"to train")
+        logger.close()
         wall = time.perf_counter() - t_start
         if self.main:
             plot_loss_curve(logger.history, Path(tc.save_dir) / "loss_curve.png",
@@ -346,10 +374,13 @@ class Trainer:
         last = self.last_eval["loss"]
         self.log(f"{'stopped' if stop_signal else 'done'}: step {done} of {tc.train_steps} in {wall:.0f}s; val loss "
                  f"{self.initial_val:.4f} -> {last:.4f} (ppl {math.exp(min(last, 50)):.2f}); checkpoint {self.ckpt}")
-        return TrainResult(final_step=done, initial_val_loss=self.initial_val, final_val_loss=last,
-                           checkpoint=str(self.ckpt), history=logger.history, sample_tokens_per_s=self.sample_tps,
-                           processed_tokens_per_s=self.proc_tps, num_parameters=self.n_params, stopped_by=stop_signal,
-                           final_val_loss_ema=self.last_eval.get("ema_loss"))
+        result = TrainResult(final_step=done, initial_val_loss=self.initial_val, final_val_loss=last,
+                             checkpoint=str(self.ckpt), history=logger.history, sample_tokens_per_s=self.sample_tps,
+                             processed_tokens_per_s=self.proc_tps, num_parameters=self.n_params,
+                             stopped_by=stop_signal, final_val_loss_ema=self.last_eval.get("ema_loss"))
+        if self.main:                     # one summary per run, written while the run still holds save_dir
+            (Path(tc.save_dir) / "summary.json").write_text(json.dumps(result.summary(), indent=2))
+        return result
 
 
 def train(cfg: RunConfig, log=print) -> TrainResult:

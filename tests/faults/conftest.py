@@ -1,10 +1,51 @@
 """Shared fixtures for the fault-injection suite: two small tokenizers and a dataset made with the first
-(the tiny model overrides and the CLI runner are the end-to-end suite's)."""
+(the tiny model overrides, the CLI runner, the prepared corpus and the trained run are the end-to-end
+suite's), a tool's ``main`` run in this process, and a snapshot of a user's files."""
+import functools
+import hashlib
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from ..distributed.test_parallel_training import tiny_data  # noqa: F401  (a fixture: DP/TP runs)
-from ..e2e.conftest import ROOT, TINY  # noqa: F401  (re-exported to the fault tests)
+
+# re-exported to the fault tests; data_dir and trained_run are fixtures shared with tests/e2e
+from ..e2e.conftest import ROOT, TINY, data_dir, trained_run  # noqa: F401
 from ..e2e.conftest import _run as run_tool  # noqa: F401
+
+
+@functools.cache
+def tool(name: str):
+    """The module of ``tools/<name>.py`` (imported once per session)."""
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_main(capsys, name: str, argv: list) -> tuple[int, str]:
+    """(exit status, stderr) of ``tools/<name>.py argv`` run in this process through the CLI wrapper."""
+    from setdiff_mega.cli import run_cli
+
+    capsys.readouterr()
+    rc = run_cli(tool(name).main, [str(a) for a in argv])
+    return rc, capsys.readouterr().err
+
+
+def snapshot(root: Path) -> dict:
+    """relative path -> SHA-256 of every file under ``root`` (but a run directory's ``.lock``, which names
+    its latest holder)."""
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(Path(root).rglob("*")) if f.is_file() and f.name != ".lock"}
+
+
+def kept(before: dict, root: Path) -> None:
+    """Every file of ``before`` is still under ``root`` with the same bytes."""
+    after = snapshot(root)
+    lost = sorted(k for k in before if k not in after)
+    changed = sorted(k for k in before if k in after and after[k] != before[k])
+    assert not lost and not changed, {"removed": lost, "changed": changed}
 
 
 def one_line_error(r, *needles):

@@ -83,6 +83,7 @@ def test_preprocess_cli_reports_bad_input_in_one_line_and_keeps_the_old_dataset(
     before = (tmp_path / "out" / "c.bin").read_bytes()
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(good.read_bytes() + b'{"text": null}\n')
+    args.append("--overwrite")            # replacing one's own dataset on purpose: the bad record stops it first
     r = run_tool([*args, "--input", str(bad)])
     one_line_error(r, f"{bad}:2001: the value of 'text' is null")
     bad.write_bytes(good.read_bytes() + b'{"text": "caf\xe9"}\n')

@@ -156,7 +156,7 @@ def test_interrupted_run_keeps_the_previous_dataset(corpus, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text((corpus / "in.jsonl").read_text(encoding="utf-8") + "{not json\n", encoding="utf-8")
     with pytest.raises(DataError, match="not valid JSON"):
-        preprocess([str(bad)], str(tmp_path / "d"), tok, workers=2, unit_bytes=2000, progress=False)
+        preprocess([str(bad)], str(tmp_path / "d"), tok, workers=2, unit_bytes=2000, progress=False, overwrite=True)
     assert check_dataset(tmp_path / "d", verify_hashes=True)["manifest"]["sha256"] == good["sha256"]
     assert not list(tmp_path.glob("d.tmp-*"))
 

@@ -1,0 +1,87 @@
+"""Ctrl-C saves like SIGTERM (issue 28, defect 6): with the default train.save_interval=0, a run
+interrupted near its end used to leave nothing to resume from. One Ctrl-C now saves at the end of the
+step on every rank (also when it reaches one rank only, also under DeepSpeed ZeRO) and exits with status
+130; a second Ctrl-C aborts at once."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ..distributed.harness import run_ranks
+from ..distributed.test_parallel_training import _config
+from .conftest import ROOT, TINY
+
+
+def test_ctrl_c_saves_the_run_and_exits_130_then_it_resumes(data_dir, tmp_path):
+    save = tmp_path / "run"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    args = ["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.log_interval=1",
+            f"data.path={data_dir / 'corpus'}", f"train.save_dir={save}"]
+    proc = subprocess.Popen([sys.executable, *args, "train.train_steps=5000"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            f = save / "metrics.jsonl"
+            if f.is_file() and any(json.loads(x).get("step", 0) >= 2 for x in f.read_text().splitlines()[:-1]):
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)                 # what Ctrl-C in the terminal sends
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    done = sorted((save / "checkpoints").glob("step_???????"))
+    assert len(done) == 1, out[-3000:]
+    stopped = int(done[0].name.split("_")[1])
+    assert 2 <= stopped < 5000 and f"SIGINT received: saved step {stopped}" in out and "Traceback" not in out
+    assert json.loads((save / "summary.json").read_text())["stopped_by"] == "SIGINT"
+    r = subprocess.run([sys.executable, *args, f"train.train_steps={stopped + 2}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and f"resumed from {done[0]} at step {stopped}" in r.stdout + r.stderr, r.stderr[-2000:]
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    from setdiff_mega.training.checkpointer import ExitSignals
+
+    with ExitSignals() as signals:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)                                # the handler runs between bytecodes
+        assert signals.received == signal.SIGINT and signals.agreed() == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _interrupted(rank, world, data_dir, save_dir):
+    """DeepSpeed ZeRO-2 on DP = 2; rank 1 alone gets SIGINT during step 2."""
+    from setdiff_mega.training import optim, train
+
+    real, calls = optim.lr_at, {"n": 0}
+
+    def lr_at(step, tc):                                 # asked once per step, before its forward
+        calls["n"] += 1
+        if rank == 1 and calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(step, tc)
+    optim.lr_at = lr_at
+    try:
+        res = train(_config(data_dir, save_dir, 1, 1, "setdlm", None, 2, zero=2,
+                            extra=["train.train_steps=50", "train.save_interval=0"]), log=lambda *a: None)
+    finally:
+        optim.lr_at = real
+    return {"stopped_by": res.stopped_by, "step": res.final_step, "checkpoint": res.checkpoint}
+
+
+def test_ctrl_c_on_one_rank_saves_on_every_rank_under_zero(tiny_data, tmp_path):
+    out = run_ranks(_interrupted, world=2, args=(tiny_data, tmp_path / "run"))
+    assert out[0] == out[1] and out[0]["stopped_by"] == "SIGINT" and out[0]["step"] == 2, out
+    ck = tmp_path / "run" / "checkpoints" / "step_0000002"
+    assert out[0]["checkpoint"] == str(ck) and (ck / "state.json").is_file()
+    shards = {p.name for p in (ck / "zero" / "state").iterdir()}       # each rank's ZeRO partition
+    assert {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= shards, shards
