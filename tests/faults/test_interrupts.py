@@ -16,7 +16,7 @@ from ..distributed.test_parallel_training import _config
 from .conftest import ROOT, TINY
 
 
-def test_ctrl_c_saves_the_run_and_exits_130_then_it_resumes(data_dir, tmp_path):
+def test_ctrl_c_saves_the_run_and_exits_130(data_dir, tmp_path):
     save = tmp_path / "run"
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
     args = ["pretrain/pretrain.py", "--config", "configs/tiny_cpu.yaml", *TINY, "train.log_interval=1",
@@ -40,9 +40,8 @@ def test_ctrl_c_saves_the_run_and_exits_130_then_it_resumes(data_dir, tmp_path):
     stopped = int(done[0].name.split("_")[1])
     assert 2 <= stopped < 5000 and f"SIGINT received: saved step {stopped}" in out and "Traceback" not in out
     assert json.loads((save / "summary.json").read_text())["stopped_by"] == "SIGINT"
-    r = subprocess.run([sys.executable, *args, f"train.train_steps={stopped + 2}"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and f"resumed from {done[0]} at step {stopped}" in r.stdout + r.stderr, r.stderr[-2000:]
+    state = json.loads((done[0] / "state.json").read_text())       # a complete training checkpoint (resume: the
+    assert state["kind"] == "training" and state["consumed_samples"] == 4 * stopped     # SIGTERM tests)
 
 
 def test_a_second_ctrl_c_aborts_at_once():
