@@ -5,12 +5,8 @@
     python pretrain/pretrain.py --config configs/tiny_cpu.yaml [section.field=value ...]
     python pretrain/pretrain.py --config configs/tiny_cpu.yaml objective.name=ar train.train_steps=100
 """
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.train import cli  # noqa: E402
+from setdiff_mega.train import cli
 
 if __name__ == "__main__":
     cli()

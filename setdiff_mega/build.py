@@ -18,6 +18,7 @@ from pathlib import Path
 from setdiff_mega.config import ConfigError, RunConfig
 from setdiff_mega.data.indexed import DataError
 from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.diffusion import build_objective
 
 
 def tokenizer_path(cfg: RunConfig) -> str:
@@ -45,13 +46,8 @@ def vocab_for(cfg: RunConfig, tok: Tokenizer) -> int:
 
 
 def objective_for(cfg: RunConfig, tok: Tokenizer):
-    from setdiff_mega.diffusion import build_objective
-
-    o = cfg.objective
-    return build_objective(o.name, tok.mask, block_size=o.block_size, D=o.D, S_max=o.S_max, k=o.k, b=o.b,
-                           keep_clean_bos=o.keep_clean_bos, eos_last=o.eos_last, eos_id=tok.eos,
-                           loss_weighting=o.loss_weighting, t_eps=o.t_eps, fim_rate=o.fim_rate,
-                           fim_max_middle=o.fim_max_middle, fim_max_suffix=o.fim_max_suffix,
+    """The objective of ``cfg.objective`` (its method's options) with the tokenizer's MASK / EOS ids."""
+    return build_objective(cfg.objective.name, tok.mask, eos_id=tok.eos, options=cfg.objective.options,
                            dense_masks=cfg.parallel.context_parallel_size == 1)
 
 

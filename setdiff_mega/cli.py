@@ -1,7 +1,8 @@
 """Shared CLI plumbing for the thin entry points in pretrain/ and tools/.
 
 ``run_cli(fn)`` sets the offline environment (no hub downloads, wandb offline unless asked), silences
-library log lines that users cannot act on (:func:`quiet_libraries`), and turns the project's
+library log lines that users cannot act on (:func:`quiet_libraries`), applies the megatron-core CPU shim
+(:mod:`setdiff_mega.compat.mcore_cpu`, a no-op with CUDA), and turns the project's
 user-facing errors (bad config, bad data, bad checkpoint, an output that would destroy something, failed
 training) into one ``error: ...`` line and exit status 2 instead of a stack trace.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
+from setdiff_mega.compat import mcore_cpu
 
 # Loggers whose warnings are about the installation, not the user's command: torchao's optional CUDA kernels
 # that a CPU wheel cannot load ("Failed to load .../_C_cutlass_90a.abi3.so") when transformers imports it,
@@ -44,6 +47,7 @@ def user_errors() -> tuple:
 def run_cli(fn, argv=None) -> int:
     offline_env()
     quiet_libraries()
+    mcore_cpu.apply()                        # megatron-core on a CPU-only torch (a no-op with CUDA)
     errors = user_errors()
     try:
         return int(fn(argv) or 0)

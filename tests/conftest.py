@@ -15,6 +15,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import setdiff_mega  # noqa: E402,F401  (installs the warning filters)
+from setdiff_mega.compat import mcore_cpu  # noqa: E402
+
+mcore_cpu.apply()            # what every entry point does first (megatron-core on a CPU-only torch)
 
 
 @pytest.fixture(scope="session")

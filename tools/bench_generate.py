@@ -22,10 +22,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
-from setdiff_mega.methods import SETDLM  # noqa: E402
+from setdiff_mega.cli import run_cli
+from setdiff_mega.diffusion.setdlm import SETDLM
 
 REPORTS = (".csv", ".png", ".json", ".jsonl", ".log", ".txt")     # what an --out-dir of this tool holds
 
@@ -138,7 +136,7 @@ def compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out: Path) 
     if hf.is_hf_export(Path(args.checkpoint)):       # the export's own remote code
         from transformers import AutoModelForCausalLM
 
-        from setdiff_mega.standalone.generation_setdlm import DecodeModel
+        from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
 
         plain = DecodeModel(AutoModelForCausalLM.from_pretrained(args.checkpoint, trust_remote_code=True).eval(),
                             cfg.data.seq_length)

@@ -14,9 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.cli import run_cli
 
 DEFAULT = ["model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4", "data.seq_length=128",
            "train.micro_batch_size=4", "train.grad_accum_steps=4", "objective.name=setdlm"]

@@ -23,11 +23,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.cli import run_cli
 
 _TOK = {}
 
@@ -73,10 +70,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import numpy as np
 
+    from setdiff_mega.compat import mcore_cpu  # noqa: F401
     from setdiff_mega.data.corpus import embedded_corpus, write_jsonl
     from setdiff_mega.data.preprocess import preprocess
     from setdiff_mega.data.tokenizer import Tokenizer
-    from setdiff_mega.model import mcore_cpu  # noqa: F401
     from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
     # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset

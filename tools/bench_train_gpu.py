@@ -17,12 +17,9 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
-from setdiff_mega.methods import SETDLM  # noqa: E402
+from setdiff_mega.cli import run_cli
+from setdiff_mega.diffusion.setdlm import SETDLM
 
 
 def _write_csv(path, rows):

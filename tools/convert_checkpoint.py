@@ -13,8 +13,8 @@ a directory of weights-only imports), never a training run's checkpoints or anyt
 The export holds config.json (architecture, the training method and the full training config),
 generation_config.json (the decoding defaults: W = D, tau, block size, L), model.safetensors (fp32,
 bit-exact; ``--dtype bf16`` halves it), the tokenizer, a model card (README.md), SHA256SUMS (every file's
-digest, checked on every load) and the standalone code (the model, its KV cache and the samplers: torch +
-transformers only), so that
+digest, checked on every load) and the code of setdiff_mega/hfmodel and setdiff_mega/decoding (the model,
+its KV cache and the samplers: torch + transformers only), so that
 
     model = transformers.AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)
     model.generate(input_ids, max_new_tokens=64, window=4, tau=0.9)      # or model.infill(prefix, suffix, span)
@@ -27,9 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.cli import run_cli
 
 
 def main(argv=None) -> int:

@@ -16,9 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.cli import run_cli
 
 
 def tensor_hash(t) -> str:
@@ -32,7 +30,7 @@ def native_tensors(ck: Path) -> dict:
     from megatron.core import dist_checkpointing
 
     from setdiff_mega.checkpoint.io import CheckpointError
-    from setdiff_mega.model import mcore_cpu  # noqa: F401
+    from setdiff_mega.compat import mcore_cpu  # noqa: F401
     # isort: split
     from setdiff_mega.parallel import initialize
 

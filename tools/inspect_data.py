@@ -11,9 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.cli import run_cli
 
 
 def main(argv=None) -> int:
@@ -25,9 +23,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import numpy as np
 
+    from setdiff_mega.compat import mcore_cpu  # noqa: F401  (megatron import with the CPU shim)
     from setdiff_mega.data.indexed import check_dataset
     from setdiff_mega.data.tokenizer import Tokenizer
-    from setdiff_mega.model import mcore_cpu  # noqa: F401  (megatron import with the CPU shim)
     # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 

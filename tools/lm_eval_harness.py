@@ -10,11 +10,8 @@
 README's decoding table). Needs the optional extra: ``pip install -e '.[eval]'``.
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from setdiff_mega.cli import run_cli  # noqa: E402
+from setdiff_mega.cli import run_cli
 
 
 def main(argv=None) -> int:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from setdiff_mega import methods
-
 _PAPER = "Arriola & Kuleshov, *Set Diffusion Language Models*, ICML 2026"
 
 
@@ -19,16 +17,8 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _method_line(o, method: dict) -> str:
-    m = methods.get(o.name)
-    parts = [f"objective `{o.name}` ({m.label})"]
-    if m.window:
-        parts.append(f"D = {o.D}, S_max = {method['S_max']}")
-    if m.block:
-        parts.append(f"block size {o.block_size}")
-    if o.fim_rate:
-        parts.append(f"fill-in-the-middle rate {o.fim_rate} (not in the paper's recipe)")
-    return ", ".join(parts)
+def _method_line(o) -> str:
+    return ", ".join([f"objective `{o.name}` ({o.method.label})", *o.options.describe()])
 
 
 def _usage(meta: dict) -> str:
@@ -60,7 +50,7 @@ def model_card(cfg, state: dict, meta: dict, num_parameters: int, source: Path) 
     metrics = {k: state[k] for k in ("val_loss", "initial_val_loss", "consumed_samples", "skipped_steps")
                if k in state}
     rows = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in metrics.items()) or "| (none recorded) | |"
-    label = methods.get(o.name).label
+    label = o.method.label
     return f"""---
 library_name: transformers
 tags: [setdiff-mega, diffusion-language-model, {o.name}]
@@ -74,7 +64,7 @@ the modelling code, the samplers and their KV cache are plain PyTorch + transfor
 (`trust_remote_code=True`); setdiff-mega is not needed to load or decode it.
 
 ## Method
-- {_method_line(o, meta["method"])}
+- {_method_line(o)}
 - decoding defaults (`generation_config.json`): window W = {g["window"]}, tau = {g["tau"]}, commit_k =
   {g["commit_k"]}, block size {g["block_size"]}, context budget L = {g["context_length"]} tokens
 

@@ -1,6 +1,7 @@
 """Conversions between a native checkpoint and the Hugging Face format of :mod:`.hf`:
 ``export`` (native -> ``config.json`` + ``generation_config.json`` (the decoding defaults) +
-``model.safetensors`` (fp32, bit-exact, or bf16) + tokenizer + the standalone code + a model card
+``model.safetensors`` (fp32, bit-exact, or bf16) + tokenizer + the code of ``setdiff_mega/hfmodel`` and
+``setdiff_mega/decoding`` (flattened) + a model card
 ``README.md`` + ``SHA256SUMS`` (verified on load); written into a staging directory of this invocation
 and renamed into place) and ``import_export`` (an export -> a weights-only native checkpoint). Kept
 apart from the format so that loading (``native.load_model``, which reads exports) and converting
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 
 from setdiff_mega import methods
+from setdiff_mega.decoding.base import GenerationConfig
+from setdiff_mega.hfmodel.generation_setdlm import GENERATION_FILE
 from setdiff_mega.outputs import (
     OutputError,
     check_not_input,
@@ -29,8 +32,6 @@ from setdiff_mega.outputs import (
     staged_dir,
     usual_mode,
 )
-from setdiff_mega.standalone.base import GenerationConfig
-from setdiff_mega.standalone.generation_setdlm import GENERATION_FILE
 
 from . import hf
 from .card import model_card
@@ -92,7 +93,7 @@ def _write_export(tmp: Path, model, tok, cfg, state: dict, ck: Path, dtype: str)
                                                 "model_max_length": cfg.model.max_position_embeddings, **special})
     _write_json(tmp / "special_tokens_map.json", special)
     for f in hf.code_files():
-        shutil.copyfile(f, tmp / f.name)
+        (tmp / f.name).write_text(hf.export_source(f))
     (tmp / "README.md").write_text(model_card(cfg, state, meta, model.num_parameters(), ck))
     hf.write_checksums(tmp)
 

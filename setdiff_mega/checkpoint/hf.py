@@ -19,7 +19,8 @@ group g, its h/G query heads, then its key head, then its value head. Export spl
 three projections; import re-fuses them. Both directions only move rows, so export -> import is
 bit-identical. The exported directory also carries the tokenizer (``tokenizer.json`` plus
 ``tokenizer_config.json`` with the special tokens, so ``AutoTokenizer`` works), the modelling code
-(``setdiff_mega/standalone``: the model, its ``generate`` and the samplers; ``auto_map`` points AutoModel
+(``setdiff_mega/hfmodel`` and ``setdiff_mega/decoding``, flattened: the model, its ``generate`` and the
+samplers; ``auto_map`` points AutoModel
 at it) and, in ``config.json``, the training method and the full RunConfig.
 """
 from __future__ import annotations
@@ -32,18 +33,23 @@ from typing import Callable
 
 import torch
 
-from setdiff_mega import methods
-from setdiff_mega.methods import default_s_max
-from setdiff_mega.standalone.integrity import verify_checksums, write_checksums
+from setdiff_mega.hfmodel.integrity import verify_checksums, write_checksums
 
 from .io import CheckpointError
 
-CODE_DIR = Path(__file__).resolve().parent.parent / "standalone"     # copied into every export
+CODE_DIRS = tuple(Path(__file__).resolve().parent.parent / d for d in ("decoding", "hfmodel"))   # in every export
 
 
 def code_files() -> list:
-    """The remote code of an export: every module of ``setdiff_mega/standalone`` but its ``__init__``."""
-    return sorted(p for p in CODE_DIR.glob("*.py") if p.name != "__init__.py")
+    """The remote code of an export: every module of ``setdiff_mega/decoding`` and ``setdiff_mega/hfmodel`` but
+    their ``__init__`` (one flat directory in the export: the names are unique)."""
+    return sorted((p for d in CODE_DIRS for p in d.glob("*.py") if p.name != "__init__.py"), key=lambda p: p.name)
+
+
+def export_source(path: Path) -> str:
+    """A code file as the export holds it: imports of ``..decoding.x`` become ``.x`` (one flat directory,
+    which is what transformers' remote-code loader copies)."""
+    return re.sub(r"^(\s*)from \.\.decoding\.", r"\1from .", Path(path).read_text(), flags=re.M)
 
 
 MODEL_TYPE = "setdlm"                  # transformers' model_type of every export (any objective)
@@ -145,7 +151,6 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
     from setdiff_mega.config import to_dict
 
     mc, oc = cfg.model, cfg.objective
-    s_max = default_s_max(oc.D, oc.S_max)
     return {
         "architectures": ["SetDLMForDiffusionLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
         "vocab_size": padded_vocab, "tokenizer_vocab_size": mc.vocab_size or tok.vocab_size,
@@ -158,14 +163,10 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "rotary_percent": mc.rotary_percent, "max_position_embeddings": mc.max_position_embeddings,
         "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad, "mask_token_id": tok.mask,
         "torch_dtype": "float32",
-        "method": {"objective": oc.name, "causal": methods.get(oc.name).causal, "D": oc.D, "S_max": s_max,
-                   "sampler": methods.get(oc.name).sampler.rpartition(":")[2],
-                   "block_size": oc.block_size, "k": oc.k,
-                   "b": oc.b, "keep_clean_bos": oc.keep_clean_bos, "eos_last": oc.eos_last,
-                   "fim_rate": oc.fim_rate, "loss_weighting": oc.loss_weighting, "t_eps": oc.t_eps,
-                   "mask_token_id": tok.mask,
-                   "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
-                   "seq_length": cfg.data.seq_length},
+        "method": {"objective": oc.name, "causal": oc.method.causal,
+                   "sampler": oc.method.sampler.rpartition(":")[2], **oc.options.export_record(),
+                   "mask_token_id": tok.mask, "bos_token_id": tok.bos, "eos_token_id": tok.eos,
+                   "pad_token_id": tok.pad, "seq_length": cfg.data.seq_length},
         "setdiff_mega": to_dict(cfg),
     }
 
@@ -193,8 +194,9 @@ def check_checksums(path: str | Path) -> None:
         raise CheckpointError(f"export '{p}': {problem}")
 
 
-def read_export(path: str | Path, verify: bool = True):
-    """(RunConfig, Tokenizer, weights) of an exported directory; ``verify``: check ``SHA256SUMS`` first."""
+def read_export(path: str | Path):
+    """(RunConfig, Tokenizer, weights) of an exported directory (structure only: :func:`load_into` checks the
+    shapes, :func:`check_checksums` the contents)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -207,8 +209,6 @@ def read_export(path: str | Path, verify: bool = True):
         raise CheckpointError(f"'{p / 'config.json'}' lacks the 'setdiff_mega' training config; it was not "
                               f"written by tools/convert_checkpoint.py")
     cfg = from_dict(meta["setdiff_mega"])
-    if verify:
-        check_checksums(p)
     f = p / "model.safetensors"
     if not f.is_file():
         raise CheckpointError(f"'{f}' is missing")
@@ -218,7 +218,7 @@ def read_export(path: str | Path, verify: bool = True):
         raise CheckpointError(f"'{f}' is truncated or unreadable ({e})") from None
     if not (p / "tokenizer.json").is_file():
         raise CheckpointError(f"export '{p}' has no tokenizer.json (every export carries the tokenizer its model "
-                              f"was trained with): copy the export directory again, whole")
+                              f"was trained with): the copy is incomplete; copy the whole directory again")
     try:
         tok = Tokenizer.from_file(p / "tokenizer.json")
     except (FileNotFoundError, ValueError) as e:
@@ -232,6 +232,5 @@ def load_into(model, weights: dict, path: Path, mc) -> None:
     model.load_state_dict(hf_to_native(weights, model.state_dict(), mc, src))
 
 
-__all__ = ["CODE_DIR", "code_files", "check_checksums", "write_checksums", "RULES", "Rule", "export_weights",
-           "read_export", "is_hf_export", "native_to_hf",
-           "hf_to_native", "hf_config", "load_into"]
+__all__ = ["CODE_DIRS", "code_files", "export_source", "check_checksums", "write_checksums", "RULES", "Rule",
+           "export_weights", "read_export", "is_hf_export", "native_to_hf", "hf_to_native", "hf_config", "load_into"]

@@ -200,6 +200,7 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
             cfg.model = dataclasses.replace(cfg.model, **model_overrides)
         model = model_for(cfg, vocab_for(cfg, tok))
         hf.load_into(model, tensors, p, cfg.model)
+        hf.check_checksums(p)                # after the structure: a corruption that still parses (a flipped bit)
         kind = hf.export_weights(p)
     else:
         ck, _ = resolve_checkpoint(p)

@@ -24,9 +24,11 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "~")):
             return None
         return _coerce(value, args[0], name)
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or hasattr(tp, "from_mapping"):
         if not isinstance(value, dict):
             raise ConfigError(f"{name}: expected a mapping of fields, got {value!r}")
+        if hasattr(tp, "from_mapping"):              # a section that resolves its own fields (objective)
+            return tp.from_mapping(value, name, _coerce)
         return _from_dict(tp, value, name)
     try:
         if tp is bool:
@@ -126,7 +128,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as plain nested dicts (a section with ``to_mapping`` gives its own)."""
+    if hasattr(cfg, "to_mapping"):
+        return cfg.to_mapping()
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    return cfg
 
 
 def from_dict(data: dict) -> RunConfig:

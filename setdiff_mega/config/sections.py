@@ -9,13 +9,12 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from setdiff_mega import methods
+from setdiff_mega import backends, methods
+
+from .errors import ConfigError
+from .objective import ObjectiveConfig
 
 OBJECTIVE_NAMES = methods.names()                # the registry (setdiff_mega/methods.py)
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the field and the fix."""
 
 
 @dataclass
@@ -81,7 +80,7 @@ class ModelConfig:
         """This section's own checks (ConfigError naming the field and the fix)."""
         _choice(self.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
         _choice(self.activation, ("gelu", "swiglu"), "model.activation")
-        _choice(self.attention_backend, ("sdpa", "flex", "setcausal", "local"), "model.attention_backend")
+        _choice(self.attention_backend, backends.names(), "model.attention_backend")
         _choice(self.transformer_impl, ("auto", "local", "transformer_engine"), "model.transformer_impl")
         _choice(self.fp8, ("none", "te", "torchao"), "model.fp8")
         _choice(self.fp8_recipe, ("tensorwise", "delayed", "rowwise"), "model.fp8_recipe")
@@ -110,41 +109,6 @@ class ModelConfig:
                               f"that carries rotary positions (0 would train without positions)")
         if self.vocab_size is not None and self.vocab_size < 4:
             raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
-
-
-@dataclass
-class ObjectiveConfig:
-    name: str = "setdlm"                         # ar | mdlm | bd3lm | setdlm
-    D: int = 4                                   # SetDLM: desired set size
-    S_max: Optional[int] = None                  # SetDLM: window; None = 2 * D
-    k: Optional[float] = None                    # SetDLM: optional schedule overrides
-    b: Optional[float] = None
-    block_size: int = 4                          # BD3LM block size S
-    keep_clean_bos: bool = False                 # SetDLM: pin position 0 (BOS) first
-    eos_last: bool = False                       # SetDLM: target EOS last in the order
-    fim_rate: float = 0.0                        # SetDLM, not the paper: rows trained with a revealed prefix and
-    fim_max_middle: int = 0                      #   the rest of the document (fill-in-the-middle; method.md 12),
-    fim_max_suffix: int = 0                      #   caps on the middle's and the suffix's lengths (0 = none)
-    loss_weighting: str = "unweighted"           # MDLM/BD3LM: unweighted | elbo
-    t_eps: float = 1e-3
-
-    @property
-    def s_max(self) -> int:
-        """SetDLM's window S_max (2D unless set)."""
-        return methods.default_s_max(self.D, self.S_max)
-
-    def check(self, L: int) -> None:
-        """This section's own checks, then the method's (its registry record)."""
-        _choice(self.name, methods.names(), "objective.name")
-        _choice(self.loss_weighting, ("unweighted", "elbo"), "objective.loss_weighting")
-        if self.fim_rate and "fim_rate" not in methods.get(self.name).options:
-            raise ConfigError(f"objective.fim_rate is a SetDLM option (objective.name={self.name}); set it to 0")
-        if not 0.0 <= self.fim_rate <= 1.0 or self.fim_max_middle < 0 or self.fim_max_suffix < 0:
-            raise ConfigError(f"objective.fim_rate={self.fim_rate} must be in [0, 1] and objective.fim_max_middle="
-                              f"{self.fim_max_middle} / fim_max_suffix={self.fim_max_suffix} >= 0 (0 = no cap)")
-        methods.get(self.name).validate(self, L, ConfigError)
-        if not (0.0 < self.t_eps < 1.0):
-            raise ConfigError(f"objective.t_eps={self.t_eps} must be in (0, 1)")
 
 
 @dataclass
@@ -293,8 +257,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     """Every section's own checks (``<Section>.check``), then the layout across sections; raises a
     ConfigError naming the field and the fix."""
     for section in fields(cfg):              # NaN / inf pass every comparison below: refuse them first
-        for f in fields(getattr(cfg, section.name)):
-            v = getattr(getattr(cfg, section.name), f.name)
+        part = getattr(cfg, section.name)
+        part = getattr(part, "options", part)
+        for f in fields(part):
+            v = getattr(part, f.name)
             if isinstance(v, float) and not math.isfinite(v):
                 raise ConfigError(f"{section.name}.{f.name}={v} is not a finite number")
     cfg.data.check()
@@ -328,9 +294,9 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
             raise ConfigError("parallel.sequence_parallel is not supported with DeepSpeed ZeRO (train.zero_stage="
                               f"{cfg.train.zero_stage}); use one of them")
         L, cp = cfg.data.seq_length, max(p.context_parallel_size, 1)
-        Ls, streams = {"ar": (L - 1, 1), "mdlm": (L, 1)}.get(cfg.objective.name, (L, 2))
-        # this rank's positions (under CP each stream is padded to 2 x CP chunks)
-        T = streams * Ls if cp == 1 else streams * -(-Ls // (2 * cp)) * 2
+        method = methods.get(cfg.objective.name)
+        T = method.positions(L)[0]         # this rank's positions (under CP each stream padded to 2 x CP chunks)
+        T = T if cp == 1 else method.streams * -(-(T // method.streams) // (2 * cp)) * 2
         processed = "processed positions" if cp == 1 else f"positions each of the CP={cp} ranks processes"
         if T % tp:
             raise ConfigError(f"sequence parallelism splits the {T} {processed} (objective "
@@ -390,10 +356,11 @@ def _check_context_parallel(cfg: RunConfig, cp: int) -> None:
     if L % (2 * cp):
         raise ConfigError(f"context parallelism cuts every stream into 2 x CP = {2 * cp} chunks: data.seq_length={L} "
                           f"must be a multiple of {2 * cp}")
-    if m.attention_backend not in ("sdpa", "setcausal", "flex"):
+    if not backends.get(m.attention_backend).context_parallel:
+        able = ", ".join(n for n in backends.names() if backends.get(n).context_parallel)
         raise ConfigError(f"parallel.context_parallel_size={cp} needs a core attention that gathers keys over the "
-                          f"CP group (model.attention_backend=sdpa, setcausal or flex); "
-                          f"model.attention_backend={m.attention_backend} does not")
+                          f"CP group (model.attention_backend={able}); model.attention_backend={m.attention_backend} "
+                          f"does not")
 
 
 __all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig",

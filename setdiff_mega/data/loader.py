@@ -16,9 +16,9 @@ sample (megatron-core loops forever on an empty split); a split nobody reads tha
 built.
 
 ``data.path`` may be a blend, ``"0.7 data/a/corpus 0.3 data/b/corpus"`` (megatron-core's
-BlendedDataset, weights respected per sample). ``batches(dataset, batch_size, start_sample, stride)`` yields ``{"tokens": [B, L] long,
-"sample_index": int}`` in a deterministic order that resumes exactly from a number of consumed samples
-(it wraps around the epoch if more samples are asked for than the dataset holds).
+BlendedDataset, weights respected per sample). The datasets are :class:`~setdiff_mega.data.batch.SampleSource`
+s: :func:`~setdiff_mega.data.batch.batches` streams them as typed batches in a deterministic order that
+resumes exactly from a number of consumed samples.
 """
 from __future__ import annotations
 
@@ -26,10 +26,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterator
-
-import torch
-
+from .batch import batches
 from .indexed import DataError, check_dataset, sha256_file
 
 SPLITS = ("train", "valid", "test")
@@ -171,26 +168,6 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
 def wrap_ids(data_cfg, tokenizer) -> tuple[int, int] | None:
     """(BOS, EOS) forced onto every sample under ``data.chunk_bos_eos`` (the "wrap" convention), else None."""
     return (tokenizer.bos, tokenizer.eos) if data_cfg.chunk_bos_eos else None
-
-
-def batches(dataset, batch_size: int, start_sample: int = 0, stride: int | None = None,
-            bos_eos: tuple[int, int] | None = None) -> Iterator[dict]:
-    """Deterministic, resumable stream of [B, L] token batches.
-
-    Batch k holds samples ``start_sample + k * stride + [0, batch_size)`` (``stride`` defaults to
-    ``batch_size``). Data-parallel rank r of D uses ``start_sample = r * batch_size`` and
-    ``stride = D * batch_size``, so the ranks together read the same samples as one process would.
-    """
-    n = len(dataset)
-    stride = batch_size if stride is None else stride
-    i = start_sample
-    while True:
-        idx = [(i + j) % n for j in range(batch_size)]
-        tokens = torch.stack([torch.as_tensor(dataset[k]["tokens"]) for k in idx]).long()
-        if bos_eos is not None:              # "wrap" convention with BOS/EOS insertion on every chunk
-            tokens[:, 0], tokens[:, -1] = bos_eos
-        yield {"tokens": tokens, "sample_index": i, "sample_ids": idx}
-        i += stride
 
 
 __all__ = ["build_splits", "batches", "wrap_ids", "split_sizes", "check_split_sizes", "index_cache", "SPLITS"]

@@ -9,7 +9,11 @@ Public API (stable names, listed in the README):
 * masks (True = allowed): :func:`setcausal_mask`, :func:`setcausal_mask_from_ranks`,
   :func:`block_diffusion_mask`, :func:`causal_mask`, :func:`bidirectional_mask`, :func:`with_key_padding`
 * objectives: :func:`build_objective`, :class:`ARObjective`, :class:`MDLMObjective`,
-  :class:`BD3LMObjective`, :class:`SetDLMObjective`, :class:`ModelInputs`, :func:`masked_token_nll`
+  :class:`BD3LMObjective`, :class:`SetDLMObjective`, :class:`ModelInputs`, :func:`masked_token_nll`,
+  :func:`inputs_for` (a :class:`~setdiff_mega.data.batch.Batch` -> model inputs)
+
+Importing the package registers the built-in methods (each objective module registers its own record in
+:mod:`setdiff_mega.methods`).
 """
 from .masks import (
     bidirectional_mask,
@@ -20,7 +24,6 @@ from .masks import (
     with_key_padding,
 )
 from .objectives import (
-    OBJECTIVES,
     ARObjective,
     BD3LMObjective,
     MDLMObjective,
@@ -30,7 +33,10 @@ from .objectives import (
     build_inputs_per_sample,
     build_objective,
     collate_inputs,
+    inputs_for,
     masked_token_nll,
+    objective_options,
+    row_generator,
 )
 from .orders import (
     hitting_times,
@@ -42,14 +48,15 @@ from .orders import (
     sample_exponentials,
     sample_order,
 )
-from .schedules import LinearSchedule, StaggeredSchedule, mean_lag_slots
+from .schedules import LinearSchedule, StaggeredSchedule, default_s_max, mean_lag_slots
 
 __all__ = [
-    "StaggeredSchedule", "LinearSchedule", "mean_lag_slots",
+    "StaggeredSchedule", "LinearSchedule", "mean_lag_slots", "default_s_max",
     "sample_order", "order_from_exponentials", "order_from_times", "hitting_times", "sample_exponentials",
     "move_eos_last", "invert", "permute",
     "setcausal_mask", "setcausal_mask_from_ranks", "block_diffusion_mask", "causal_mask",
     "bidirectional_mask", "with_key_padding",
-    "OBJECTIVES", "Objective", "ModelInputs", "ARObjective", "MDLMObjective", "BD3LMObjective",
-    "SetDLMObjective", "build_objective", "masked_token_nll", "collate_inputs", "build_inputs_per_sample",
+    "Objective", "ModelInputs", "inputs_for", "row_generator", "objective_options", "ARObjective", "MDLMObjective",
+    "BD3LMObjective", "SetDLMObjective", "build_objective", "masked_token_nll", "collate_inputs",
+    "build_inputs_per_sample",
 ]

@@ -27,9 +27,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from setdiff_mega.methods import default_s_max
-
 _EPS64 = torch.finfo(torch.float64).eps
+
+
+def default_s_max(D: int, S_max: int | None = None) -> int:
+    """SetDLM's window S_max: 2D unless set (method.md 2.2)."""
+    return 2 * int(D) if S_max is None else int(S_max)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 from setdiff_mega import methods
+from setdiff_mega.diffusion.bd3lm import BD3LM
+from setdiff_mega.diffusion.setdlm import SETDLM
 
 _FIELD = {"D": "objective.D", "block_size": "objective.block_size", "fim_rate": "objective.fim_rate",
           "seed": "train.seed", "zero_init_head": "model.zero_init_head"}
@@ -194,8 +196,8 @@ def summarise(points: list[dict]) -> dict:
     """SetDLM's fastest setting at least as accurate as BD3LM's most accurate one (seed means)."""
     out = {}
     for metric in ("accuracy", "step_accuracy"):
-        bd = [p for p in points if p["objective"] == methods.BD3LM.name]       # the claim compares these two
-        sd = [p for p in points if p["objective"] == methods.SETDLM.name and not p.get("fim_rate")]
+        bd = [p for p in points if p["objective"] == BD3LM.name]       # the claim compares these two
+        sd = [p for p in points if p["objective"] == SETDLM.name and not p.get("fim_rate")]
         if not bd or not sd:
             continue
         best = max(bd, key=lambda p: (p[metric], p["tokens_per_s"]))

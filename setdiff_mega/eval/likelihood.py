@@ -22,7 +22,8 @@ import math
 import torch
 
 from setdiff_mega import methods
-from setdiff_mega.diffusion import build_objective
+from setdiff_mega.data.batch import Batch
+from setdiff_mega.diffusion import build_objective, inputs_for
 from setdiff_mega.diffusion.objectives import masked_token_nll
 
 
@@ -55,10 +56,10 @@ def sequence_nll(model, objective, tokens: torch.Tensor, context: torch.Tensor |
     for k in range(1 if methods.get(obj.name).likelihood == "exact" else max(1, samples)):
         rows = []
         for i in range(B):
-            g = torch.Generator(device=tokens.device).manual_seed(
-                (int(seed) * 1_000_003 + int(row_ids[i]) * 7919 + k) % (2 ** 63))
-            inp = obj.build_inputs(tokens[i:i + 1], context=context[i:i + 1], padding=padding[i:i + 1], generator=g,
-                                   training=False)
+            # draw k of row i: the row's sample id (row_ids[i], k) seeds its noise (inputs_for's rule)
+            batch = Batch(tokens[i:i + 1], [int(row_ids[i]) * 7919 + k], context=context[i:i + 1],
+                          padding=padding[i:i + 1])
+            inp = inputs_for(obj, batch, seed, training=False)
             with (autocast() if autocast else contextlib.nullcontext()):
                 logits = model(**inp.model_kwargs())
             nll = masked_token_nll(logits, inp.targets, obj.mask_id).double()
@@ -128,6 +129,7 @@ def split_nll(model, objective, tok, cfg, path: str | None = None, max_sequences
               seed: int = 0, batch_size: int = 8, split: str = "valid", progress=None) -> dict:
     """NLL on a split of an indexed dataset (default: the checkpoint's data, split and seed), each sample
     wrapped like the checkpoint's training samples."""
+    from setdiff_mega.data.batch import collate
     from setdiff_mega.data.loader import build_splits, wrap_ids
 
     path = path or cfg.data.path
@@ -143,10 +145,10 @@ def split_nll(model, objective, tok, cfg, path: str | None = None, max_sequences
     m = min(n, len(data))
     for j in range(0, m, batch_size):
         idx = range(j, min(j + batch_size, m))
-        tokens = torch.stack([torch.as_tensor(data[i]["tokens"]) for i in idx]).long()
-        if wrap is not None:                 # the checkpoint was trained (and validated) on wrapped chunks
-            tokens[:, 0], tokens[:, -1] = wrap
-        r = sequence_nll(model, objective, tokens, samples=orders, seed=seed, row_ids=idx)
+        # the checkpoint was trained (and validated) on wrapped chunks: the same collation
+        batch = collate([data[i] for i in idx], list(idx), j, wrap)
+        r = sequence_nll(model, objective, batch.tokens, batch.context, batch.padding, samples=orders, seed=seed,
+                         row_ids=idx)
         total, total_lme, count = total + float(r["nll"].sum()), total_lme + float(r["nll_lme"].sum()), \
             count + float(r["count"].sum())
         if progress:

@@ -29,7 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from setdiff_mega import methods
+from setdiff_mega.diffusion.ar import AR
+from setdiff_mega.diffusion.bd3lm import BD3LM
+from setdiff_mega.diffusion.setdlm import SETDLM
 
 from . import frontier as F
 
@@ -135,7 +137,7 @@ def claims(results: dict) -> list[dict]:
     ``results["frontier"]`` and ``results["infill_means"]``)."""
     pts = results["frontier"]
     out = []
-    ar = [p for p in pts if p["objective"] == methods.AR.name]
+    ar = [p for p in pts if p["objective"] == AR.name]
     if ar:
         a = ar[0]["accuracy"]
         out.append({"claim": "AR math (arithmetic) exact match >= 40%", "value": f"{a:.3f}", "holds": a >= 0.40})
@@ -153,14 +155,14 @@ def claims(results: dict) -> list[dict]:
     q = [r for r in results["infill_means"] if r["task"] == "quests"]
     best = lambda o, ctx: max([r["exact_match"] for r in q if r["objective"] == o and r["context"] == ctx],  # noqa
                               default=None)
-    sd, bd = best(methods.SETDLM.name, "both sides"), best(methods.BD3LM.name, "both sides")
-    arl = best(methods.AR.name, "left only")
+    sd, bd = best(SETDLM.name, "both sides"), best(BD3LM.name, "both sides")
+    arl = best(AR.name, "left only")
     if None not in (sd, bd, arl):
         out.append({"claim": "quests infill: SetDLM (best of recipe / FIM) beats BD3LM by >= 20 EM points",
                     "value": f"SetDLM {sd:.3f}, BD3LM {bd:.3f}", "holds": sd - bd >= 0.20})
         out.append({"claim": "quests infill: SetDLM beats left-context-only AR by >= 30 EM points",
                     "value": f"SetDLM {sd:.3f}, AR {arl:.3f}", "holds": sd - arl >= 0.30})
-    d4 = {(p["window"], p["tau"]): p for p in pts if p["objective"] == methods.SETDLM.name and p["D"] == 4
+    d4 = {(p["window"], p["tau"]): p for p in pts if p["objective"] == SETDLM.name and p["D"] == 4
           and not p.get("fim_rate")}
     ws = sorted({w for w, t in d4 if (w, 0.9) in d4 and (w, 1e6) in d4})
     if ws:

@@ -23,9 +23,7 @@ from dataclasses import replace
 import torch
 
 from setdiff_mega import methods
-from setdiff_mega.standalone.base import Canvas, GenerationConfig
-
-SAMPLERS = {n: methods.get(n).sampler_class() for n in methods.names()}    # objective name -> sampler class
+from setdiff_mega.decoding.base import Canvas, GenerationConfig
 
 
 class RequestError(ValueError):
@@ -65,7 +63,7 @@ def build_sampler(method, model, tokenizer, config: GenerationConfig):
     except methods.MethodError:
         raise RequestError(f"no sampler for objective {name!r}; choose one of {', '.join(methods.names())}") \
             from None
-    prior = method if hasattr(method, "D") else None
+    prior = method if hasattr(method, "decode_order_times") else None     # an objective with an order prior
     return cls(model, tokenizer.mask, tokenizer.pad, tokenizer.eos, config, tokenizer=tokenizer,
                           order_prior=prior)
 
@@ -119,4 +117,4 @@ def generate(model, tokenizer, method, requests: list, config: GenerationConfig,
     return results
 
 
-__all__ = ["generate", "encode_request", "build_sampler", "check_vocab", "RequestError", "SAMPLERS"]
+__all__ = ["generate", "encode_request", "build_sampler", "check_vocab", "RequestError"]

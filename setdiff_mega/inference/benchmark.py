@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from setdiff_mega import methods
-from setdiff_mega.standalone.base import Canvas, GenerationConfig
+from setdiff_mega.decoding.base import Canvas, GenerationConfig
 
 from .api import build_sampler, encode_request
 

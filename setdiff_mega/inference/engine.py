@@ -1,10 +1,10 @@
 """Which model the samplers decode with: the engine.
 
     native   the megatron-core model itself (any TP / PP layout the process was built with)
-    plain    the inference format's plain-PyTorch model (:mod:`setdiff_mega.standalone.modeling_setdlm`, the
+    plain    the inference format's plain-PyTorch model (:mod:`setdiff_mega.hfmodel.modeling_setdlm`, the
              code every Hugging Face export carries), built in memory from the same weights by the export's
              name mapping (:data:`setdiff_mega.checkpoint.hf.RULES`) and wrapped in
-             :class:`~setdiff_mega.standalone.generation_setdlm.DecodeModel`; same function, same samplers,
+             :class:`~setdiff_mega.hfmodel.generation_setdlm.DecodeModel`; same function, same samplers,
              identical greedy tokens (tests/inference/test_export_generate.py), none of megatron-core's
              per-layer overhead
     auto     plain for an unsharded model (TP = PP = 1), else native
@@ -28,9 +28,9 @@ def _unsharded(model) -> bool:
 def plain_model(model, cfg, tokenizer):
     """The plain-PyTorch twin of a single-process native model, ready for the samplers."""
     from setdiff_mega.checkpoint import hf
-    from setdiff_mega.standalone.configuration_setdlm import SetDLMConfig
-    from setdiff_mega.standalone.generation_setdlm import DecodeModel
-    from setdiff_mega.standalone.modeling_setdlm import SetDLMForDiffusionLM
+    from setdiff_mega.hfmodel.configuration_setdlm import SetDLMConfig
+    from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
+    from setdiff_mega.hfmodel.modeling_setdlm import SetDLMForDiffusionLM
 
     p = next(model.parameters())
     conf = SetDLMConfig(**hf.hf_config(cfg, tokenizer, model.padded_vocab_size))

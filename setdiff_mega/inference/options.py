@@ -1,7 +1,7 @@
 """Decoding options from the command line or key=value pairs, with the checkpoint's defaults and the
 paper's evaluation protocols as presets.
 
-One place turns user input into a :class:`~setdiff_mega.standalone.base.GenerationConfig` for
+One place turns user input into a :class:`~setdiff_mega.decoding.base.GenerationConfig` for
 ``tools/generate.py``, ``tools/evaluate.py`` and the lm-eval adapter:
 
     defaults   window W = the checkpoint's D (SetDLM), block size = the training block (BD3LM) or 32
@@ -17,7 +17,7 @@ import argparse
 from dataclasses import replace
 
 from setdiff_mega import methods
-from setdiff_mega.standalone.base import GenerationConfig
+from setdiff_mega.decoding.base import GenerationConfig
 
 # the paper's protocols (method.md 7); "window_per_D" scales the checkpoint's D
 PRESETS: dict[str, dict] = {
@@ -79,7 +79,9 @@ def generation_config(objective_cfg, seq_length: int, preset: str | None = None,
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
         spec = dict(PRESETS[preset])
-        spec["window"] = max(1, int(spec.pop("window_per_D") * o.D))
+        window = o.options.preset_window(spec.pop("window_per_D"))
+        if window is not None:
+            spec["window"] = window
         cfg = replace(cfg, **spec)
     if overrides:
         cfg = GenerationConfig.from_strings({k: v for k, v in overrides.items() if v is not None}, cfg)

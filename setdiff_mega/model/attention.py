@@ -22,7 +22,7 @@ the keys / values gathered over the CP group (:meth:`SDPACoreAttention.forward`)
 The structure of the mask comes from the pattern attached to the mask tensor by the model
 (``attention_mask.attention_pattern``, :class:`setdiff_mega.diffusion.masks.MaskPattern`); without one
 the mask is data: no backend special-cases an objective. During decoding :class:`SDPACoreAttention` attends over a
-:class:`~setdiff_mega.standalone.cache.KVCache` of committed tokens followed by the current chunk; the
+:class:`~setdiff_mega.decoding.cache.KVCache` of committed tokens followed by the current chunk; the
 mask then has shape [b, 1, s, C + s].
 """
 from __future__ import annotations
@@ -120,6 +120,4 @@ def expand_groups(t, heads: int):
     return t if g == heads else t.repeat_interleave(heads // g, dim=1)
 
 
-ATTENTION_BACKENDS = ("sdpa", "flex", "setcausal", "local")
-
-__all__ = ["SDPACoreAttention", "ATTENTION_BACKENDS", "mask_pattern", "expand_groups", "lazy_mask", "allowed_mask"]
+__all__ = ["SDPACoreAttention", "mask_pattern", "expand_groups", "lazy_mask", "allowed_mask"]

@@ -218,6 +218,12 @@ def kernel_verified(device: str, dtype: torch.dtype, head_dim: int) -> bool:
     return True
 
 
+def pattern_attention(q, k, v, pattern=None, scale=None):
+    """The "setcausal" backend's bare kernel (its registry record's ``kernel``): the decomposition over a
+    set-causal ``pattern`` of 2L positions (q / k / v [b, h, 2L, d])."""
+    return setcausal_attention(q, k, v, scale)
+
+
 class SetCausalCoreAttention(SDPACoreAttention):
     """Core attention ("setcausal" backend): the decomposition for set-causal patterns, SDPA otherwise."""
 
@@ -263,5 +269,5 @@ class SetCausalCoreAttention(SDPACoreAttention):
         return pattern.cache["decomposable"]
 
 
-__all__ = ["setcausal_attention", "setcausal_attention_math", "SetCausalAttention", "SetCausalCoreAttention",
-           "kernel_supported", "kernel_verified"]
+__all__ = ["setcausal_attention", "pattern_attention", "setcausal_attention_math", "SetCausalAttention",
+           "SetCausalCoreAttention", "kernel_supported", "kernel_verified"]

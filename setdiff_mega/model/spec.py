@@ -8,11 +8,13 @@ The layer is mcore's ``TransformerLayer``; only submodules are swapped through t
   fused norm + linear layers; FP8 through megatron-core's ``fp8`` / ``fp8_recipe`` config). TE is imported
   only here, lazily, and only when requested or auto-detected.
 
-With either, ``attention_backend`` picks the core attention: ``sdpa`` (dense-mask reference,
+With either, ``attention_backend`` picks the core attention through its record in the backend registry
+(:mod:`setdiff_mega.backends`): ``sdpa`` (dense-mask reference,
 :class:`~setdiff_mega.model.attention.SDPACoreAttention`), ``flex`` (FlexAttention block mask,
 :class:`~setdiff_mega.model.flex.FlexCoreAttention`), ``setcausal`` (mask-free decomposition,
-:class:`~setdiff_mega.model.setcausal.SetCausalCoreAttention`) or ``local`` (the implementation's own:
-mcore ``DotProductAttention``, or TE's ``TEDotProductAttention``, which runs arbitrary masks unfused).
+:class:`~setdiff_mega.model.setcausal.SetCausalCoreAttention`), ``local`` (the implementation's own:
+mcore ``DotProductAttention``, or TE's ``TEDotProductAttention``, which runs arbitrary masks unfused), or
+any backend registered later.
 ``fp8="torchao"`` swaps the four linear layers of the local spec for
 :mod:`~setdiff_mega.model.fp8`'s float8 ones (torchao, TP = 1).
 """
@@ -23,7 +25,7 @@ import importlib.util
 import torch
 from megatron.core.transformer.enums import AttnMaskType
 
-from .attention import ATTENTION_BACKENDS, SDPACoreAttention
+from setdiff_mega import backends
 
 
 class SequenceParallelNorm:
@@ -72,20 +74,12 @@ def resolve_impl(transformer_impl: str) -> str:
 
 
 def core_attention_class(attention_backend: str):
-    """The core attention module of a backend name (None: keep the implementation's own)."""
-    if attention_backend == "sdpa":
-        return SDPACoreAttention
-    if attention_backend == "flex":
-        from .flex import FlexCoreAttention
-
-        return FlexCoreAttention
-    if attention_backend == "setcausal":
-        from .setcausal import SetCausalCoreAttention
-
-        return SetCausalCoreAttention
-    if attention_backend == "local":
-        return None
-    raise ValueError(f"unknown attention_backend {attention_backend!r}; use one of {', '.join(ATTENTION_BACKENDS)}")
+    """The core attention module of a backend name (its registry record, :mod:`setdiff_mega.backends`;
+    None: keep the implementation's own)."""
+    try:
+        return backends.get(attention_backend).core_class()
+    except backends.BackendError as e:
+        raise ValueError(str(e)) from None
 
 
 def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",

@@ -39,6 +39,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from setdiff_mega import backends
+
 from .attention import lazy_mask
 from .rope import PerSampleRotary
 from .spec import block_spec, layer_spec
@@ -85,7 +87,8 @@ class SetDiffusionTransformer(MegatronModule):
                  pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None):
         super().__init__(config=config)
         if spec is None:
-            spec, _ = layer_spec("auto", "sdpa", config.normalization)
+            spec, _ = layer_spec("auto", backends.DEFAULT, config.normalization)
+        self.attention_backend = backends.DEFAULT   # the backend record's name (build_model sets the config's)
         self.vocab_size = int(vocab_size)
         self.padded_vocab_size = padded_vocab_size(vocab_size, make_vocab_size_divisible_by,
                                                    config.tensor_model_parallel_size)
@@ -175,13 +178,14 @@ class SetDiffusionTransformer(MegatronModule):
 
     @contextlib.contextmanager
     def use_cache(self, cache):
-        """Route every layer's core attention through ``cache`` (decoding); needs the sdpa backend."""
-        from .attention import SDPACoreAttention
-
+        """Route every layer's core attention through ``cache`` (decoding); needs a backend whose record has
+        ``kv_cache`` (and its core attention, i.e. not the Transformer Engine spec's own)."""
         cores = [layer.self_attention.core_attention for layer in self.decoder.layers]
-        if not all(isinstance(c, SDPACoreAttention) for c in cores):
-            raise RuntimeError("KV-cached decoding needs model.attention_backend=sdpa with the local spec; "
-                               "rebuild the model with that setting (the weights are the same)")
+        if not backends.get(self.attention_backend).kv_cache:
+            able = ", ".join(n for n in backends.names() if backends.get(n).kv_cache)
+            raise RuntimeError(f"KV-cached decoding needs a model.attention_backend with a KV cache ({able}); "
+                               f"model.attention_backend={self.attention_backend} has none: rebuild the model with "
+                               f"one of them (the weights are the same)")
         for i, c in enumerate(cores):
             c.kv_cache, c.cache_layer = cache, i
         try:
@@ -262,6 +266,7 @@ def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bo
             rotary_percent=mc.rotary_percent, head_bias=mc.head_bias, zero_init_head=mc.zero_init_head,
             tie_embeddings=mc.tie_embeddings, pre_process=pre if pre_process is None else pre_process,
             post_process=post if post_process is None else post_process, vp_stage=vp_stage)
+        model.attention_backend = mc.attention_backend
         return model.cuda() if torch.cuda.is_available() else model
 
     if vp is None:

@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import contextlib
 
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+from setdiff_mega.compat import mcore_cpu
+
 
 class GradReducer:
     """megatron-core DDP around every model chunk of this rank (see the module docstring)."""
 
     def __init__(self, model, *, overlap: bool = True, bucket_size: int = 0):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-        from setdiff_mega.model import mcore_cpu
-        from setdiff_mega.model.transformer import model_chunks
-
         self.model = model
-        chunks = model_chunks(model)
+        chunks = list(getattr(model, "chunks", [model]))      # the V chunks of interleaved stages, or the model
         ddp_config = DistributedDataParallelConfig(overlap_grad_reduce=overlap, bucket_size=bucket_size or None)
         with mcore_cpu.cuda_redirect():
             self.chunks = [DistributedDataParallel(c.config, ddp_config, c) for c in chunks]
@@ -72,8 +71,6 @@ class GradReducer:
 
     def finish(self) -> None:
         """Wait for (or, without overlap, run) the buckets' all-reduces; ``param.grad`` = the mean gradient."""
-        from setdiff_mega.model import mcore_cpu
-
         with mcore_cpu.cuda_redirect():
             for c in self.chunks:
                 c.finish_grad_sync()

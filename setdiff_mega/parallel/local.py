@@ -10,13 +10,20 @@ instead: slower, same results.
 from __future__ import annotations
 
 import io
+import multiprocessing as mp
 import os
 import socket
 import traceback
 
+# megatron-core imported once, in the parent, so that forked ranks inherit it (~6 s per process otherwise)
+import megatron.core.dist_checkpointing  # noqa: F401
+import megatron.core.distributed  # noqa: F401
+import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+import megatron.core.transformer.transformer_block  # noqa: F401
 import torch
+import torch.distributed as dist
 
-import setdiff_mega.model  # noqa: F401  (megatron-core imported once, in the parent, with the CPU shim)
+from setdiff_mega.compat import mcore_cpu
 
 
 def _free_port() -> int:
@@ -56,10 +63,7 @@ def _child(rank, world, port, fn, args, queue):
 
 def run_ranks(fn, world: int = 2, args: tuple = (), timeout: float = 240.0) -> dict:
     """Run ``fn(rank, world, *args)`` on ``world`` forked gloo ranks; returns {rank: result}."""
-    import multiprocessing as mp
-
-    import torch.distributed as dist
-
+    mcore_cpu.apply()                          # the launcher is an entry point: the ranks inherit the shim
     ctx = mp.get_context("spawn" if dist.is_initialized() else "fork")
     queue = ctx.Queue()
     port = _free_port()

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+from setdiff_mega.compat import mcore_cpu
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,7 @@ def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size
                virtual_pipeline_model_parallel_size: int | None = None,
                context_parallel_size: int = 1) -> DistributedEnv:
     """Initialise torch.distributed (if needed), mcore parallel state and the model-parallel RNG."""
-    from setdiff_mega.model import mcore_cpu
-
-    mcore_cpu.apply()
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    mcore_cpu.apply()                        # megatron-core on a CPU-only torch (idempotent; no-op with CUDA)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if not dist.is_initialized():

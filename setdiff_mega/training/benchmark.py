@@ -33,22 +33,33 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from setdiff_mega import backends, methods
+from setdiff_mega.diffusion.ar import AR
+from setdiff_mega.diffusion.setdlm import SETDLM
+
 PRESETS = {
     # GPT-2 medium shape: 24 x 1024, 16 heads, vocab 50304 -> 302M body + 51.5M embedding + 51.5M head
     "350m": dict(num_layers=24, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096, vocab=50304),
     "tiny": dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256, vocab=512),
 }
 
-# (label, objective, attention backend, fp8)
-DEFAULT_SETTINGS = [
-    ("ar/sdpa-causal", "ar", "sdpa", "none"),
-    ("setdlm/sdpa-dense-mask", "setdlm", "sdpa", "none"),
-    ("setdlm/flex", "setdlm", "flex", "none"),
-    ("setdlm/setcausal", "setdlm", "setcausal", "none"),
-    ("ar/sdpa-causal+fp8", "ar", "sdpa", "torchao"),
-    ("setdlm/setcausal+fp8", "setdlm", "setcausal", "torchao"),
-    ("setdlm/flex+fp8", "setdlm", "flex", "torchao"),
-]
+def default_settings() -> list[tuple]:
+    """(label, objective, attention backend, fp8) from the registries: AR on the default backend (the
+    ceiling), SetDLM on every backend its record marks for the benchmark, and with torchao FP8 linears: AR,
+    and SetDLM on the backends that run its pattern natively."""
+    ar_backend = backends.get(backends.DEFAULT)
+    ar = [(AR.name, ar_backend)]
+    setdlm = [(SETDLM.name, backends.get(n)) for n in backends.names() if backends.get(n).benchmark]
+    native = [(o, b) for o, b in setdlm if b.native(SETDLM.pattern, 1) and b.fp8]
+
+    def label(objective, b, fp8):
+        m = methods.get(objective)
+        return f"{objective}/{b.bench_name(m.pattern, 1)}" + ("+fp8" if fp8 != "none" else "")
+    return [(label(o, b, f), o, b.name, f) for group, f in ((ar + setdlm, "none"), (ar + native, "torchao"))
+            for o, b in group]
+
+
+DEFAULT_SETTINGS = default_settings()      # the registered backends at import
 
 
 @dataclass
@@ -104,7 +115,8 @@ def model_config(preset: str, **overrides):
 def bench_train_step(label, objective_name, backend, fp8, L, preset="350m", tokens_per_step=32768,
                      warmup=3, iters=10, device=None, D=4) -> StepResult:
     """Time one training setting; errors become the row's ``error`` (the benchmark goes on)."""
-    from setdiff_mega.diffusion import build_objective
+    from setdiff_mega.data.batch import Batch
+    from setdiff_mega.diffusion import build_objective, inputs_for
     from setdiff_mega.model import build_model
     from setdiff_mega.training.flops import flops_terms, peak_flops, processed_positions
     from setdiff_mega.training.step import micro_batch_loss
@@ -124,7 +136,7 @@ def bench_train_step(label, objective_name, backend, fp8, L, preset="350m", toke
         losses = []
 
         def step():
-            inp = obj.build_inputs(x, generator=gen)
+            inp = inputs_for(obj, Batch(x, list(range(B)), len(losses) * B), seed=len(losses))   # fresh noise
             loss, _ = micro_batch_loss(model, obj, inp, lambda: torch.autocast(device.type, dtype=torch.bfloat16))
             loss.backward()
             opt.step()
@@ -164,12 +176,16 @@ class AttentionResult:
     error: str = ""
 
 
+def kernel_backends() -> tuple:
+    """The registered backends with a bare kernel of their own (the attention micro-benchmark's rows)."""
+    return tuple(n for n in backends.names() if backends.get(n).kernel is not None)
+
+
 def bench_attention(L, batch, heads=16, head_dim=64, warmup=3, iters=20, device=None,
-                    backends=("two_causal", "setcausal", "flex", "sdpa_dense_mask")) -> list[AttentionResult]:
-    """Forward + backward of set-causal attention over 2L positions vs two causal calls of length L."""
+                    names=None) -> list[AttentionResult]:
+    """Forward + backward of set-causal attention over 2L positions vs two causal calls of length L (the
+    baseline), each registered backend's kernel, and SDPA with the dense 2L x 2L mask; ``names``: a subset."""
     from setdiff_mega.diffusion.masks import MaskPattern
-    from setdiff_mega.model.flex import flex_attention
-    from setdiff_mega.model.setcausal import setcausal_attention
 
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -178,24 +194,25 @@ def bench_attention(L, batch, heads=16, head_dim=64, warmup=3, iters=20, device=
                for _ in range(3))
     dout = torch.randn_like(q)
     pattern = MaskPattern("two_stream", 2 * L)
-    keep = pattern.dense(device)[:, None] if "sdpa_dense_mask" in backends else None
+    names = names or ("two_causal", *kernel_backends(), "sdpa_dense_mask")
+    keep = pattern.dense(device)[:, None] if "sdpa_dense_mask" in names else None
 
     def two_causal():
         h = [F.scaled_dot_product_attention(t[0], t[1], t[2], is_causal=True)
              for t in ((q[:, :, :L], k[:, :, :L], v[:, :, :L]), (q[:, :, L:], k[:, :, L:], v[:, :, L:]))]
         torch.autograd.backward(h, [dout[:, :, :L], dout[:, :, L:]])
 
-    fns = {
-        "two_causal": two_causal,
-        "setcausal": lambda: setcausal_attention(q, k, v).backward(dout),
-        "flex": lambda: flex_attention(q, k, v, pattern).backward(dout),
-        "sdpa_dense_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep).backward(dout),
-    }
+    def kernel(name):
+        fn = backends.get(name).kernel_function()
+        return lambda: fn(q, k, v, pattern).backward(dout)
+
+    fns = {"two_causal": two_causal,
+           "sdpa_dense_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep).backward(dout)}
     rows, base = [], None
-    for name in backends:
+    for name in names:
         row = AttentionResult(L, name)
         try:
-            t = statistics.median(time_fn(fns[name], device, warmup, iters))
+            t = statistics.median(time_fn(fns.get(name) or kernel(name), device, warmup, iters))
             row.fwd_bwd_ms = t * 1e3
             if name == "two_causal":
                 base = t
@@ -236,5 +253,5 @@ def plot_mfu(rows: list[StepResult], path) -> None:
     plt.close(fig)
 
 
-__all__ = ["PRESETS", "DEFAULT_SETTINGS", "StepResult", "AttentionResult", "bench_train_step", "bench_attention",
-           "plot_mfu", "time_fn", "model_config"]
+__all__ = ["PRESETS", "DEFAULT_SETTINGS", "default_settings", "kernel_backends", "StepResult", "AttentionResult",
+           "bench_train_step", "bench_attention", "plot_mfu", "time_fn", "model_config"]

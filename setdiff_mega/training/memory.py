@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from setdiff_mega import backends, methods
+
 from .flops import body_parameters, processed_positions
 
 GIB = 2 ** 30
@@ -85,12 +87,13 @@ def _layer_activations(mc, b: int, T_loc: int, tp: int, a: int) -> float:
 
 def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 1, cp: int = 1,
                      padded_vocab: int = 0, precision: str = "fp32", recompute: bool = True,
-                     micro_batches: int = 1, split: bool = False):
+                     micro_batches: int = 1, split: bool = False, pattern_block: int = 1):
     """Activation bytes of one rank at the backward's peak (see the module docstring); ``recompute=False``
     ignores the config's recomputation; ``split=True`` returns (kept after the forward, recomputation
-    workspace and other transient or resident buffers)."""
+    workspace and other transient or resident buffers); ``pattern_block``: the block size of the
+    objective's mask pattern (its options' ``pattern_block``)."""
     T, N = processed_positions(objective, L)
-    streams = max(1, round(T / N)) if N else 1
+    streams = methods.get(objective).streams
     Ls = T // streams
     Ls_p = -(-Ls // (2 * cp)) * 2 * cp
     T_loc, N_loc = streams * Ls_p // cp, (N // Ls) * Ls_p // cp if Ls else 0
@@ -107,10 +110,9 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
         workspace = per_layer if n >= layers else 0.0
     else:
         body = layers * per_layer
-    mask = T_loc * streams * Ls_p        # [1, T_loc, T'] bool
-    structured = mc.attention_backend == "flex" or (mc.attention_backend == "setcausal" and objective == "setdlm")
-    if cp > 1 and structured:            # pattern-only inputs: these kernels never build the dense rows
-        mask = 0
+    # [1, T_loc, T'] bool; none when the inputs carry only the pattern (CP) and the backend runs it natively
+    mask = backends.get(mc.attention_backend).mask_bytes(T_loc, streams * Ls_p, methods.get(objective).pattern,
+                                                        pattern_block, patterns_only=cp > 1)
     head = N_loc * b * (4 * padded_vocab + 8 * mc.hidden_size) + T_loc * b * 4 * mc.hidden_size
     kept = min(pp, micro_batches) * body + mask + head
     # the loss's backward, first in the backward (all activations still kept): about three fp32 [N, V] tensors
@@ -142,7 +144,8 @@ def measure_config(cfg, vocab: int, seed: int = 0) -> int:
     import torch
     from megatron.core import parallel_state as ps
 
-    from setdiff_mega.diffusion import build_inputs_per_sample, build_objective
+    from setdiff_mega.data.batch import Batch
+    from setdiff_mega.diffusion import build_objective, inputs_for
     from setdiff_mega.model import build_model
     from setdiff_mega.parallel import initialize
 
@@ -153,10 +156,10 @@ def measure_config(cfg, vocab: int, seed: int = 0) -> int:
     tc, o = cfg.train, cfg.objective
     model = build_model(cfg.model, vocab, precision=tc.precision).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    obj = build_objective(o.name, vocab - 1, block_size=o.block_size, D=o.D)
+    obj = build_objective(o.name, vocab - 1, options=o.options)
     b, L = tc.micro_batch_size, cfg.data.seq_length
     tokens = torch.randint(0, vocab - 1, (b, L), generator=torch.Generator().manual_seed(seed))
-    inp = build_inputs_per_sample(obj, tokens, list(range(b)), seed=seed)
+    inp = inputs_for(obj, Batch(tokens, list(range(b))), seed=seed)
 
     def step():
         with autocast_context(tc.precision):
@@ -181,7 +184,8 @@ def estimate(cfg, padded_vocab: int, world_size: int | None = None) -> MemoryEst
     optim = n * 2 * wb / (dp if zero >= 1 else 1)
     ema = 4.0 * n if tc.ema_decay > 0 else 0.0
     args = (mc, cfg.objective.name, cfg.data.seq_length, tc.micro_batch_size, tp, pp, cp, padded_vocab, tc.precision)
-    act = {r: activation_bytes(*args, recompute=r, micro_batches=tc.grad_accum_steps) for r in (True, False)}
+    act = {r: activation_bytes(*args, recompute=r, micro_batches=tc.grad_accum_steps,
+                               pattern_block=cfg.objective.options.pattern_block) for r in (True, False)}
     return MemoryEstimate(parameters=n, weights=weights, gradients=grads, optimizer=optim, ema=ema,
                           activations=act[True], activations_no_recompute=act[False])
 

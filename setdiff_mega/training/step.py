@@ -24,7 +24,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from setdiff_mega.diffusion import build_inputs_per_sample
+from setdiff_mega.diffusion import inputs_for
 
 from .guard import TrainingError
 
@@ -71,7 +71,7 @@ def _schedule_run(model, objective, micro, forward_only: bool, autocast, chunks=
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from setdiff_mega.model import mcore_cpu
+    from setdiff_mega.compat import mcore_cpu
     from setdiff_mega.model.transformer import model_chunks
 
     cp, cp_group = _cp_group()
@@ -220,10 +220,9 @@ def evaluate(model, objective, dataset, cfg, iters: int, seed: int = 0, bos_eos=
         if ps.model_parallel_is_initialized() and ps.get_virtual_pipeline_model_parallel_world_size() else 1
     for _ in range(iters):
         batch = next(it)
-        ids = batch["sample_ids"]
-        step = len(ids) // parts
-        micro = [build_inputs_per_sample(objective, batch["tokens"][j:j + step], ids[j:j + step], seed,
-                                         training=False) for j in range(0, len(ids), step)]
+        step = batch.rows // parts
+        micro = [inputs_for(objective, batch.row_slice(j, j + step), seed, training=False)
+                 for j in range(0, batch.rows, step)]
         s, n = evaluate_batch(model, objective, micro, lambda: autocast_context(cfg.train.precision))
         sums += torch.tensor([s, n], dtype=torch.float64)
     if dp > 1:

@@ -19,7 +19,7 @@ processes 2L tokens per sample for SetDLM and BD3LM), plus model TFLOP/s per dev
 a known (or configured, ``train.peak_tflops``) bf16 peak, MFU (:mod:`.flops`). Validation uses a fixed
 noise generator and a fixed set of batches, so validation losses at different steps are comparable.
 ``precision=bf16`` runs the forward under CPU/GPU autocast with fp32 master weights. Saving, exact
-resume (``train.resume=auto``) and SIGTERM / SIGUSR1 handling are in :mod:`.checkpointer`.
+resume (``train.resume=auto``) are :mod:`setdiff_mega.checkpoint.manager`'s, the stop signals :mod:`.signals`'.
 """
 from __future__ import annotations
 
@@ -30,21 +30,34 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
 
 from setdiff_mega import methods
 from setdiff_mega.build import model_for
 from setdiff_mega.build import objective_for as objective_from_config
 from setdiff_mega.build import tokenizer_for as resolve_tokenizer
 from setdiff_mega.build import vocab_for as resolve_vocab
+from setdiff_mega.checkpoint import load_weights
+from setdiff_mega.checkpoint.manager import Checkpointer, load_resume_weights
 from setdiff_mega.checkpoint.rundir import claim
-from setdiff_mega.config import RunConfig, to_dict
+from setdiff_mega.config import RunConfig, to_dict, validate_layout
+from setdiff_mega.data.batch import batches
 from setdiff_mega.data.indexed import DataWatch, check_dataset, check_matches
-from setdiff_mega.diffusion import build_inputs_per_sample
+from setdiff_mega.data.loader import build_splits, parse_blend, wrap_ids
+from setdiff_mega.diffusion import inputs_for
 from setdiff_mega.model import padded_vocab_size
+from setdiff_mega.parallel import initialize
 
+from . import optim
+from .ema import EMA
+from .flops import flops_per_sample, peak_flops
 from .guard import StepGuard, TrainingError
+from .loggers import MetricLogger, peak_memory_bytes, plot_loss_curve
 from .memory import check_memory
-from .step import autocast_context, evaluate, mean_over_dp, step_epoch, total_parameters, zero_step
+from .signals import ExitSignals
+from .step import autocast_context, evaluate, mean_over_dp, step_epoch, total_parameters
+from .updates import optimizer_backend
 
 
 @dataclass
@@ -74,10 +87,6 @@ class TrainResult:
 
 def _memory_metrics() -> dict:
     """Peak memory (GiB) of rank 0 and the largest over all ranks (a collective: every rank calls it)."""
-    import torch.distributed as dist
-
-    from .loggers import peak_memory_bytes
-
     own = peak_memory_bytes()
     top = torch.tensor([float(own)], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -103,12 +112,6 @@ class Trainer:
 
     # -- setup ------------------------------------------------------------------------------------------
     def setup(self) -> None:
-        from megatron.core import parallel_state as ps
-
-        from setdiff_mega.config import validate_layout
-        from setdiff_mega.data.loader import parse_blend
-        from setdiff_mega.parallel import initialize
-
         cfg, tc, dc, pc = self.cfg, self.cfg.train, self.cfg.data, self.cfg.parallel
         if tc.num_threads:
             torch.set_num_threads(tc.num_threads)
@@ -140,8 +143,6 @@ class Trainer:
         self._setup_logging()
 
     def _setup_data(self, prefixes) -> None:
-        from setdiff_mega.data.loader import build_splits
-
         tc, dc = self.cfg.train, self.cfg.data
         self.samples_per_step = tc.global_batch(self.dp)
         n_valid = max(tc.eval_iters, 1) * tc.micro_batch_size * self.dp
@@ -155,14 +156,8 @@ class Trainer:
         self.watch = DataWatch(prefixes)
 
     def _setup_state(self) -> None:
-        """Weights (resumed or initialised), optimizer / DDP / ZeRO engine, EMA, and the training state."""
-        from megatron.core import parallel_state as ps
-
-        from setdiff_mega.checkpoint import load_weights
-
-        from .checkpointer import Checkpointer, load_resume_weights
-        from .optim import build_optimizer
-
+        """Weights (resumed or initialised), the optimizer backend (AdamW + DDP or ZeRO), EMA, and the training
+        state."""
         cfg, tc, model, found = self.cfg, self.cfg.train, self.model, self.found
         if found is not None:
             load_resume_weights(found, model, cfg)          # before ZeRO partitions the weights
@@ -170,36 +165,15 @@ class Trainer:
             ck = load_weights(model, tc.init_from, cfg.model)
             self.log(f"initialised the weights from {ck}")
         model.train()
-        self.optimizer = build_optimizer(model, tc)
-        self.ddp, self.engine = model, None
-        if tc.zero_stage > 0:
-            from setdiff_mega.parallel.zero import zero_engine
-
-            self.engine = zero_engine(model, self.optimizer, tc)
-            self.optimizer = self.engine.optimizer
-        elif ps.get_data_parallel_world_size(with_context_parallel=True) > 1:
-            from setdiff_mega.parallel.ddp import GradReducer
-
-            # DP x CP ranks: the CP ranks of a replica hold the same weights and add up their gradients
-            pc = cfg.parallel
-            self.ddp = GradReducer(model, overlap=pc.overlap_grad_reduce, bucket_size=pc.ddp_bucket_size)
-        self.ema = None
-        if tc.ema_decay > 0:
-            from .ema import EMA
-
-            self.ema = EMA(model, tc.ema_decay)              # after the engine: ZeRO-3 partitions exist
-        self.checkpointer = Checkpointer(cfg, self.tok, model, self.optimizer, self.engine, self.log, self.ema)
+        self.backend = optimizer_backend(model, cfg)        # AdamW (+ DDP) or a DeepSpeed ZeRO engine
+        self.ema = EMA(model, tc.ema_decay) if tc.ema_decay > 0 else None   # after ZeRO-3 partitions exist
+        self.checkpointer = Checkpointer(cfg, self.tok, model, self.backend, self.log, self.ema)
         self.start_step, self.consumed, self.resumed = 0, 0, None
         if found is not None:
             self.resumed = self.checkpointer.load_training_state(found)
             self.start_step, self.consumed = int(self.resumed["step"]), int(self.resumed["consumed_samples"])
 
     def _setup_logging(self) -> None:
-        from setdiff_mega.data.loader import batches, wrap_ids
-
-        from .flops import flops_per_sample, peak_flops
-        from .loggers import MetricLogger
-
         cfg, tc, dc, model, resumed = self.cfg, self.cfg.train, self.cfg.data, self.model, self.resumed
         self.n_params = total_parameters(model)
         L = self.L = dc.seq_length
@@ -237,41 +211,27 @@ class Trainer:
     # -- one step, validation, saving -------------------------------------------------------------------
     def train_step(self, step: int) -> tuple[float, torch.Tensor, float]:
         """One optimizer step; returns (mean loss over DP, global gradient norm, learning rate)."""
-        from .optim import lr_at, set_lr
-        from .step import allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward
-
         tc, dp, objective = self.cfg.train, self.dp, self.objective
-        lr = lr_at(self.guard.schedule_step(step), tc)
-        set_lr(self.optimizer, lr)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.ddp is not self.model:
-            self.ddp.zero()                            # megatron-core DDP's gradient buffers (never with ZeRO)
+        lr = optim.lr_at(self.guard.schedule_step(step), tc)
+        optim.set_lr(self.backend.optimizer, lr)
+        self.backend.zero_grad()
         micro = []
         self.watch.check()                             # the data files are the ones we started with
         for _ in range(tc.grad_accum_steps):
             batch = next(self.stream)
-            tokens = batch["tokens"]
-            seed = self.noise_seed + step_epoch(batch["sample_index"], len(self.train_ds))
-            micro.append(build_inputs_per_sample(objective, tokens, batch["sample_ids"], seed))
-            self.consumed += tokens.shape[0] * dp
-            self.tok_window += tokens.numel() * dp
-            self.proc_window += tokens.shape[0] * self.proc_per_sample * dp
-        autocast = lambda: autocast_context(tc.precision)  # noqa: E731
-        if self.engine is not None:    # DeepSpeed: accumulation, DP reduction, clipping and the update
-            total, gnorm = zero_step(self.engine, objective, micro, autocast)
-        else:
-            total = forward_backward(self.model, self.ddp, objective, micro, autocast)
-            if self.cfg.parallel.sequence_parallel:
-                allreduce_sequence_parallel_grads(self.model)
-            gnorm = clip_grad_norm(self.model, tc.clip_grad)
+            seed = self.noise_seed + step_epoch(batch.sample_index, len(self.train_ds))
+            micro.append(inputs_for(objective, batch, seed))
+            self.consumed += batch.rows * dp
+            self.tok_window += batch.tokens.numel() * dp
+            self.proc_window += batch.rows * self.proc_per_sample * dp
+        total, gnorm = self.backend.forward_backward(objective, micro, lambda: autocast_context(tc.precision))
         total = mean_over_dp(total, dp)
         if self.guard.accept(step, total, gnorm):      # every rank agrees (train.nonfinite: stop | skip)
-            if self.engine is None:
-                self.optimizer.step()
+            self.backend.apply()
             if self.ema is not None:
                 self.ema.update()
         else:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.backend.discard()
         return total, gnorm, lr
 
     def validate(self) -> dict:
@@ -329,9 +289,6 @@ class Trainer:
                 self.lock.release()
 
     def _loop(self) -> TrainResult:
-        from .checkpointer import ExitSignals
-        from .loggers import plot_loss_curve
-
         tc, logger = self.cfg.train, self.logger
         t_window = t_start = time.perf_counter()
         self.sample_tps = self.proc_tps = 0.0

@@ -22,9 +22,10 @@ def _pipeline_run(rank, world, pp, objective_name):
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from setdiff_mega.compat import mcore_cpu
     from setdiff_mega.config import ModelConfig
     from setdiff_mega.diffusion import build_objective
-    from setdiff_mega.model import build_model, mcore_cpu
+    from setdiff_mega.model import build_model
     from setdiff_mega.parallel import initialize
 
     initialize(pipeline_model_parallel_size=pp, seed=1234)

@@ -19,10 +19,10 @@ def _cfg(d, save, steps, extra=()):
 
 def test_full_disk_during_a_save_keeps_the_previous_checkpoint(two_tokenizers, tmp_path, mcore, monkeypatch):
     from setdiff_mega.checkpoint import CheckpointError, latest_checkpoint, load_model
-    from setdiff_mega.training import checkpointer, train
+    from setdiff_mega.training import train, updates
 
     d, _, _ = two_tokenizers
-    real, calls = checkpointer.save_sharded, []
+    real, calls = updates.save_sharded, []
 
     def save_sharded(path, *a, **k):
         calls.append(path)
@@ -31,7 +31,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(two_tokenizers, t
             (path / "half_written.distcp").write_bytes(b"\0" * 100)
             raise OSError(errno.ENOSPC, "No space left on device", str(path / "half_written.distcp"))
         return real(path, *a, **k)
-    monkeypatch.setattr(checkpointer, "save_sharded", save_sharded)
+    monkeypatch.setattr(updates, "save_sharded", save_sharded)
     with pytest.raises(CheckpointError) as e:
         train(_cfg(d, tmp_path, 6), log=lambda *a: None)
     msg = str(e.value)

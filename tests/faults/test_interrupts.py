@@ -45,7 +45,7 @@ def test_ctrl_c_saves_the_run_and_exits_130(data_dir, tmp_path):
 
 
 def test_a_second_ctrl_c_aborts_at_once():
-    from setdiff_mega.training.checkpointer import ExitSignals
+    from setdiff_mega.training.signals import ExitSignals
 
     with ExitSignals() as signals:
         os.kill(os.getpid(), signal.SIGINT)

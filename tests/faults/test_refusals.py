@@ -104,7 +104,7 @@ def test_an_incomplete_or_corrupted_export_says_so(trained_run, tmp_path, capsys
     notok = tmp_path / "notok"
     shutil.copytree(exp, notok)
     (notok / "tokenizer.json").unlink()
-    with pytest.raises(CheckpointError, match="tokenizer.json is missing .*copy the whole directory again"):
+    with pytest.raises(CheckpointError, match="tokenizer.json.*the copy is incomplete; copy the whole directory again"):
         load_model(notok)
     flipped = tmp_path / "flipped"
     shutil.copytree(exp, flipped)

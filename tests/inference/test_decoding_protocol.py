@@ -5,6 +5,9 @@ import pytest
 import torch
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty, RepetitionPenaltyLogitsProcessor
 
+from setdiff_mega.decoding.context import Ledger
+from setdiff_mega.decoding.processors import length_penalty, prefix_lengths, repetition_context, repetition_penalty
+from setdiff_mega.decoding.setdlm import first_hitting_times
 from setdiff_mega.diffusion import SetDLMObjective
 from setdiff_mega.inference import (
     ARSampler,
@@ -16,9 +19,6 @@ from setdiff_mega.inference import (
     StopCriteria,
     choose_tokens,
 )
-from setdiff_mega.standalone.context import Ledger
-from setdiff_mega.standalone.processors import length_penalty, prefix_lengths, repetition_context, repetition_penalty
-from setdiff_mega.standalone.setdlm import first_hitting_times
 
 from .mock import ScriptedModel, peaked
 

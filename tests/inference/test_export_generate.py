@@ -220,7 +220,7 @@ def test_bad_export_directory_fails_at_load_with_one_clear_error(exports, tmp_pa
 def test_decode_step_computes_the_model_forward_and_follows_weight_updates(hf_models):
     """The flat decode forward over fused weights equals SetDLMForDiffusionLM.forward (1e-5), and a
     parameter changed in place is picked up (the fused copies are rebuilt)."""
-    from setdiff_mega.standalone.generation_setdlm import DecodeModel
+    from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
 
     model = hf_models["bd3lm"]
     dm = DecodeModel(model)
@@ -247,9 +247,9 @@ def test_static_shapes_decode_the_same_tokens_with_one_step_signature(exports, h
     has one signature (shapes, strides, cache address), what a CUDA graph needs (capture.py)."""
     from dataclasses import replace
 
-    from setdiff_mega.standalone.base import Canvas
-    from setdiff_mega.standalone.generation_setdlm import DecodeModel, options
-    from setdiff_mega.standalone.setdlm import SetDLMSampler
+    from setdiff_mega.decoding.base import Canvas
+    from setdiff_mega.decoding.setdlm import SetDLMSampler
+    from setdiff_mega.hfmodel.generation_setdlm import DecodeModel, options
 
     rows = _ids(tokenizer, kind)
     opts = {"max_new_tokens": 40, "stop_at_eos": False, "window": W, "tau": 0.5}
@@ -272,9 +272,9 @@ def test_step_breakdown_times_the_forwards_and_the_samplers_own_work(exports, hf
     """``tools/bench_generate.py``'s split of a decode step (benchmark.step_breakdown): the timing wrapper
     changes no token, and the decode with stubbed forwards takes as many steps (one token per step, no
     EOS stop, past L: evictions)."""
+    from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
     from setdiff_mega.inference import GenerationConfig
     from setdiff_mega.inference.benchmark import TimedModel, _tokens, step_breakdown
-    from setdiff_mega.standalone.generation_setdlm import DecodeModel
 
     engines = {"native": exports["setdlm"][0], "plain": DecodeModel(hf_models["setdlm"], L)}
     cfg = GenerationConfig(max_new_tokens=40, window=2, tau=1e6, stop_at_eos=False, context_length=L)

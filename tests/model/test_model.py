@@ -133,7 +133,7 @@ def test_sdpa_backend_matches_mcore_local_attention(mcore):
 
 
 def test_cpu_shim_is_active_and_idempotent(mcore):
-    from setdiff_mega.model import mcore_cpu
+    from setdiff_mega.compat import mcore_cpu
 
     assert mcore_cpu.is_applied() == (not torch.cuda.is_available())
     mcore_cpu.apply()
@@ -153,7 +153,7 @@ def test_cpu_path_never_imports_transformer_engine(tiny_model):
 
 
 def test_cuda_redirect_is_scoped(mcore):
-    from setdiff_mega.model import mcore_cpu
+    from setdiff_mega.compat import mcore_cpu
 
     if torch.cuda.is_available():
         pytest.skip("CPU-only behaviour")

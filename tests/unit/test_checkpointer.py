@@ -3,8 +3,9 @@
 import pytest
 
 from setdiff_mega.checkpoint.io import CheckpointError, prepare_staging, publish
+from setdiff_mega.checkpoint.manager import check_resumable
+from setdiff_mega.checkpoint.rundir import find_resume
 from setdiff_mega.config import dump_yaml, load_config
-from setdiff_mega.training.checkpointer import check_resumable, find_resume
 
 
 def _cfg(save_dir, *over):

@@ -110,7 +110,7 @@ def test_tokenizer_specials_and_round_trip(tokenizer, tmp_path):
 
 
 def test_indexed_round_trip_through_megatron_reader(tokenizer, corpus, tmp_path):
-    from setdiff_mega.model import mcore_cpu  # noqa: F401  (imports megatron with the shim)
+    from setdiff_mega.compat import mcore_cpu  # noqa: F401  (imports megatron with the shim)
     # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 

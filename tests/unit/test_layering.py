@@ -11,10 +11,11 @@ PKG = ROOT / "setdiff_mega"
 
 # lowest first; a module may import its own layer and the ones below
 LAYERS = [
-    ("setdiff_mega.standalone",),
-    ("setdiff_mega", "setdiff_mega.config", "setdiff_mega.lifeline", "setdiff_mega.diffusion", "setdiff_mega.data",
-     "setdiff_mega.model.mcore_cpu"),
-    ("setdiff_mega.model", "setdiff_mega.parallel"),
+    ("setdiff_mega.decoding", "setdiff_mega.compat"),
+    ("setdiff_mega.hfmodel",),
+    ("setdiff_mega", "setdiff_mega.config", "setdiff_mega.lifeline", "setdiff_mega.diffusion", "setdiff_mega.data"),
+    ("setdiff_mega.parallel",),
+    ("setdiff_mega.model",),
     ("setdiff_mega.build",),
     ("setdiff_mega.checkpoint",),
     ("setdiff_mega.training", "setdiff_mega.inference"),
@@ -107,8 +108,10 @@ def test_the_model_knows_nothing_about_diffusion_and_the_exported_code_stands_al
             assert not any(b.startswith(("setdiff_mega.diffusion", "setdiff_mega.training")) for b in bs), (a, bs)
         if a.startswith("setdiff_mega.diffusion"):
             assert not any(b.startswith("setdiff_mega.model") for b in bs), (a, bs)
-        if a.startswith("setdiff_mega.standalone."):         # copied into every Hugging Face export
-            assert all(b.startswith("setdiff_mega.standalone.") for b in bs), (a, bs)
+        if a.startswith("setdiff_mega.decoding."):           # copied into every Hugging Face export
+            assert all(b.startswith("setdiff_mega.decoding.") for b in bs), (a, bs)
+        if a.startswith("setdiff_mega.hfmodel."):            # ditto, next to the decoding files
+            assert all(b.startswith(("setdiff_mega.hfmodel.", "setdiff_mega.decoding.")) for b in bs), (a, bs)
 
 
 def test_every_module_imports_in_a_fresh_interpreter():
@@ -120,9 +123,10 @@ def test_every_module_imports_in_a_fresh_interpreter():
 
 
 def test_the_standalone_code_imports_only_torch_transformers_and_the_standard_library():
-    """setdiff_mega/standalone is the remote code of every export: nothing else may be needed to run it."""
+    """setdiff_mega/decoding and setdiff_mega/hfmodel are the remote code of every export: nothing else may be
+    needed to run it."""
     allowed = set(sys.stdlib_module_names) | {"torch", "transformers", "safetensors"}
-    for f in sorted((PKG / "standalone").glob("*.py")):
+    for f in sorted([*(PKG / "decoding").glob("*.py"), *(PKG / "hfmodel").glob("*.py")]):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Import):
                 tops = [a.name.split(".")[0] for a in node.names]

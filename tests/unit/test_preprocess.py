@@ -25,7 +25,7 @@ def corpus(tmp_path_factory):
 
 
 def _docs(prefix):
-    from setdiff_mega.model import mcore_cpu  # noqa: F401
+    from setdiff_mega.compat import mcore_cpu  # noqa: F401
     # isort: split
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -222,9 +222,9 @@ def test_blend_weights_seeds_and_resume(corpus, mcore, tmp_path):
     assert not all(np.array_equal(train[i]["tokens"], other[i]["tokens"]) for i in range(0, 200, 7))
     # resuming from a number of consumed samples continues exactly
     full = batches(train, 4, 0)
-    seq = [next(full)["tokens"] for _ in range(6)]
+    seq = [next(full).tokens for _ in range(6)]
     resumed = batches(train, 4, 3 * 4)
-    assert all(np.array_equal(seq[3 + k], next(resumed)["tokens"]) for k in range(3))
+    assert all(np.array_equal(seq[3 + k], next(resumed).tokens) for k in range(3))
 
 
 def test_fast_encoder_is_exact_and_falls_back(corpus):

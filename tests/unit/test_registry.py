@@ -1,6 +1,8 @@
 """The method registry: adding an objective is one Objective class + one ``register`` call. A test-only
 toy objective (AR with a reversed order: right-to-left factorisation) is registered here and then
 validates, builds, trains, counts FLOPs, decodes-config and evaluates through the normal entry points."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,8 +23,8 @@ class ReversedAR(ARObjective):
 @pytest.fixture
 def toy():
     rec = methods.register(methods.Method(
-        "toyrev", "ToyRev", f"{__name__}:ReversedAR", lambda o, m, e: {}, "setdiff_mega.standalone.baselines:ARSampler",
-        "exact", causal=True))
+        "toyrev", "ToyRev", ReversedAR, "setdiff_mega.decoding.baselines:ARSampler", "exact", causal=True,
+        pattern="causal"))
     yield rec
     methods.unregister("toyrev")
 
@@ -63,3 +65,60 @@ def test_a_registered_objective_trains_and_scores(toy, tmp_path, mcore):
     assert isinstance(objective, ReversedAR)
     r = sequence_nll(model, objective, torch.randint(4, tok.vocab_size, (1, 32)), samples=3)
     assert torch.isfinite(r["nll"]).all()
+
+
+# -- the attention-backend registry: adding a backend is one core attention + one record --------------------
+
+from setdiff_mega import backends  # noqa: E402
+from setdiff_mega.model.attention import SDPACoreAttention  # noqa: E402
+
+CALLS = []
+
+
+class ToyCoreAttention(SDPACoreAttention):
+    """SDPA that records the patterns it is given (a test-only backend)."""
+
+    def attend(self, q, k, v, attention_mask, pattern):
+        CALLS.append(None if pattern is None else pattern.kind)
+        return super().attend(q, k, v, attention_mask, pattern)
+
+
+@pytest.fixture
+def toy_backend():
+    rec = backends.register(backends.AttentionBackend(
+        "toy", f"{__name__}:ToyCoreAttention", "test-only SDPA that records its patterns",
+        native=lambda kind, block: kind == "causal", kv_cache=False, benchmark=False))
+    CALLS.clear()
+    yield rec
+    backends.unregister("toy")
+
+
+def test_a_registered_backend_is_validated_built_estimated_and_its_capabilities_read(toy_backend, mcore):
+    from setdiff_mega.config import ConfigError, load_config
+    from setdiff_mega.diffusion import build_objective
+    from setdiff_mega.model import build_model
+    from setdiff_mega.training.benchmark import default_settings
+    from setdiff_mega.training.memory import activation_bytes
+
+    cfg = load_config(None, ["model.attention_backend=toy", "model.num_layers=1", "model.hidden_size=32",
+                             "model.num_attention_heads=2", "data.seq_length=16", "objective.name=ar"])
+    model = build_model(cfg.model, 40).eval()
+    assert all(isinstance(layer.self_attention.core_attention, ToyCoreAttention) for layer in model.decoder.layers)
+    obj = build_objective("ar", 39)
+    inp = obj.build_inputs(torch.randint(0, 39, (2, 16)))
+    model(**inp.model_kwargs())
+    assert CALLS == ["causal"]
+    with pytest.raises(RuntimeError, match="model.attention_backend=toy has none"):   # its kv_cache capability
+        with model.use_cache(object()):
+            pass
+    # its memory term: no mask rows under CP for the patterns it runs natively (causal), rows otherwise
+    ar = activation_bytes(cfg.model, "ar", 16, 2, cp=2, padded_vocab=128)
+    sdpa = activation_bytes(dataclasses.replace(cfg.model, attention_backend="sdpa"), "ar", 16, 2, cp=2,
+                            padded_vocab=128)
+    assert sdpa - ar == 8 * 16          # the rank's rows (15 positions padded to 16, over CP = 2) x 16 keys
+    assert "toy" not in {b for _, _, b, _ in default_settings()}                     # benchmark=False
+    with pytest.raises(ConfigError, match="context_parallel_size=2 needs .*toy"):
+        load_config(None, ["model.attention_backend=local", "parallel.context_parallel_size=2", "data.seq_length=16"])
+    backends.unregister("toy")
+    with pytest.raises(ConfigError, match="model.attention_backend='toy' is not one of sdpa, flex, setcausal, local"):
+        load_config(None, ["model.attention_backend=toy"])

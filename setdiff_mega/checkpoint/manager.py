@@ -1,6 +1,6 @@
-"""Training checkpoints: save (every N steps, at the end, on SIGTERM / SIGUSR1), resume exactly.
+"""Training checkpoints: save (every N steps, at the end, on a stop signal), resume exactly.
 
-What a training checkpoint holds (directory layout and publication protocol: :mod:`setdiff_mega.checkpoint.io`):
+What a training checkpoint holds (directory layout and publication protocol: :mod:`.io`):
 
 * weights (+ AdamW moments when the project optimizer is used) as megatron-core distributed-checkpoint
   shards of every rank (``dist/``), loadable into any (TP, PP, DP) layout;
@@ -11,31 +11,32 @@ What a training checkpoint holds (directory layout and publication protocol: :mo
 * ``state.json``: step, consumed samples (the data position: sample ``i`` and its noise depend only on
   ``i`` and the seeds), the parallel layout, the last validation loss.
 
-Resume is exact because everything the next step depends on is restored: parameters and optimizer
-moments bit for bit, the AdamW step counter, the learning rate (a pure function of the step), the data
-stream (restarted at ``consumed_samples``), per-sample noise (a function of the sample index), RNGs.
-
-Signals: SIGTERM (what schedulers send before a kill), SIGUSR1 (Slurm's ``--signal``) and SIGINT (Ctrl-C;
-a second Ctrl-C aborts at once, without saving) set a flag; at the end of the current step all ranks
-agree (an all-reduce, since a signal may reach only some ranks), save, and leave the loop cleanly.
+The optimizer's part is the optimizer backend's (:mod:`setdiff_mega.training.updates`: AdamW + DDP, or a
+ZeRO engine), handed in as one object with ``kind``, ``save`` and ``load``; this module decides when and
+where, and publishes. Resume is exact because everything the next step depends on is restored:
+parameters and optimizer moments bit for bit, the AdamW step counter, the learning rate (a pure function
+of the step), the data stream (restarted at ``consumed_samples``), per-sample noise (a function of the
+sample index), RNGs. Which checkpoint a run continues, and the run directory's lock, are
+:mod:`.rundir`'s.
 """
 from __future__ import annotations
 
 import os
 import random
 import signal
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from setdiff_mega import methods
-from setdiff_mega.checkpoint.io import CheckpointError
-from setdiff_mega.checkpoint.native import check_model_config, checkpoint_config, staged_save
-from setdiff_mega.checkpoint.rundir import find_resume
-from setdiff_mega.checkpoint.sharded import load_ema, load_sharded, save_sharded, start_writer_service
+
+from .io import CheckpointError
+from .native import check_model_config, checkpoint_config, staged_save
+from .sharded import has_ema, load_ema, load_sharded, start_writer_service
 
 FAULT_ENV = "SETDIFF_MEGA_FAULT"     # "kill_in_save:<step>": the job dies by SIGKILL inside that save (tests)
 
@@ -56,8 +57,6 @@ def _die() -> None:
 
 
 def rng_state() -> dict:
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
              "mcore_tracker": get_cuda_rng_tracker().get_states()}
     if torch.cuda.is_available():
@@ -66,59 +65,12 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     get_cuda_rng_tracker().set_states(state["mcore_tracker"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class ExitSignals:
-    """SIGTERM / SIGUSR1 / SIGINT -> a flag checked (and agreed on by all ranks) at step boundaries; a second
-    SIGINT raises KeyboardInterrupt (abort now, no save)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.received: int | None = None
-        self.interrupted = False
-        self._previous = {}
-
-    def __enter__(self):
-        if self.enabled:
-            try:
-                for s in self.SIGNALS:
-                    self._previous[s] = signal.signal(s, self._handler)
-            except ValueError:           # not the main thread: leave signal handling to the caller
-                self.enabled = False
-        return self
-
-    def _handler(self, signum, frame):
-        if signum == signal.SIGINT:
-            if self.interrupted:
-                raise KeyboardInterrupt
-            self.interrupted = True
-            print("\nSIGINT: saving at the end of this step, then stopping (Ctrl-C again aborts without saving)",
-                  file=sys.stderr, flush=True)
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for s, h in self._previous.items():
-            signal.signal(s, h)
-        self._previous.clear()
-
-    def agreed(self) -> str | None:
-        """Name of the signal if any rank received one (collective when there are several ranks)."""
-        if not self.enabled:
-            return None
-        flag = torch.tensor([float(self.received or 0)])
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return signal.Signals(int(flag.item())).name if flag.item() else None
 
 
 def check_resumable(found: tuple[Path, dict], cfg) -> None:
@@ -128,7 +80,7 @@ def check_resumable(found: tuple[Path, dict], cfg) -> None:
     saved = checkpoint_config(ck)
     check_model_config(saved.model, cfg.model, f"checkpoint '{ck}'")
     identity = [("objective", "name"), *(("objective", f) for f in methods.get(saved.objective.name).run_fields),
-                ("data", "seq_length")]                 # the method's record names its fields
+                ("data", "seq_length")]                 # the method's options name their fields
     for section, name in identity:
         a, b = getattr(getattr(saved, section), name), getattr(getattr(cfg, section), name)
         if a != b:
@@ -150,13 +102,12 @@ def load_resume_weights(found: tuple[Path, dict], model, cfg) -> None:
 
 class Checkpointer:
     """Saves and restores the complete training state of one run (every rank calls every method); built
-    once every stateful part exists (model, optimizer or ZeRO engine, EMA)."""
+    once every stateful part exists (model, optimizer backend, EMA)."""
 
-    def __init__(self, cfg, tokenizer, model, optimizer, engine=None, log=print, ema=None):
-        self.cfg, self.tok, self.model, self.optimizer, self.engine = cfg, tokenizer, model, optimizer, engine
+    def __init__(self, cfg, tokenizer, model, backend, log=print, ema=None):
+        self.cfg, self.tok, self.model, self.backend = cfg, tokenizer, model, backend
         self.log, self.ema = log, ema
         self.save_dir = Path(cfg.train.save_dir)
-        self.zero = cfg.train.zero_stage
         start_writer_service()
         self.async_queue = None
         if cfg.train.async_save:
@@ -187,25 +138,14 @@ class Checkpointer:
         tc = self.cfg.train
         return tc.save_interval > 0 and step % tc.save_interval == 0 and step != tc.train_steps
 
-    @property
-    def optimizer_kind(self) -> str:
-        return f"deepspeed_zero{self.zero}" if self.engine is not None else "adamw"
-
     # -- saving ---------------------------------------------------------------------------------------
     def save(self, step: int, consumed: int, metrics: dict) -> Path:
-        from megatron.core import parallel_state as ps
-
         rank, _ = _world()
 
         def write_shards(tmp: Path):
             (tmp / "rng").mkdir(exist_ok=True)
             torch.save(rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
-            request = None
-            if self.engine is None:
-                request = save_sharded(tmp / "dist", self.model, self.optimizer, self.ema,
-                                       asynchronous=self.async_queue is not None)
-            else:
-                self._save_zero(tmp)
+            request = self.backend.save(tmp, self.ema, asynchronous=self.async_queue is not None)
             if os.environ.get(FAULT_ENV, "") == f"kill_in_save:{step}":
                 if request is not None:                  # a writer in flight: let it start, then crash
                     self.async_queue.schedule_async_request(request)
@@ -213,8 +153,8 @@ class Checkpointer:
             return request
 
         tc = self.cfg.train
-        state = {"kind": "training", "consumed_samples": consumed, **metrics, "optimizer": self.optimizer_kind,
-                 "zero_stage": self.zero, "seed": tc.seed,
+        state = {"kind": "training", "consumed_samples": consumed, **metrics, "optimizer": self.backend.kind,
+                 "zero_stage": tc.zero_stage, "seed": tc.seed,
                  "global_batch_samples": tc.global_batch(ps.get_data_parallel_world_size())}
         self.wait(step)                                  # one save in flight at a time
         path = staged_save(self.save_dir, step, write_shards, self.cfg, self.tok, state, tc.keep_last,
@@ -223,63 +163,40 @@ class Checkpointer:
             self._in_flight[self.async_queue.call_idx] = (step, path)
         return path
 
-    def _save_zero(self, tmp: Path) -> None:
-        from setdiff_mega.parallel.zero import import_deepspeed
-
-        if self.zero == 3:         # parameters are partitioned: gather them for the portable copy
-            with import_deepspeed().zero.GatheredParameters(list(self.model.parameters())):
-                save_sharded(tmp / "dist", self.model, ema=self.ema)
-        else:
-            save_sharded(tmp / "dist", self.model, ema=self.ema)
-        self.engine.save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
-
     # -- resuming (the weights were loaded by load_resume_weights before the optimizer existed) ------
     def load_training_state(self, found: tuple[Path, dict]) -> dict:
-        """After the optimizer / engine exist: optimizer, RNG; returns step, consumed samples, metrics."""
-        from megatron.core import parallel_state as ps
-
+        """After the optimizer backend exists: its state, the EMA, the RNGs; returns the checkpoint's state
+        (step, consumed samples, metrics)."""
         ck, state = found
         rank, world = _world()
-        saved_kind = state.get("optimizer")
         if self.cfg.train.resume_optimizer:
-            if saved_kind != self.optimizer_kind:
+            saved_kind = state.get("optimizer")
+            if saved_kind != self.backend.kind:
                 raise CheckpointError(f"'{ck}' holds a {saved_kind} optimizer state, this run uses "
-                                      f"{self.optimizer_kind}; keep train.zero_stage={state.get('zero_stage')} or "
+                                      f"{self.backend.kind}; keep train.zero_stage={state.get('zero_stage')} or "
                                       f"set train.resume_optimizer=false to resume the weights only")
-            if self.engine is None:
-                load_sharded(ck / "dist", self.model, self.optimizer)
-            else:
-                parts = ps.get_data_parallel_world_size(with_context_parallel=True)     # DP x CP
-                saved = state.get("zero_partitions", state.get("data_parallel_size"))
-                if saved != parts:
-                    raise CheckpointError(f"'{ck / 'zero'}' holds ZeRO shards for DP x CP = {saved}, this run has "
-                                          f"DP x CP = {parts}; use the same world size / TP / CP / PP, or set "
-                                          f"train.resume_optimizer=false to resume the weights only")
-                path, _ = self.engine.load_checkpoint(str(ck / "zero"), tag="state", load_optimizer_states=True,
-                                                      load_lr_scheduler_states=False, load_module_strict=True)
-                if path is None:
-                    raise CheckpointError(f"DeepSpeed could not load '{ck / 'zero'}' (missing or truncated shards)")
-        if self.ema is not None:
-            from .ema import has_ema
-
-            if has_ema(ck / "dist"):
-                load_ema(ck / "dist", self.ema)
-            else:
-                self.log(f"note: '{ck}' holds no EMA (saved with train.ema_decay=0): the EMA starts from the "
-                         f"resumed weights")
+            self.backend.load(ck, state)
+        self._load_ema(ck)
         rng_file = ck / "rng" / f"rank_{rank:05d}.pt"
         if state.get("world_size") == world and rng_file.is_file():
             set_rng_state(torch.load(rng_file, weights_only=False))
         else:
             self.log(f"note: '{ck}' was saved with {state.get('world_size')} ranks, this run has {world}: RNG "
                      f"states start fresh (data order and noise are unaffected)")
-        if state.get("global_batch_samples") not in (None, self.cfg.train.micro_batch_size
-                                                     * self.cfg.train.grad_accum_steps
-                                                     * ps.get_data_parallel_world_size()):
+        if state.get("global_batch_samples") not in (None, self.cfg.train.global_batch(
+                ps.get_data_parallel_world_size())):
             self.log(f"note: the global batch changed ({state['global_batch_samples']} samples per step when "
                      f"saved); training continues at sample {state['consumed_samples']}")
         return state
 
+    def _load_ema(self, ck: Path) -> None:
+        if self.ema is None:
+            return
+        if has_ema(ck / "dist"):
+            load_ema(ck / "dist", self.ema)
+        else:
+            self.log(f"note: '{ck}' holds no EMA (saved with train.ema_decay=0): the EMA starts from the "
+                     f"resumed weights")
 
-__all__ = ["Checkpointer", "ExitSignals", "find_resume", "check_resumable", "load_resume_weights", "rng_state",
-           "set_rng_state", "FAULT_ENV"]
+
+__all__ = ["Checkpointer", "check_resumable", "load_resume_weights", "rng_state", "set_rng_state", "FAULT_ENV"]

@@ -6,7 +6,7 @@ positions to predict, or a BD3LM block); both are packed [B, P] / [B, A] with va
     pending a  -> cached tokens + pending b with b <= a, or in the same group (BD3LM: one block)
     query      -> cached tokens + every pending token + itself (+ ``query_mask`` among queries)
 
-Before the forward the :class:`~setdiff_mega.standalone.context.Ledger` evicts so that
+Before the forward the :class:`~setdiff_mega.decoding.context.Ledger` evicts so that
 ``cached + P_b + A_b <= budget``; after it, :meth:`ChunkRunner.persist` makes the pending tokens
 cached (their K/V are written; the queries' are dropped: method.md P12).
 

@@ -9,7 +9,7 @@ region for the current chunk:
 and ``length`` [B] (valid window entries per row). Window entries are kept compacted in insertion order:
 slot s of row b holds the s-th token of that row that is still cached. *Which* tokens are cached, and
 which are evicted when the context budget is reached, is decided by the sampler's
-:class:`~setdiff_mega.standalone.context.Ledger`; the cache only stores tensors and drops the slots it is
+:class:`~setdiff_mega.decoding.context.Ledger`; the cache only stores tensors and drops the slots it is
 told to (:meth:`keep`). Dropping every row's n oldest entries (the usual eviction) only advances o; any
 other pattern compacts the window with a gather; the window moves back to offset 0 (one copy) when the
 buffer's end is reached. A ``static`` cache always compacts, so o stays 0 and the attended view keeps its

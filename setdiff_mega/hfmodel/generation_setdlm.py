@@ -3,7 +3,7 @@ needs torch and transformers only).
 
 The samplers are setdiff-mega's own: ``base.py``, ``baselines.py``, ``cache.py``, ``context.py``,
 ``processors.py``, ``runner.py``, ``sampling.py``, ``setdlm.py`` and ``stopping.py`` are copied verbatim
-from ``setdiff_mega/standalone`` (where the training stack's native path imports them too) into every
+from ``setdiff_mega/decoding`` (where the training stack's native path imports them too) into every
 export, so the exported model and the training stack decode with one implementation (a test matrix
 requires identical greedy tokens). They run on the plain-PyTorch model through :class:`DecodeModel`, the
 interface they are written against:
@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 from transformers.utils import ModelOutput
 
-from .base import Canvas, GenerationConfig
-from .baselines import ARSampler, BD3LMSampler, MDLMSampler
+from ..decoding.base import Canvas, GenerationConfig
+from ..decoding.baselines import ARSampler, BD3LMSampler, MDLMSampler
+from ..decoding.setdlm import SetDLMSampler
 from .capture import CapturedStep
 from .decode_step import Prepared
 from .decode_step import forward as decode_forward
-from .setdlm import SetDLMSampler
 
 SAMPLERS = {c.__name__: c for c in (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)}
 GENERATION_FILE = "generation_config.json"
@@ -124,14 +124,13 @@ class TokenizerView:
 
 
 def defaults(model) -> GenerationConfig:
-    """The export's decoding defaults: ``generation_config.json`` (read by ``from_pretrained``), else the
-    copy in ``config.json``, else the method's (W = D, the training block, the training length)."""
+    """The export's decoding defaults (its method's, written at export): ``generation_config.json`` (read by
+    ``from_pretrained``), else the copy in ``config.json``."""
     known = {f.name for f in fields(GenerationConfig)}
     saved = getattr(model, "decode_defaults", None) or getattr(model.config, "setdiff_generation", None)
     if not saved:
-        m = model.config.method
-        saved = {"window": m.get("D") or 4, "block_size": m.get("block_size") or 4,
-                 "context_length": m.get("seq_length")}
+        raise ValueError("the export has no decoding defaults (generation_config.json, or 'setdiff_generation' in "
+                         "config.json): re-export the checkpoint with tools/convert_checkpoint.py to-hf")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known}
     if saved.get("do_sample") is False:                  # transformers' convention
         values["temperature"] = 0.0

@@ -31,6 +31,6 @@ class SetDLMConfig(PretrainedConfig):
         self.rope_theta = rope_theta
         self.rotary_percent = rotary_percent
         self.max_position_embeddings = max_position_embeddings
-        self.method = dict(method or {"objective": "ar"})
+        self.method = dict(method or {"causal": True})     # an export records its method (hf.hf_config)
         self.setdiff_mega = setdiff_mega
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)

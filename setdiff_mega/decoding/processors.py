@@ -12,7 +12,7 @@ For the candidate rows of a step, logits [B, A, V] at positions q_idx [B, A] of 
        when c > start (the reference's ``_length_penalty_prefix_lengths``)
     3. MASK excluded (logit -inf); nothing else is banned (EOS may equal PAD: GPT-2 / Qwen tokenizers)
 
-then :func:`~setdiff_mega.standalone.sampling.choose_tokens` (temperature, nucleus keeping the crossing
+then :func:`~setdiff_mega.decoding.sampling.choose_tokens` (temperature, nucleus keeping the crossing
 token, confidence = probability of the chosen token after the filter). Rows are processed together;
 the length penalty is written here in batched form because transformers' processor takes a single
 length per call (tests check it against transformers' on every row).

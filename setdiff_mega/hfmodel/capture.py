@@ -3,10 +3,10 @@
 A decode forward costs, at batch 1 on a small model, mostly the launch of its few hundred kernels. With
 static shapes every step can be replayed from one captured CUDA graph instead. What makes a step static:
 
-* the chunk: :class:`~setdiff_mega.standalone.runner.ChunkRunner` pads the pending and query rows to
+* the chunk: :class:`~setdiff_mega.decoding.runner.ChunkRunner` pads the pending and query rows to
   fixed widths (SetDLM: W and W) with invalid rows (they see only themselves, no row sees them, their
   K/V are never persisted), so tokens, positions and the keep-mask [B, 1, T, C + T] keep one shape;
-* the cache: :class:`~setdiff_mega.standalone.cache.KVCache` with ``static=True`` keeps its window at
+* the cache: :class:`~setdiff_mega.decoding.cache.KVCache` with ``static=True`` keeps its window at
   offset 0 (evictions compact in place instead of moving the offset), so the attended view
   ``[window ; chunk]`` keeps its address;
 * the host-side bookkeeping the attention does (reserving the chunk's scratch slots) runs before the

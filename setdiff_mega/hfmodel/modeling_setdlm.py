@@ -44,8 +44,6 @@ from .generation_setdlm import infill as _infill
 from .generation_setdlm import read_defaults
 from .integrity import verify_checksums
 
-CAUSAL_OBJECTIVES = ("ar",)     # objectives decoded left to right (config.json "method" of old exports)
-
 
 def _norm(config: SetDLMConfig) -> nn.Module:
     if config.normalization == "RMSNorm":
@@ -153,7 +151,10 @@ class SetDLMModel(SetDLMPreTrainedModel):
     def _keep_mask(self, attention_mask, b, t, device):
         """-> boolean [B, 1, T, T], True = may attend."""
         method = self.config.method
-        causal = method.get("causal", method.get("objective", "ar") in CAUSAL_OBJECTIVES)   # exports before the flag
+        if method and "causal" not in method:
+            raise ValueError("config.json 'method' lacks the 'causal' flag (an export older than the flag): re-export "
+                             "the checkpoint with tools/convert_checkpoint.py to-hf")
+        causal = method.get("causal", True)      # a bare config (no method): causal, like SetDLMConfig's default
         base = (torch.ones(t, t, dtype=torch.bool, device=device).tril() if causal
                 else torch.ones(t, t, dtype=torch.bool, device=device))
         if attention_mask is None:
@@ -235,9 +236,6 @@ def check_export(path, config: SetDLMConfig, cls, verify: bool = True) -> None:
             return cached_file(str(path), name, _raise_exceptions_for_missing_entries=False)
         except OSError:
             return None
-    problem = verify_checksums(fetch) if verify else None
-    if problem:
-        raise ValueError(f"SetDLM export '{path}': {problem}")
     m = config.method or {}
     if "mask_token_id" not in m or "sampler" not in m:
         _fail(path, "config.json 'method' lacks mask_token_id / sampler (exported before generate() existed)")
@@ -255,10 +253,13 @@ def check_export(path, config: SetDLMConfig, cls, verify: bool = True) -> None:
     bad += [f"{k}: not used by the config" for k in found if k not in expected]
     if bad:
         _fail(path, f"the weights do not match config.json ({'; '.join(bad[:3])})")
+    problem = verify_checksums(fetch) if verify else None     # a corruption that still parses (a flipped bit)
+    if problem:
+        raise ValueError(f"SetDLM export '{path}': {problem}")
     tok_file = fetch("tokenizer.json")
     if tok_file is None:
         raise ValueError(f"SetDLM export '{path}': tokenizer.json is missing (every export carries the tokenizer "
-                         f"its model was trained with): copy the export directory again, whole")
+                         f"its model was trained with): the copy is incomplete; copy the whole directory again")
     added = {t["id"]: t["content"] for t in json.loads(open(tok_file, encoding="utf-8").read()).get("added_tokens", [])}
     if m["mask_token_id"] not in added:
         _fail(path, f"tokenizer.json has no MASK token with id {m['mask_token_id']} (the config's mask_token_id)")

@@ -23,7 +23,7 @@ implies is then a mask over the insertion history, which the uncached reference 
                                                       P16: visibility follows insertion, not position)
 
 so cache on and cache off give the same tokens even after evictions. The cached entries of a row, in
-insertion order, are exactly the slots of :class:`~setdiff_mega.standalone.cache.KVCache`.
+insertion order, are exactly the slots of :class:`~setdiff_mega.decoding.cache.KVCache`.
 """
 from __future__ import annotations
 

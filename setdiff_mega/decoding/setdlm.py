@@ -25,7 +25,7 @@ once a committed token lies to its right: the reference's ``l2r`` promotion) in 
 causally. The last step's commits are never cached. ``use_cache=False`` recomputes the whole history
 each step with the visibility the cache would have (:mod:`.runner`): tests use it to prove the cache
 changes nothing. Rows of a batch commit different numbers of tokens per step; all bookkeeping is
-batched tensors (:func:`~setdiff_mega.standalone.base.pack`).
+batched tensors (:func:`~setdiff_mega.decoding.base.pack`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,194 @@
+"""The objective interface every method implements, its model inputs, the loss, and the one function from
+a :class:`~setdiff_mega.data.batch.Batch` to model inputs (:func:`inputs_for`).
+
+Input batch: clean tokens x [B, L] (long), optional ``context`` [B, L] (bool, prompt tokens: never in
+the loss) and ``padding`` [B, L] (bool, right padding). ``target = ~context & ~padding``.
+
+Every objective returns :class:`ModelInputs` for a diffusion-agnostic model
+``logits = model(tokens [B, T], position_ids [B, T], attention_mask [1|B, T, T] (True = allowed),
+logits_start)`` whose logits cover ``tokens[:, logits_start:]`` ([B, N, V], N = T - logits_start),
+and :meth:`Objective.loss` turns those logits into a scalar loss plus statistics. The methods themselves
+live in their own modules (:mod:`.ar`, :mod:`.mdlm`, :mod:`.bd3lm`, :mod:`.setdlm`), each with its
+options and its registry record.
+
+Losses (method.md sections 3 and 6): the MASK class is excluded (logit -inf) and log-softmax runs in
+fp32. ``normalization = "sequence"`` averages the per-token NLL over each sequence's targets, then over
+the batch (a sequence without targets contributes 0); ``"token"`` averages over all masked target tokens
+in the batch, and with per-token ``weights`` (the 1/t ELBO weights) divides by the number of target
+tokens instead (the NELBO). Every loss also reports ``nll_sum`` and ``num_tokens`` so evaluation can
+compute token-weighted perplexities.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from setdiff_mega.data.batch import Batch
+
+from . import masks as M
+
+
+@dataclass
+class ModelInputs:
+    """What the model consumes and what the loss needs. See the module docstring for layouts."""
+
+    tokens: torch.Tensor            # [B, T] long
+    position_ids: torch.Tensor      # [B, T] long (RoPE positions; SetDLM: original positions)
+    attention_mask: Optional[torch.Tensor]   # [1|B, T, T] bool, True = allowed (None: built from the pattern)
+    logits_start: int               # logits are needed for tokens[:, logits_start:]
+    targets: torch.Tensor           # [B, N] long, token each logit row must predict
+    loss_mask: torch.Tensor         # [B, N] bool, rows that count in the loss
+    weights: Optional[torch.Tensor] = None   # [B, N] float, per-token weights (ELBO mode)
+    extras: dict = field(default_factory=dict)  # perm, t, ... (for inspection and tests)
+    attention_pattern: Optional[M.MaskPattern] = None   # the mask's structure (kernels may skip the mask)
+    denominators: Optional[dict] = None   # a shard's full-sequence counts {rows [B], total, targets} (CP)
+
+    def model_kwargs(self) -> dict:
+        """Keyword arguments of the model's forward."""
+        return {"tokens": self.tokens, "position_ids": self.position_ids, "attention_mask": self.attention_mask,
+                "logits_start": self.logits_start, "attention_pattern": self.attention_pattern}
+
+    @property
+    def num_processed_tokens(self) -> int:
+        return self.tokens.numel()
+
+
+def masked_token_nll(logits: torch.Tensor, targets: torch.Tensor, mask_id: int | None) -> torch.Tensor:
+    """Per-token NLL [B, N] in fp32 with the MASK class excluded from the softmax."""
+    logits = logits.float()
+    if mask_id is not None and 0 <= mask_id < logits.shape[-1]:
+        idx = torch.tensor([mask_id], device=logits.device)
+        logits = logits.index_fill(-1, idx, float("-inf"))
+    logp = F.log_softmax(logits, dim=-1)
+    return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def batch_masks(tokens, context, padding):
+    B, L = tokens.shape
+    dev = tokens.device
+    context = torch.zeros(B, L, dtype=torch.bool, device=dev) if context is None else context.bool()
+    padding = torch.zeros(B, L, dtype=torch.bool, device=dev) if padding is None else padding.bool()
+    return context, padding, ~context & ~padding
+
+
+class Objective(abc.ABC):
+    """Interface: ``build_inputs`` (batch -> ModelInputs) and ``loss`` (logits -> loss, stats)."""
+
+    name: str = ""
+    two_stream: bool = False
+    normalization: str = "sequence"  # "sequence": per-sequence mean then batch mean; "token": global
+    dense_masks: bool = True         # False: inputs carry the mask's pattern only (attention_mask None)
+
+    def __init__(self, mask_id: int, loss_weighting: str = "unweighted", eos_id: int | None = None):
+        self.mask_id = int(mask_id)
+        self.eos_id = eos_id
+        if loss_weighting not in ("unweighted", "elbo"):
+            raise ValueError(f"loss_weighting must be 'unweighted' or 'elbo', got {loss_weighting!r}")
+        self.loss_weighting = loss_weighting
+        self._static: dict = {}
+
+    def _cached(self, key, fn):
+        if key not in self._static:
+            self._static[key] = fn()
+        return self._static[key]
+
+    def _mask(self, kind: str, T: int, dev, padding, key_valid_of, block_size: int = 1):
+        """(dense mask [1|B, T, T], its :class:`~setdiff_mega.diffusion.masks.MaskPattern`): the static ones
+        are built once per shape; with padding, ``key_valid_of(padding)`` gives the valid keys [B, T] and the
+        mask is per batch (unless every key is valid)."""
+        static = self._cached(("pattern", kind, T, block_size, dev), lambda: M.MaskPattern(kind, T, block_size))
+        key_valid = key_valid_of(padding) if padding.any() else None
+        if key_valid is None or bool(key_valid.all()):
+            if not self.dense_masks:
+                return None, static
+            return self._cached(("mask", kind, T, block_size, dev), lambda: static.dense(dev)), static
+        pattern = static.with_padding(key_valid)
+        return (pattern.dense(dev) if self.dense_masks else None), pattern
+
+    @abc.abstractmethod
+    def build_inputs(self, tokens, context=None, padding=None, generator=None, training=True) -> ModelInputs:
+        """Clean tokens [B, L] (+ context / padding masks) -> this objective's model inputs."""
+
+    def loss(self, logits: torch.Tensor, inputs: ModelInputs):
+        """Scalar loss and stats {nll_sum, num_tokens} (token-weighted sums for perplexity)."""
+        nll = masked_token_nll(logits, inputs.targets, self.mask_id)
+        m = inputs.loss_mask.to(nll.dtype)
+        w = m if inputs.weights is None else m * inputs.weights.to(nll.dtype)
+        per_tok = nll * w
+        den = inputs.denominators or {}        # a context-parallel shard divides by the full sequence's counts
+        if self.normalization == "sequence":
+            per_seq = per_tok.sum(-1) / den.get("rows", m.sum(-1)).clamp(min=1.0)
+            loss = per_seq.mean()
+        elif inputs.weights is not None:  # NELBO: weighted masked NLL over all target tokens
+            loss = per_tok.sum() / den.get("targets", inputs.extras["num_targets"]).clamp(min=1)
+        else:
+            loss = per_tok.sum() / den.get("total", m.sum()).clamp(min=1.0)
+        count = m.detach().sum()
+        if inputs.weights is not None and self.normalization == "token":
+            count = inputs.extras["num_targets"].to(count.dtype)   # NELBO is per target token
+        stats = {"nll_sum": per_tok.detach().sum(), "num_tokens": count}
+        return loss, stats
+
+
+def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
+    """Concatenate per-sample ModelInputs along the batch (a shared static mask stays shared)."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    masks = [p.attention_mask for p in parts]
+    if all(m is None for m in masks):         # patterns only (Objective.dense_masks False)
+        mask = None
+    elif all(m is masks[0] for m in masks) and masks[0].shape[0] == 1:
+        mask = masks[0]
+    else:
+        mask = torch.cat([m.expand(1, *m.shape[1:]) if m.shape[0] == 1 else m for m in masks], 0)
+    extras = {}
+    for k, v in first.extras.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == 1:
+            extras[k] = torch.cat([p.extras[k] for p in parts], 0)
+        elif isinstance(v, torch.Tensor) and v.dim() == 0:
+            extras[k] = sum(p.extras[k] for p in parts)
+    return ModelInputs(tokens=torch.cat([p.tokens for p in parts]),
+                       position_ids=torch.cat([p.position_ids for p in parts]),
+                       attention_mask=mask, logits_start=first.logits_start,
+                       targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
+                       weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
+                       extras=extras, attention_pattern=M.merge_patterns([p.attention_pattern for p in parts],
+                                                                         [p.tokens.shape[0] for p in parts]))
+
+
+def row_generator(seed: int, sample_id: int, device) -> torch.Generator:
+    """The noise generator of one row: seeded by (seed, the row's sample id) only."""
+    return torch.Generator(device=device).manual_seed((int(seed) * 1_000_003 + int(sample_id)) % (2 ** 63))
+
+
+def inputs_for(objective: Objective, batch: Batch, seed: int, training: bool = True) -> ModelInputs:
+    """The one way from a batch to model inputs (training, validation, likelihood, the memory estimate and
+    the benchmarks): row i's noise comes from :func:`row_generator` (seed, its sample id), so the inputs of a
+    sample do not depend on which rank, batch or step reads it (layout-independent training, exact
+    resumes); its context and padding reach the objective."""
+    if batch.document_ids is not None:
+        raise ValueError(f"objective {objective.name!r} takes one document per row; this batch holds packed "
+                         f"documents (document_ids): use unpacked samples")
+    parts = []
+    for i, sid in enumerate(batch.sample_ids):
+        row = lambda t: None if t is None else t[i:i + 1]  # noqa: E731
+        parts.append(objective.build_inputs(batch.tokens[i:i + 1], context=row(batch.context),
+                                            padding=row(batch.padding),
+                                            generator=row_generator(seed, sid, batch.tokens.device),
+                                            training=training))
+    return collate_inputs(parts)
+
+
+def build_inputs_per_sample(objective: Objective, tokens: torch.Tensor, sample_ids, seed: int,
+                            training: bool = True) -> ModelInputs:
+    """:func:`inputs_for` of plain token rows (no context, no padding)."""
+    return inputs_for(objective, Batch(tokens, list(sample_ids)), seed, training)
+
+
+__all__ = ["ModelInputs", "Objective", "masked_token_nll", "collate_inputs", "inputs_for", "row_generator",
+           "build_inputs_per_sample", "batch_masks"]
