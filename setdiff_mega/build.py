@@ -17,14 +17,14 @@ from pathlib import Path
 
 from setdiff_mega.config import ConfigError, RunConfig
 from setdiff_mega.data.indexed import DataError
+from setdiff_mega.data.loader import parse_blend
 from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.diffusion import build_objective
+from setdiff_mega.model import build_model
 
 
 def tokenizer_path(cfg: RunConfig) -> str:
     """data.tokenizer, or tokenizer.json next to the (first) dataset of the blend."""
-    from setdiff_mega.data.loader import parse_blend
-
     return cfg.data.tokenizer or str(Path(parse_blend(cfg.data.path)[0][0]).parent / "tokenizer.json")
 
 
@@ -52,8 +52,6 @@ def objective_for(cfg: RunConfig, tok: Tokenizer):
 
 
 def model_for(cfg: RunConfig, vocab: int, *, sequence_parallel: bool = False):
-    from setdiff_mega.model import build_model
-
     return build_model(cfg.model, vocab, sequence_parallel=sequence_parallel)
 
 

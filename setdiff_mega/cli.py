@@ -12,7 +12,13 @@ import logging
 import os
 import sys
 
+from setdiff_mega.checkpoint.io import CheckpointError
 from setdiff_mega.compat import mcore_cpu
+from setdiff_mega.config import ConfigError
+from setdiff_mega.data.indexed import DataError
+from setdiff_mega.inference.api import RequestError
+from setdiff_mega.outputs import OutputError
+from setdiff_mega.training.trainer import TrainingError
 
 # Loggers whose warnings are about the installation, not the user's command: torchao's optional CUDA kernels
 # that a CPU wheel cannot load ("Failed to load .../_C_cutlass_90a.abi3.so") when transformers imports it,
@@ -33,13 +39,6 @@ def quiet_libraries() -> None:
 
 
 def user_errors() -> tuple:
-    from setdiff_mega.checkpoint.io import CheckpointError
-    from setdiff_mega.config import ConfigError
-    from setdiff_mega.data.indexed import DataError
-    from setdiff_mega.inference.api import RequestError
-    from setdiff_mega.outputs import OutputError
-    from setdiff_mega.training.trainer import TrainingError
-
     return (ConfigError, DataError, CheckpointError, TrainingError, RequestError, OutputError, FileNotFoundError,
             KeyError, ValueError)
 

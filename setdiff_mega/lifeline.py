@@ -14,6 +14,7 @@ thread that called this (the main thread); every fork gets the ``getppid`` poll.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
@@ -27,8 +28,6 @@ def tie_to_parent(parent: int, ignore: tuple = (signal.SIGTERM, signal.SIGUSR1),
         signal.signal(s, signal.SIG_IGN)
     if pdeathsig:
         try:
-            import ctypes
-
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
             pass

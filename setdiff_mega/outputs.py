@@ -25,6 +25,7 @@ time; the lock file names the holder's PID, host and start time for the one-line
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -209,8 +210,6 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> "RunLock":
-        import fcntl
-
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / self.NAME
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -237,8 +236,6 @@ class RunLock:
 
     def release(self) -> None:
         if self.fd is not None:
-            import fcntl
-
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None

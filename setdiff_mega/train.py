@@ -13,6 +13,9 @@ import json
 import sys
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.config import load_config, to_dict
+from setdiff_mega.parallel import is_main_process
+from setdiff_mega.training import train
 
 
 def main(argv=None) -> int:
@@ -23,10 +26,6 @@ def main(argv=None) -> int:
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help=argparse.SUPPRESS)     # passed by the deepspeed launcher; LOCAL_RANK is read from env
     args = p.parse_args(argv)
-    from setdiff_mega.config import load_config, to_dict
-    from setdiff_mega.parallel import is_main_process
-    from setdiff_mega.training import train
-
     cfg = load_config(args.config, args.overrides)
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))

@@ -18,12 +18,24 @@ Writes bench_generate.csv, cache_speedup.json, engine_speedup.json and speed_vs_
 import argparse
 import csv
 import json
+import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM
+
+from setdiff_mega.checkpoint import hf, load_model
 from setdiff_mega.cli import run_cli
 from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
+from setdiff_mega.inference import GenerationConfig, benchmark
+from setdiff_mega.inference.benchmark import default_grid, measure, plot_speed_vs_tau
+from setdiff_mega.inference.engine import decoding_model, plain_model
+from setdiff_mega.model import build_model
+from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
 
 REPORTS = (".csv", ".png", ".json", ".jsonl", ".log", ".txt")     # what an --out-dir of this tool holds
 
@@ -47,15 +59,6 @@ def main(argv=None) -> int:
     p.add_argument("--engine-repeats", type=int, default=3, help="interleaved repeats of the engine comparison")
     p.add_argument("--no-engine-comparison", action="store_true")
     args = p.parse_args(argv)
-
-    import torch
-    from tqdm import tqdm
-
-    from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference import GenerationConfig
-    from setdiff_mega.inference.benchmark import default_grid, measure, plot_speed_vs_tau
-    from setdiff_mega.inference.engine import decoding_model
-    from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
 
     out = claim_output_dir(args.out_dir, [args.checkpoint, args.tasks], flag="--out-dir", tool="bench_generate",
                            continues=True, owned=either(marked_by("bench_generate"), holds_only(*REPORTS)))
@@ -106,11 +109,6 @@ def main(argv=None) -> int:
 
 def ratio_model_speedup(spec: str, cfg, tok, prompts, long_cfg) -> dict:
     """Cache on / off on a random-weight native model of ``spec`` = hidden,layers,heads."""
-    import torch
-
-    from setdiff_mega.inference.benchmark import measure
-    from setdiff_mega.model import build_model
-
     hidden, layers, heads = (int(x) for x in spec.split(","))
     mc = replace(cfg.model, hidden_size=hidden, num_layers=layers, num_attention_heads=heads,
                  ffn_hidden_size=None, zero_init_head=False, attention_backend="sdpa")
@@ -125,19 +123,7 @@ def ratio_model_speedup(spec: str, cfg, tok, prompts, long_cfg) -> dict:
 
 def compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out: Path) -> None:
     """native vs plain engine, side by side (see the module docstring) -> engine_speedup.json."""
-    import platform
-
-    import torch
-
-    from setdiff_mega.checkpoint import hf
-    from setdiff_mega.inference import benchmark
-    from setdiff_mega.inference.engine import plain_model
-
     if hf.is_hf_export(Path(args.checkpoint)):       # the export's own remote code
-        from transformers import AutoModelForCausalLM
-
-        from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
-
         plain = DecodeModel(AutoModelForCausalLM.from_pretrained(args.checkpoint, trust_remote_code=True).eval(),
                             cfg.data.seq_length)
     else:

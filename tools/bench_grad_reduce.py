@@ -15,6 +15,9 @@ import tempfile
 from pathlib import Path
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.prepare import prepare
+from setdiff_mega.outputs import check_output_file, write_file_atomic
+from setdiff_mega.training.bench_grad_reduce import run
 
 DEFAULT = ["model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4", "data.seq_length=128",
            "train.micro_batch_size=4", "train.grad_accum_steps=4", "objective.name=setdlm"]
@@ -29,19 +32,12 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*", help="dotted config overrides on top of the benchmark's model")
     args = p.parse_args(argv)
     if args.json:
-        from setdiff_mega.outputs import check_output_file
-
         check_output_file(args.json, [], flag="--json", overwrite=args.overwrite)
-    from setdiff_mega.data.prepare import prepare
-    from setdiff_mega.training.bench_grad_reduce import run
-
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         prepare(d, None, num_math=300, num_stories=300, vocab_size=400, heldout=10, log=lambda *a: None)
         rows = run(d, d, [*DEFAULT, *args.overrides], steps=args.steps, bucket_size=args.bucket_size)
     if args.json:
-        from setdiff_mega.outputs import write_file_atomic
-
         write_file_atomic(args.json, json.dumps(rows, indent=1))
     return 0
 

@@ -23,16 +23,23 @@ import json
 import os
 import sys
 import time
+from multiprocessing import get_context
+
+import numpy as np
+from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from tokenizers import Tokenizer as HFTokenizer
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.corpus import embedded_corpus, write_jsonl
+from setdiff_mega.data.preprocess import preprocess
+from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
 
 _TOK = {}
 
 
 def _init(path):
-    from tokenizers import Tokenizer
-
-    _TOK["t"] = Tokenizer.from_file(path)
+    _TOK["t"] = HFTokenizer.from_file(path)
     _TOK["bos"], _TOK["eos"] = _TOK["t"].token_to_id("<|bos|>"), _TOK["t"].token_to_id("<|eos|>")
 
 
@@ -44,11 +51,6 @@ def _encode_line(line):
 
 
 def standard(jsonl, tokenizer, prefix, workers):
-    from multiprocessing import get_context
-
-    import numpy as np
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
     t0 = time.perf_counter()
     with open(jsonl, encoding="utf-8") as fin, get_context("fork").Pool(workers, initializer=_init,
@@ -68,16 +70,6 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="best of N timings per method")
     p.add_argument("--out-dir", default="runs/bench_preprocess")
     args = p.parse_args(argv)
-    import numpy as np
-
-    from setdiff_mega.compat import mcore_cpu  # noqa: F401
-    from setdiff_mega.data.corpus import embedded_corpus, write_jsonl
-    from setdiff_mega.data.preprocess import preprocess
-    from setdiff_mega.data.tokenizer import Tokenizer
-    from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
-    # isort: split
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     out = claim_output_dir(args.out_dir, [], flag="--out-dir", tool="bench_preprocess", continues=True,
                            owned=either(marked_by("bench_preprocess"), holds_only(

@@ -18,13 +18,18 @@ import dataclasses
 import json
 import sys
 
+import torch
+from tqdm import tqdm
+
 from setdiff_mega.cli import run_cli
 from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.eval.sweep import write_csv
+from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
+from setdiff_mega.parallel import initialize
+from setdiff_mega.training.benchmark import DEFAULT_SETTINGS, bench_attention, bench_train_step, plot_mfu
 
 
 def _write_csv(path, rows):
-    from setdiff_mega.eval.sweep import write_csv
-
     write_csv([dataclasses.asdict(r) for r in rows], path)
 
 
@@ -44,12 +49,6 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default="runs/bench_train_gpu")
     args = p.parse_args(argv)
 
-    import torch
-    from tqdm import tqdm
-
-    from setdiff_mega.parallel import initialize
-    from setdiff_mega.training.benchmark import DEFAULT_SETTINGS, bench_attention, bench_train_step, plot_mfu
-
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -60,7 +59,6 @@ def main(argv=None) -> int:
         raise ValueError(f"no setting matches --settings {args.settings}; labels: {[s[0] for s in DEFAULT_SETTINGS]}")
     if args.fp8 == "te":
         settings = [(label, o, b, "te" if f == "torchao" else f) for label, o, b, f in settings]
-    from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
 
     out = claim_output_dir(args.out_dir, [], flag="--out-dir", tool="bench_train_gpu", continues=True,
                            owned=either(marked_by("bench_train_gpu"),

@@ -27,6 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from setdiff_mega.checkpoint import convert, hf
 from setdiff_mega.cli import run_cli
 
 
@@ -48,7 +49,6 @@ def main(argv=None) -> int:
     b.add_argument("--overwrite", action="store_true",
                    help="replace a previous import at SAVE_DIR (never a training run's checkpoints)")
     args = p.parse_args(argv)
-    from setdiff_mega.checkpoint import convert, hf
 
     if args.direction == "to-hf":
         out = convert.export(args.checkpoint, args.out_dir, args.weights, args.dtype, overwrite=args.overwrite)

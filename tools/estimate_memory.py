@@ -14,6 +14,10 @@ import json
 import sys
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.config import load_config, validate_layout
+from setdiff_mega.model.transformer import padded_vocab_size
+from setdiff_mega.outputs import check_output_file, write_file_atomic
+from setdiff_mega.training.memory import GIB, estimate, measure_config
 
 
 def main(argv=None) -> int:
@@ -29,13 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = p.parse_args(argv)
     if args.json:
-        from setdiff_mega.outputs import check_output_file
-
         check_output_file(args.json, [args.config], flag="--json", overwrite=args.overwrite)
-    from setdiff_mega.config import load_config, validate_layout
-    from setdiff_mega.model.transformer import padded_vocab_size
-    from setdiff_mega.training.memory import GIB, estimate
-
     cfg = load_config(args.config, args.overrides)
     pc = cfg.parallel
     tp, cp, pp = pc.tensor_model_parallel_size, pc.context_parallel_size, pc.pipeline_model_parallel_size
@@ -55,15 +53,11 @@ def main(argv=None) -> int:
     if args.measure:
         if tp * cp * pp != 1:
             raise ValueError(f"--measure runs one process: use TP = CP = PP = 1 (got TP={tp} CP={cp} PP={pp})")
-        from setdiff_mega.training.memory import measure_config
-
         peak, want = measure_config(cfg, vocab), est.activations + est.gradients
         extra = {"measured_step_peak": peak, "estimated_activations_and_gradients": want}
         print(f"  measured step peak {peak / GIB:.3f} GiB vs estimated activations + gradients {want / GIB:.3f} GiB "
               f"(ratio {want / peak:.2f})")
     if args.json:
-        from setdiff_mega.outputs import write_file_atomic
-
         write_file_atomic(args.json, json.dumps({name: v for name, v in est.table()} | {
             "parameters": est.parameters, "activations_no_recompute": est.activations_no_recompute} | extra,
             indent=1))

@@ -20,7 +20,15 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from setdiff_mega.checkpoint import load_model
 from setdiff_mega.cli import run_cli
+from setdiff_mega.eval import likelihood, tasks
+from setdiff_mega.eval.likelihood import split_nll
+from setdiff_mega.inference.engine import decoding_model
+from setdiff_mega.inference.options import add_generation_arguments, config_from_args
+from setdiff_mega.outputs import check_output_file, write_file_atomic
 
 
 def read_texts(path: str) -> list[str]:
@@ -43,8 +51,6 @@ def read_texts(path: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from setdiff_mega.inference.options import add_generation_arguments, config_from_args
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", help="indexed dataset prefix (default: the checkpoint's data.path)")
@@ -65,11 +71,6 @@ def main(argv=None) -> int:
     args.seed = 0 if args.seed is None else args.seed
     texts, task_rows = check_inputs(args)          # before any work: evaluations that would score nothing
 
-    from tqdm import tqdm
-
-    from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.eval import likelihood
-
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     L = cfg.data.seq_length
     report = {"checkpoint": str(args.checkpoint), "weights": model.weights_kind, "objective": objective.name,
@@ -85,8 +86,6 @@ def main(argv=None) -> int:
             res = valid_split_nll(model, objective, tok, cfg, args)
         report["likelihood"] = res
     if not args.no_tasks:
-        from setdiff_mega.inference.engine import decoding_model
-
         gc = config_from_args(args, cfg.objective, L)
         report.update(run_tasks(decoding_model(model, cfg, tok, args.engine), tok, objective, gc, L, args,
                                 task_rows))
@@ -107,8 +106,6 @@ def main(argv=None) -> int:
             parts.append(f"quest infill EM {q['exact_match']:.3f} (left-only {ql['exact_match']:.3f})")
     print(" | ".join(parts))
     if args.out:
-        from setdiff_mega.outputs import write_file_atomic
-
         write_file_atomic(args.out, json.dumps(report, indent=2))
     return 0
 
@@ -121,8 +118,6 @@ def check_inputs(args) -> tuple:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     if args.out:
-        from setdiff_mega.outputs import check_output_file
-
         check_output_file(args.out, [args.checkpoint, args.text, args.data, args.tasks], flag="--out",
                           overwrite=args.overwrite)
     texts = read_texts(args.text) if args.text and not args.no_likelihood else None
@@ -132,8 +127,6 @@ def check_inputs(args) -> tuple:
 def load_task_rows(task_dir: str, limit: int) -> dict:
     """The embedded tasks present in ``task_dir`` (math and stories required; arithmetic and quests when
     their files exist: corpora of generator version >= 2)."""
-    from setdiff_mega.eval import tasks
-
     rows = {n: tasks.load_task(task_dir, n, limit) for n in ("math", "stories")}
     rows.update({n: tasks.load_task(task_dir, n, limit) for n in ("arith", "quests")
                  if (Path(task_dir) / f"{n}.jsonl").is_file()})
@@ -142,10 +135,6 @@ def load_task_rows(task_dir: str, limit: int) -> dict:
 
 def run_tasks(model, tok, objective, gc, L, args, rows: dict) -> dict:
     """The embedded tasks ``rows`` (:func:`load_task_rows`), decoded with ``gc``."""
-    from tqdm import tqdm
-
-    from setdiff_mega.eval import tasks
-
     report = {}
     math_rows, story_rows = rows["math"], rows["stories"]
     newer = {n: rows[n] for n in ("arith", "quests") if n in rows}
@@ -168,10 +157,6 @@ def run_tasks(model, tok, objective, gc, L, args, rows: dict) -> dict:
 
 
 def valid_split_nll(model, objective, tok, cfg, args) -> dict:
-    from tqdm import tqdm
-
-    from setdiff_mega.eval.likelihood import split_nll
-
     bar = tqdm(total=args.max_sequences, desc="likelihood", unit="seq", file=sys.stderr)
     res = split_nll(model, objective, tok, cfg, args.data, args.max_sequences, args.orders, args.seed,
                     args.batch_size, progress=bar.update)

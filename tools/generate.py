@@ -26,7 +26,14 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from setdiff_mega.checkpoint import load_model
 from setdiff_mega.cli import run_cli
+from setdiff_mega.inference import RequestError, encode_request, generate
+from setdiff_mega.inference.engine import decoding_model
+from setdiff_mega.inference.options import add_generation_arguments, config_from_args, generation_config
+from setdiff_mega.outputs import check_output_file, write_file_atomic
 
 
 def demo_requests(task_dir: str, tok) -> tuple[list, list]:
@@ -47,8 +54,6 @@ def demo_requests(task_dir: str, tok) -> tuple[list, list]:
 
 def fitting(requests: list, refs: list, tok, context: int) -> tuple[list, list]:
     """The demo requests whose visible tokens fit the model's context (the others are reported)."""
-    from setdiff_mega.inference import RequestError, encode_request
-
     keep = []
     for req, ref in zip(requests, refs):
         try:
@@ -86,16 +91,12 @@ def demo_unconditional_config(objective_cfg, seq_length: int, args):
     """The reference's OWT protocol (BOS prompt, nucleus 0.95, repetition 1.05, one token per step, EOS and
     low-confidence stops only after a minimum length) scaled to the demo: min_new_tokens = max_new_tokens / 3
     (the reference: 128 of 1023)."""
-    from setdiff_mega.inference.options import generation_config
-
     n = args.max_new_tokens or args._max_new_tokens_default
     return generation_config(objective_cfg, seq_length, "owt", {"max_new_tokens": n, "min_new_tokens": n // 3,
                                                                  "seed": args.seed or 0})
 
 
 def main(argv=None) -> int:
-    from setdiff_mega.inference.options import add_generation_arguments, config_from_args
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="run directory, checkpoints/ directory, step directory or Hugging Face export")
@@ -116,15 +117,7 @@ def main(argv=None) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1 (got {args.batch_size})")
     if args.out:
-        from setdiff_mega.outputs import check_output_file
-
         check_output_file(args.out, [args.checkpoint, args.file, args.demo], flag="--out", overwrite=args.overwrite)
-
-    from tqdm import tqdm
-
-    from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference import generate
-    from setdiff_mega.inference.engine import decoding_model
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     model = decoding_model(model, cfg, tok, args.engine)
@@ -148,8 +141,6 @@ def main(argv=None) -> int:
                            progress=bar.update)
     bar.close()
     if args.out:
-        from setdiff_mega.outputs import write_file_atomic
-
         write_file_atomic(args.out, "".join(json.dumps({"request": req, **r}, ensure_ascii=False) + "\n"
                                             for req, r in zip(requests, results)))
         tps = sum(r["num_tokens"] for r in results) / max(sum({r["seconds"] for r in results}), 1e-9)

@@ -16,26 +16,26 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+import yaml
+from megatron.core import dist_checkpointing
+
+from setdiff_mega.checkpoint import hf
+from setdiff_mega.checkpoint.io import CheckpointError, resolve_checkpoint
+from setdiff_mega.checkpoint.native import checkpoint_config
 from setdiff_mega.cli import run_cli
+from setdiff_mega.config import to_dict
+from setdiff_mega.outputs import check_output_file, write_file_atomic
+from setdiff_mega.parallel import initialize
 
 
 def tensor_hash(t) -> str:
-    import torch
-
     data = t.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:16]
 
 
 def native_tensors(ck: Path) -> dict:
-    from megatron.core import dist_checkpointing
-
-    from setdiff_mega.checkpoint.io import CheckpointError
-    from setdiff_mega.compat import mcore_cpu  # noqa: F401
-    # isort: split
-    from setdiff_mega.parallel import initialize
-
     initialize()
-    import torch
 
     try:
         loaded = dist_checkpointing.load_plain_tensors(str(ck / "dist"))
@@ -53,13 +53,7 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     args = p.parse_args(argv)
     if args.json:
-        from setdiff_mega.outputs import check_output_file
-
         check_output_file(args.json, [args.path], flag="--json", overwrite=args.overwrite)
-    from setdiff_mega.checkpoint import hf
-    from setdiff_mega.checkpoint.io import resolve_checkpoint
-    from setdiff_mega.config import to_dict
-
     path = Path(args.path)
     report = {}
     if hf.is_hf_export(path):
@@ -69,8 +63,6 @@ def main(argv=None) -> int:
                       method=meta.get("method"))
     else:
         ck, state = resolve_checkpoint(path)
-        from setdiff_mega.checkpoint.native import checkpoint_config
-
         cfg = checkpoint_config(ck)
         report.update(format="native", path=str(ck), step=state.get("step"), kind=state.get("kind"),
                       consumed_samples=state.get("consumed_samples"), val_loss=state.get("val_loss"),
@@ -104,13 +96,9 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"    {r['name']:<{width}}  {str(tuple(r['shape'])):<18} {r['dtype']:<8} {r['sha256']}")
     if args.config:
-        import yaml
-
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     report["tensors"] = rows
     if args.json:
-        from setdiff_mega.outputs import write_file_atomic
-
         write_file_atomic(args.json, json.dumps(report, indent=2))
     return 0
 

@@ -11,7 +11,12 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.indexed import check_dataset
+from setdiff_mega.data.tokenizer import Tokenizer
 
 
 def main(argv=None) -> int:
@@ -21,13 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--docs", type=int, default=3)
     p.add_argument("--no-verify", action="store_true", help="skip the SHA-256 check")
     args = p.parse_args(argv)
-    import numpy as np
 
-    from setdiff_mega.compat import mcore_cpu  # noqa: F401  (megatron import with the CPU shim)
-    from setdiff_mega.data.indexed import check_dataset
-    from setdiff_mega.data.tokenizer import Tokenizer
-    # isort: split
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     tok_path = Path(args.tokenizer) if args.tokenizer else Path(args.prefix).parent / "tokenizer.json"
     tok = Tokenizer.from_file(tok_path) if tok_path.is_file() else None

@@ -12,13 +12,12 @@ README's decoding table). Needs the optional extra: ``pip install -e '.[eval]'``
 import sys
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.eval import lm_eval_adapter
 
 
 def main(argv=None) -> int:
-    from setdiff_mega.eval import lm_eval_adapter
-
     lm_eval_adapter.make_lm_class()          # registers the "setdiff" model
-    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.__main__ import cli_evaluate  # gated: the optional [eval] extra, after the adapter registers
 
     if "--model" not in sys.argv:
         sys.argv[1:1] = ["--model", "setdiff"]

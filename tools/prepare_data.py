@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.indexed import check_dataset, read_manifest
+from setdiff_mega.data.prepare import embedded_is_current, prepare, prepare_from_files
+from setdiff_mega.outputs import check_output_dir, marked_by, write_marker
 
 
 def main(argv=None) -> int:
@@ -35,10 +38,6 @@ def main(argv=None) -> int:
     p.add_argument("--skip-existing", action="store_true", help="do nothing if OUT/corpus is complete")
     p.add_argument("--overwrite", action="store_true", help="rebuild a corpus this tool wrote at OUT")
     args = p.parse_args(argv)
-    from setdiff_mega.data.indexed import check_dataset, read_manifest
-    from setdiff_mega.data.prepare import embedded_is_current, prepare, prepare_from_files
-    from setdiff_mega.outputs import check_output_dir, marked_by, write_marker
-
     out = Path(args.out)
     tool = "prepare_data"
     check_output_dir(out, [*(args.input or []), args.tokenizer], flag="--out", tool=tool, overwrite=args.overwrite,

@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.preprocess import merge, preprocess
 
 
 def main(argv=None) -> int:
@@ -40,7 +41,6 @@ def main(argv=None) -> int:
                    help="replace a dataset this tool wrote at --output-prefix (never one without a manifest, never "
                         "an input)")
     args = p.parse_args(argv)
-    from setdiff_mega.data.preprocess import merge, preprocess
 
     if args.merge:
         merge(args.merge, args.output_prefix, overwrite=args.overwrite)

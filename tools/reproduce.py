@@ -19,6 +19,10 @@ import sys
 from pathlib import Path
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.config import load_config
+from setdiff_mega.data.loader import parse_blend
+from setdiff_mega.eval import reproduce as R
+from setdiff_mega.outputs import check_output_file, claim_output_dir, either, holds_only, marked_by
 
 
 def main(argv=None) -> int:
@@ -35,7 +39,6 @@ def main(argv=None) -> int:
                    help="decoding engine (auto: the plain-PyTorch inference model for unsharded checkpoints)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides for every model")
     args = p.parse_args(argv)
-    from setdiff_mega.eval import reproduce as R
 
     if args.toy:
         if not args.data:
@@ -63,10 +66,6 @@ def main(argv=None) -> int:
 def claim_outputs(args, rc, assets: str) -> None:
     """--out (trained models, reused on re-runs) and --assets continue this tool's earlier output or are new;
     --report is a file whose reproduction section is replaced; none of them may be or hold an input."""
-    from setdiff_mega.config import load_config
-    from setdiff_mega.data.loader import parse_blend
-    from setdiff_mega.outputs import check_output_file, claim_output_dir, either, holds_only, marked_by
-
     data = next((o.split("=", 1)[1] for o in reversed(rc.overrides) if o.startswith("data.path=")), None)
     prefixes = parse_blend(data or load_config(rc.base_config, []).data.path)[0]
     inputs = [rc.tasks, *(f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx"))]

@@ -18,6 +18,10 @@ import sys
 from pathlib import Path
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.loader import parse_blend
+from setdiff_mega.eval import sweep
+from setdiff_mega.eval.sweep import load_run_config
+from setdiff_mega.outputs import claim_output_dir, either, read_marker
 
 
 def main(argv=None) -> int:
@@ -27,7 +31,6 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="list the runs and exit")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals")
     args = p.parse_args(argv)
-    from setdiff_mega.eval import sweep
 
     grid = sweep.load_grid(args.grid)
     runs = sweep.expand(grid)
@@ -75,10 +78,6 @@ def main(argv=None) -> int:
 def claim_out_dir(grid, grid_file: str) -> None:
     """The grid's out_dir continues this sweep's earlier output, or is new; it never holds an input (the grid,
     its base config, its data) and is never a directory another tool or a person made."""
-    from setdiff_mega.data.loader import parse_blend
-    from setdiff_mega.eval.sweep import load_run_config
-    from setdiff_mega.outputs import claim_output_dir, either, read_marker
-
     data = parse_blend(load_run_config(grid).data.path)[0]
     inputs = [grid_file, grid.base_config, *(f"{p}{ext}" for p in data for ext in (".bin", ".idx"))]
     mine = lambda d: (read_marker(d) or {}).get("tool") == "sweep" and read_marker(d).get("grid") == grid.name

@@ -13,9 +13,13 @@ adopted tokenizers) and prints the special ids. An existing OUT/tokenizer.json i
 import argparse
 import json
 import sys
+from itertools import islice
 from pathlib import Path
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.preprocess import expand_inputs, plan_units, read_unit
+from setdiff_mega.data.tokenizer import Tokenizer, roles_path
+from setdiff_mega.outputs import check_output_file
 
 
 def main(argv=None) -> int:
@@ -34,11 +38,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT/tokenizer.json")
     args = p.parse_args(argv)
-    from itertools import islice
-
-    from setdiff_mega.data.preprocess import expand_inputs, plan_units, read_unit
-    from setdiff_mega.data.tokenizer import Tokenizer, roles_path
-    from setdiff_mega.outputs import check_output_file
 
     out = Path(args.out)
     inputs = [*(args.input or []), args.from_tokenizer,

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from setdiff_mega import methods
 from setdiff_mega.decoding.base import GenerationConfig
@@ -29,6 +30,7 @@ from setdiff_mega.outputs import (
     check_not_input,
     check_output_dir,
     is_nonempty_dir,
+    marked_by,
     staged_dir,
     usual_mode,
 )
@@ -46,8 +48,6 @@ TO_HF = "convert_checkpoint to-hf"
 
 def _is_export(d: Path) -> bool:
     """A previous output of ``to-hf`` (its marker, or an export written before markers existed)."""
-    from setdiff_mega.outputs import marked_by
-
     try:
         return marked_by(TO_HF)(d) or hf.is_hf_export(d)
     except CheckpointError:
@@ -71,8 +71,6 @@ def export(checkpoint: str | Path, out_dir: str | Path, weights: str | None = No
 
 
 def _write_export(tmp: Path, model, tok, cfg, state: dict, ck: Path, dtype: str) -> None:
-    from safetensors.torch import save_file
-
     name, torch_dtype = DTYPES[dtype]
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in hf.native_to_hf(model.state_dict(), cfg.model).items()}
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "producer": "setdiff-mega"})

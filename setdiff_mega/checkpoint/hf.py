@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
+from setdiff_mega.config import from_dict, to_dict
+from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.hfmodel.integrity import verify_checksums, write_checksums
 
 from .io import CheckpointError
@@ -148,8 +152,6 @@ def hf_to_native(weights: dict, template: dict, mc, source: str) -> dict:
 
 
 def hf_config(cfg, tok, padded_vocab: int) -> dict:
-    from setdiff_mega.config import to_dict
-
     mc, oc = cfg.model, cfg.objective
     return {
         "architectures": ["SetDLMForDiffusionLM"], "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
@@ -197,12 +199,6 @@ def check_checksums(path: str | Path) -> None:
 def read_export(path: str | Path):
     """(RunConfig, Tokenizer, weights) of an exported directory (structure only: :func:`load_into` checks the
     shapes, :func:`check_checksums` the contents)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from setdiff_mega.config import from_dict
-    from setdiff_mega.data.tokenizer import Tokenizer
-
     p = Path(path)
     meta = json.loads((p / "config.json").read_text())
     if not meta.get("setdiff_mega"):

@@ -30,6 +30,8 @@ import os
 import shutil
 from pathlib import Path
 
+from setdiff_mega.data.indexed import sha256_file
+
 FORMAT = "setdiff-mega/ckpt-v2"
 STEP_GLOB = "step_???????"
 
@@ -83,8 +85,6 @@ def file_sizes(root: Path) -> dict:
 
 
 def file_digests(root: Path) -> dict:
-    from setdiff_mega.data.indexed import sha256_file
-
     return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
@@ -158,8 +158,6 @@ def read_state(ck: Path, verify: bool = True) -> dict:
                 raise CheckpointError(f"checkpoint file '{q}' is truncated or modified: {actual} bytes, "
                                       f"{size} when saved; copy it again or use an earlier checkpoint")
         if state.get("sha256"):
-            from setdiff_mega.data.indexed import sha256_file
-
             for rel, digest in state["sha256"].items():
                 if sha256_file(ck / rel) != digest:
                     raise CheckpointError(f"checkpoint file '{ck / rel}' does not match the SHA-256 recorded when it "

@@ -21,6 +21,7 @@ sample index), RNGs. Which checkpoint a run continues, and the run directory's l
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import signal
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from setdiff_mega import methods
@@ -49,8 +51,6 @@ def _world() -> tuple[int, int]:
 
 def _die() -> None:
     """SIGKILL this rank and its helper processes (what a node failure or ``kill -9`` of the job does)."""
-    import multiprocessing
-
     for child in multiprocessing.active_children():
         child.kill()
     os.kill(os.getpid(), signal.SIGKILL)
@@ -111,8 +111,6 @@ class Checkpointer:
         start_writer_service()
         self.async_queue = None
         if cfg.train.async_save:
-            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
             self.async_queue = AsyncCallsQueue()      # one forked writer per save: a snapshot of the tensors
         self._in_flight: dict = {}                    # async call index -> (step, checkpoint path)
 

@@ -9,29 +9,34 @@ importer and tests use it.
 """
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
 
-from .io import CheckpointError, prepare_staging, publish, resolve_checkpoint, staging_dir
+from setdiff_mega.build import model_for, objective_for, vocab_for
+from setdiff_mega.config import ConfigError, dump_yaml, load_config
+from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.parallel import initialize
+
+from . import hf
+from .io import CheckpointError, latest_checkpoint, prepare_staging, publish, resolve_checkpoint, staging_dir
+from .sharded import has_ema, load_sharded, save_sharded
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
 
 def _rank() -> int:
-    import torch.distributed as dist
-
     return dist.get_rank() if dist.is_initialized() else 0
 
 
 def checkpoint_config(ck: Path):
-    from setdiff_mega.config import ConfigError, load_config
-
     try:
         return load_config(ck / "config.yaml", check=False)
     except (ConfigError, FileNotFoundError) as e:
@@ -39,8 +44,6 @@ def checkpoint_config(ck: Path):
 
 
 def checkpoint_tokenizer(ck: Path):
-    from setdiff_mega.data.tokenizer import Tokenizer
-
     try:
         return Tokenizer.from_file(ck / "tokenizer.json")
     except (FileNotFoundError, ValueError) as e:
@@ -61,8 +64,6 @@ def check_model_config(saved, wanted, source: str) -> None:
 
 def load_weights(model, path: str | Path, model_config=None) -> Path:
     """Collective: load a native checkpoint's weights into ``model`` (any TP / PP layout); returns its dir."""
-    from .sharded import load_sharded
-
     ck, _ = resolve_checkpoint(path)
     if model_config is not None:
         check_model_config(checkpoint_config(ck).model, model_config, f"checkpoint '{ck}'")
@@ -72,9 +73,6 @@ def load_weights(model, path: str | Path, model_config=None) -> Path:
 
 def layout_state() -> dict:
     """This process group's parallel layout, as recorded in state.json."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
     return {"world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
             "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
@@ -93,8 +91,6 @@ def staged_save(save_dir: str | Path, step: int, write_shards, config, tokenizer
     by ``async_queue.maybe_finalize_async_calls`` once every rank's writer is done. Until then only the
     staging directory exists, so a crash never publishes a partial checkpoint. Returns the path the
     checkpoint has (or will have once published)."""
-    from setdiff_mega.config import dump_yaml
-
     tmp = prepare_staging(save_dir, step) if _rank() == 0 else staging_dir(save_dir, step)
     _barrier()
     with _write_errors(tmp, step):
@@ -149,9 +145,6 @@ class _write_errors:
         os_error = _os_error(e) if e is not None and not isinstance(e, CheckpointError) else None
         if os_error is None:
             return False
-        import shutil
-
-        from .io import latest_checkpoint
 
         shutil.rmtree(self.tmp, ignore_errors=True)
         prev = latest_checkpoint(self.tmp.parent)
@@ -166,8 +159,6 @@ class _write_errors:
 def save_model_checkpoint(save_dir: str | Path, step: int, model, config, tokenizer,
                           state: dict | None = None, keep_last: int = 0) -> Path:
     """Collective: a weights-only native checkpoint of ``model`` (published like a training checkpoint)."""
-    from .sharded import save_sharded
-
     return staged_save(save_dir, step, lambda tmp: save_sharded(tmp / "dist", model), config, tokenizer,
                        {"kind": "weights", **(state or {})}, keep_last)
 
@@ -180,13 +171,6 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
     the EMA when the checkpoint has one (``model.weights_kind`` says which were loaded; an export holds the
     weights it was written with).
     """
-    import dataclasses
-
-    from setdiff_mega.build import model_for, objective_for, vocab_for
-    from setdiff_mega.parallel import initialize
-
-    from . import hf
-
     if weights not in (None, "ema", "raw"):
         raise ValueError(f"weights={weights!r}: choose ema or raw")
     p = Path(path)
@@ -210,8 +194,6 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
         if model_overrides:
             cfg.model = dataclasses.replace(cfg.model, **model_overrides)
         model = model_for(cfg, vocab_for(cfg, tok))
-        from .sharded import has_ema, load_sharded
-
         kind = weights or ("ema" if has_ema(ck / "dist") else "raw")
         load_sharded(ck / "dist", model, weights=kind)
     model.weights_kind = kind

@@ -20,6 +20,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import torch.distributed as dist
+
 from setdiff_mega.outputs import OutputError, RunLock
 
 from .io import (
@@ -102,8 +104,6 @@ def _decide(cfg) -> tuple[RunLock, tuple | None]:
 def claim(cfg, rank: int) -> tuple[RunLock | None, tuple | None]:
     """Collective: (rank 0's lock or None, the checkpoint this run continues or None); the same one-line
     error on every rank when the directory may not be used."""
-    import torch.distributed as dist
-
     lock = found = error = None
     if rank == 0:
         try:

@@ -19,9 +19,19 @@ from inside torch.distributed.checkpoint.
 from __future__ import annotations
 
 import itertools
+import multiprocessing as mp
+import os
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 
 import torch
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map, optim_state_to_sharding_state
+from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+from megatron.core.dist_checkpointing.validation import StrictHandling
+
+from setdiff_mega.lifeline import tie_forks_to_parent, tie_to_parent
 
 from .io import CheckpointError
 
@@ -30,8 +40,6 @@ EMA_PREFIX = "ema."                     # keys of the weights' EMA (setdiff_mega
 
 def has_ema(path) -> bool:
     """Whether the distributed checkpoint at ``path`` holds EMA tensors."""
-    from megatron.core import dist_checkpointing
-
     return any(k.startswith(EMA_PREFIX) for k in dist_checkpointing.load_tensors_metadata(str(path)))
 
 
@@ -49,11 +57,6 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def optimizer_sharded_state_dict(optimizer: torch.optim.Optimizer, model_ssd: dict) -> dict:
     """The optimizer's state dict with every per-parameter tensor sharded like its parameter."""
-    from megatron.core.dist_checkpointing.optimizer import (
-        get_param_id_to_sharded_param_map,
-        optim_state_to_sharding_state,
-    )
-
     osd = optimizer.state_dict()
     steps = {float(s["step"]) for s in osd["state"].values() if "step" in s}
     if len(steps) > 1:
@@ -68,8 +71,6 @@ def optimizer_sharded_state_dict(optimizer: torch.optim.Optimizer, model_ssd: di
 def _tensor_shapes(ssd) -> dict:
     """key -> global shape of every ShardedTensor in ``ssd`` (factories, e.g. SwiGLU's split fc1 under TP,
     are built to see the tensors they will write)."""
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
-
     out = {}
     stack = [ssd]
     while stack:
@@ -89,8 +90,6 @@ def check_compatible(ssd: dict, path: Path, what: str = "model", complete: bool 
     """Raise a CheckpointError naming the tensor when the checkpoint at ``path`` cannot fill ``ssd``
     or (``complete``: ``ssd`` is a whole model, not one pipeline stage) holds weights it would ignore.
     ``prefix``: the keys ``ssd`` asks for (``ema.``: the weights' EMA); other prefixes are not weights."""
-    from megatron.core import dist_checkpointing
-
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"'{path}' is not a complete distributed checkpoint (no '.metadata' file)")
     try:
@@ -137,14 +136,6 @@ def start_writer_service() -> None:
     the tracker's pipe open. Also moves the ~2 s start-up out of the first save.
     Tied to megatron-core 0.16.1's ``filesystem_async._results_queue``; a no-op when that moves.
     """
-    import multiprocessing as mp
-    import os
-    from multiprocessing.managers import SyncManager
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
-
-    from setdiff_mega.lifeline import tie_forks_to_parent, tie_to_parent
-
     tie_forks_to_parent()
     if not hasattr(fa, "_results_queue") or fa._results_queue is not None:
         return
@@ -158,8 +149,6 @@ def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
     """Collective: write ``model`` (and ``optimizer``, and the weights' EMA) shards of every rank into ``path``.
     ``asynchronous``: return megatron-core's AsyncRequest instead (nothing written yet; scheduled on an
     ``AsyncCallsQueue``, its writer process forks with a snapshot of the tensors, so training may go on)."""
-    from megatron.core import dist_checkpointing
-
     path.mkdir(parents=True, exist_ok=True)
     ssd = {"model": model.sharded_state_dict()}
     if optimizer is not None:
@@ -172,9 +161,6 @@ def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
 def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, weights: str = "raw") -> None:
     """Collective: fill this rank's shards of ``model`` (and ``optimizer``) from ``path``; ``weights="ema"``
     loads the checkpoint's EMA into the model instead of its raw weights."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.validation import StrictHandling
-
     if weights == "ema" and optimizer is not None:
         raise ValueError("the optimizer state belongs to the raw weights: load it with weights='raw'")
     prefix = EMA_PREFIX if weights == "ema" else ""
@@ -214,9 +200,6 @@ def _strip(tree: dict, prefix: str) -> dict:
 
 def load_ema(path: Path, ema) -> None:
     """Collective: fill the training EMA (:class:`setdiff_mega.training.ema.EMA`) from ``path``."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.validation import StrictHandling
-
     ssd, leaves = ema.sharded_state_dict()
     check_compatible(ssd, path, "EMA", complete=False, prefix=EMA_PREFIX)
     try:

@@ -27,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import megatron.core
 import torch
+from megatron.core.tensor_parallel import layers
+from megatron.core.tensor_parallel import random as mrandom
 from torch.overrides import TorchFunctionMode
 
 SUPPORTED_MCORE = "0.16.1"
@@ -55,16 +58,13 @@ class _CudaToCpuMode(TorchFunctionMode):
 
 def check_targets() -> None:
     """Raise if the megatron-core symbols this shim patches are missing (e.g. after an upgrade)."""
-    import megatron.core
-    from megatron.core.tensor_parallel import random as mrandom
-
     missing = [n for n in ("CudaRNGStatesTracker", "_MODEL_PARALLEL_RNG_TRACKER_NAME", "get_cuda_rng_tracker",
                            "_get_cuda_rng_state", "_set_cuda_rng_state") if not hasattr(mrandom, n)]
     if missing:
         raise RuntimeError(
             f"setdiff_mega's CPU shim targets megatron-core {SUPPORTED_MCORE}, but "
             f"megatron.core.tensor_parallel.random lacks {missing} (installed: {megatron.core.__version__}). "
-            f"Install megatron-core=={SUPPORTED_MCORE} or update setdiff_mega/model/mcore_cpu.py.")
+            f"Install megatron-core=={SUPPORTED_MCORE} or update setdiff_mega/compat/mcore_cpu.py.")
 
 
 def is_applied() -> bool:
@@ -79,8 +79,6 @@ def apply() -> bool:
         if _STATE["applied"]:
             return True
         check_targets()
-        from megatron.core.tensor_parallel import random as mrandom
-
         base = mrandom.CudaRNGStatesTracker
 
         class CpuRNGStatesTracker(base):
@@ -121,8 +119,6 @@ def apply() -> bool:
         torch.cuda.manual_seed = lambda seed: None
         torch.cuda.manual_seed_all = lambda seed: None
         torch.cuda.synchronize = lambda *a, **k: None
-        from megatron.core.tensor_parallel import layers
-
         for cls in (layers.LinearWithGradAccumulationAndAsyncCommunication, layers.LinearWithFrozenWeight):
             _cpu_autocast_backward(cls)
         _STATE.update(applied=True)

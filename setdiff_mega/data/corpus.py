@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .indexed import DataError
+from .records import as_text, document, utf8_error
 
 NAMES = ["Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Kara", "Leo",
          "Maya", "Noah", "Olive", "Paul", "Quinn", "Rosa", "Sam", "Tara", "Uma", "Victor", "Wendy", "Yara"]
@@ -196,8 +197,6 @@ def split_heldout(docs: list[dict], per_task: int) -> tuple[dict, list[dict]]:
 def read_documents(path: str | Path, json_key: str = "text") -> Iterator[str]:
     """Yield documents from a .jsonl (field ``json_key``; the value rules of :mod:`.records`, a list of
     sentences concatenated) or plain-text file (blank-line separated); errors name the file and line."""
-    from .records import as_text, document, utf8_error
-
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"input file '{p}' does not exist")

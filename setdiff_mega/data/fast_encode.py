@@ -38,7 +38,7 @@ class FastEncoder:
         self.pattern = None
         self.special = None
         if self.enabled:
-            import regex
+            import regex  # gated: the exact encoder runs only where `regex` imports (_eligible)
 
             self.pattern = regex.compile(_GPT2_PATTERN)
             added = [t.content for t in tokenizer.hf.get_added_tokens_decoder().values()]

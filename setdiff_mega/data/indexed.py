@@ -19,10 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import torch
+from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType, IndexedDataset, IndexedDatasetBuilder
+
+from setdiff_mega.outputs import OutputError, check_output_file
 
 MANIFEST_FORMAT = "setdiff-mega/indexed-v1"
 
@@ -50,9 +55,6 @@ def manifest_path(prefix: str | Path) -> Path:
 def write_indexed(prefix: str | Path, documents: Iterable[list[int]], vocab_size: int,
                   tokenizer_info: dict | None = None) -> dict:
     """Write token documents to ``prefix.bin/.idx`` atomically and return the manifest."""
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(f"{prefix}.tmp-{os.getpid()}")
@@ -96,8 +98,6 @@ def check_output_prefix(prefix: str | Path, inputs=(), overwrite: bool = False, 
     """Before any work: ``prefix.bin/.idx/.manifest.json`` may not be an input, ``prefix`` not a directory
     nor under a file, and an existing dataset there is replaced only with ``overwrite`` and only when this
     project's preprocessing wrote it (its manifest); a .bin/.idx pair from anywhere else is never replaced."""
-    from setdiff_mega.outputs import OutputError, check_output_file
-
     o = Path(prefix)
     if o.is_dir():
         raise OutputError(f"{flag} '{prefix}' is a directory; give a file prefix inside it, e.g. '{o / 'corpus'}'")
@@ -137,10 +137,6 @@ def check_index_header(prefix: str | Path) -> None:
     """The ``.idx`` is a complete megatron-core index: magic, version 1, a known dtype code, and the size
     its counts imply (header 34 bytes + int32 lengths and int64 pointers per sequence + int64 document
     offsets). Checked before megatron-core opens the file, whose failures end in a traceback of its own."""
-    import struct
-
-    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
-
     f = Path(f"{prefix}.idx")
     fix = "regenerate the dataset with tools/preprocess_data.py"
     with open(f, "rb") as fh:
@@ -177,8 +173,6 @@ def check_dataset(prefix: str | Path, vocab_size: int | None = None, verify_hash
     """Validate a dataset prefix; returns {num_documents, num_tokens, max_token_id, manifest}.
 
     ``tokenizer``: also check that the data was made with it (see :func:`check_tokenizer`)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
     prefix = Path(prefix)
     for ext in (".bin", ".idx"):
         if not Path(f"{prefix}{ext}").is_file():
@@ -265,5 +259,6 @@ class DataWatch:
                                 f"checkpoint")
 
 
-__all__ = ["DataError", "DataWatch", "sha256_file", "write_indexed", "check_output_prefix", "write_manifest", "check_dataset", "check_tokenizer",
-           "check_matches", "check_index_header", "read_manifest", "manifest_path", "token_dtype"]
+__all__ = ["DataError", "DataWatch", "sha256_file", "write_indexed", "check_output_prefix", "write_manifest",
+           "check_dataset", "check_tokenizer", "check_matches", "check_index_header", "read_manifest", "manifest_path",
+           "token_dtype"]

@@ -26,6 +26,17 @@ import hashlib
 import json
 import os
 from pathlib import Path
+
+import numpy as np
+import torch.distributed as dist
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.blended_megatron_dataset_config import (
+    convert_split_vector_to_split_matrix,
+    parse_and_normalize_split,
+)
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+
 from .batch import batches
 from .indexed import DataError, check_dataset, sha256_file
 
@@ -51,14 +62,6 @@ def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
 def split_sizes(prefix: str, split: str) -> list[tuple[int, int, int] | None]:
     """Per split (train, valid, test): (documents, tokens, of documents in all) exactly as megatron-core
     assigns them (its split matrix and rounding over the ``.idx`` sequences), None for a weight-0 split."""
-    from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix,
-        parse_and_normalize_split,
-    )
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    import numpy as np
-
     ds = IndexedDataset(str(prefix), mmap=True)
     lengths = np.array(ds.sequence_lengths, dtype=np.int64)      # a copy: the map closes with ``ds``
     del ds
@@ -128,9 +131,6 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
     checked first (``check_dataset``): its vocabulary and, with ``check_tokenizer``, that it was made with
     ``tokenizer``; then every ``needed`` split must hold one length-``seq_length`` sample.
     """
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
     prefixes, weights = parse_blend(prefix)
     n_tokens = sum(check_dataset(p, tokenizer.vocab_size, tokenizer=tokenizer if check_tokenizer else None)
                    ["num_tokens"] for p in prefixes)
@@ -143,7 +143,6 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
         path_to_cache=cache, mid_level_dataset_surplus=0.005)
     for i in skip:                           # read by nobody, and megatron-core would loop on it forever
         cfg.split_matrix[i] = None
-    import torch.distributed as dist
 
     def build():
         return BlendedMegatronDatasetBuilder(GPTDataset, list(num_samples), lambda: True, cfg).build()

@@ -12,11 +12,11 @@ Output directory layout (``out``):
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 from .corpus import CORPUS_VERSION, corpus_counts, embedded_corpus, read_documents, split_heldout, write_jsonl
+from .fast_encode import FastEncoder
 from .indexed import DataError, write_indexed
 from .tokenizer import Tokenizer
 
@@ -24,8 +24,6 @@ from .tokenizer import Tokenizer
 def encode_documents(tokenizer: Tokenizer, texts: list[str], add_bos: bool = True, add_eos: bool = True,
                      batch: int = 1024):
     """Yield token lists ([BOS] ids [EOS]) with the exact fast encoder (or batched encoding)."""
-    from .fast_encode import FastEncoder
-
     enc = FastEncoder(tokenizer)
     for s in range(0, len(texts), batch):
         chunk = texts[s:s + batch]

@@ -28,19 +28,28 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from tqdm import tqdm
 
+from .corpus import read_documents
+from .fast_encode import FastEncoder
 from .indexed import (
     MANIFEST_FORMAT,
     DataError,
+    check_dataset,
     check_output_prefix,
     manifest_path,
+    read_manifest,
     sha256_file,
     token_dtype,
     write_manifest,
 )
+from .records import document, line_of, utf8_error
+from .tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -103,13 +112,13 @@ def plan_units(paths: list[str], unit_bytes: int = 8 << 20, unit_rows: int = 200
             for a, b in zip(cuts, cuts[1:]):
                 units.append(WorkUnit(len(units), path, kind, a, b, b - a))
         elif kind == "parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # gated: parquet inputs only (pyarrow costs a second of start-up)
 
             pf = pq.ParquetFile(path)
             for g in range(pf.num_row_groups):
                 units.append(WorkUnit(len(units), path, kind, g, g + 1, pf.metadata.row_group(g).total_byte_size))
         elif kind == "hfdisk":
-            from datasets import load_from_disk
+            from datasets import load_from_disk  # gated: datasets directories only (slow to import)
 
             ds = load_from_disk(path)
             if hasattr(ds, "keys"):
@@ -124,8 +133,6 @@ def plan_units(paths: list[str], unit_bytes: int = 8 << 20, unit_rows: int = 200
 
 def read_unit(unit: WorkUnit, keys: list[str]):
     """Yield the documents of one work unit: strings, or lists of sentences (:mod:`.records`)."""
-    from .records import document, line_of, utf8_error
-
     if unit.kind == "jsonl":
         with open(unit.path, "rb") as f:
             f.seek(unit.start)
@@ -145,13 +152,13 @@ def read_unit(unit: WorkUnit, keys: list[str]):
             yield document(rec, keys, where)
     elif unit.kind in ("parquet", "hfdisk"):
         if unit.kind == "parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # gated: parquet inputs only
 
             table = pq.ParquetFile(unit.path).read_row_group(unit.start)
             names, column = table.column_names, lambda k: table.column(k).to_pylist()
             label, first_row = f"{unit.path} (row group {unit.start}, row", 0
         else:
-            from datasets import load_from_disk
+            from datasets import load_from_disk  # gated: datasets directories only (slow to import)
 
             part = load_from_disk(unit.path).select(range(unit.start, unit.stop))
             names, column = part.column_names, lambda k: part[k]
@@ -163,8 +170,6 @@ def read_unit(unit: WorkUnit, keys: list[str]):
         for i, row in enumerate(zip(*[column(k) for k in keys])):
             yield document(dict(zip(keys, row)), keys, lambda i=i: f"{label} {first_row + i})")
     else:
-        from .corpus import read_documents
-
         yield from read_documents(unit.path)
 
 
@@ -184,9 +189,6 @@ _WORKER: dict = {}
 def _init_worker(tokenizer_path: str, threads: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     os.environ["RAYON_NUM_THREADS"] = str(max(1, threads))
-    from .fast_encode import FastEncoder
-    from .tokenizer import Tokenizer
-
     _WORKER["tok"] = Tokenizer.from_file(tokenizer_path)
     _WORKER["enc"] = FastEncoder(_WORKER["tok"])
 
@@ -194,7 +196,6 @@ def _init_worker(tokenizer_path: str, threads: int) -> None:
 def encode_unit(args) -> dict:
     """Worker: tokenize one unit in batches and write its shard; returns counts."""
     unit, keys, shard_prefix, batch, prepend_bos, append_eod = args
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tok, enc = _WORKER["tok"], _WORKER["enc"]
     dtype = token_dtype(tok.vocab_size)
@@ -259,10 +260,6 @@ def _staging(out: Path) -> Path:
 
 def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int, progress: bool) -> tuple:
     """Run :func:`encode_unit` over ``jobs`` (in a fork pool when workers > 1); -> (documents, tokens)."""
-    from multiprocessing import get_context
-
-    from tqdm import tqdm
-
     t0 = time.perf_counter()
     docs = toks = done_bytes = 0
     bar = tqdm(total=total_bytes or len(jobs), unit="B", unit_scale=True, desc="tokenize", disable=not progress)
@@ -273,8 +270,6 @@ def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int,
             results = map(encode_unit, jobs)
         else:
             # imported once here, before the fork, instead of once per worker (seconds each at start-up)
-            import megatron.core.datasets.indexed_dataset  # noqa: F401
-
             pool = get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, 1))
             results = pool.imap_unordered(encode_unit, jobs)
         for r in results:
@@ -295,8 +290,6 @@ def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int,
 
 def _merge_shards(tmp: Path, units: list, dtype, out: Path) -> None:
     """The worker shards, in unit order, -> ``<out>.bin/.idx`` (renamed into place)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
     builder = IndexedDatasetBuilder(str(tmp / "merged.bin"), dtype=dtype)
     gc.freeze()          # add_index runs gc.collect() per shard; frozen objects make that cheap
     try:
@@ -321,8 +314,6 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
     ``shard=(i, n)`` processes only the i-th of n contiguous slices of the work units (for several
     machines); :func:`merge` then joins the n outputs in order into the same dataset one run would give.
     """
-    from .tokenizer import Tokenizer
-
     tok = Tokenizer.from_file(tokenizer_path)
     paths = expand_inputs(list(inputs))
     check_output_prefix(output_prefix, [*paths, tokenizer_path], overwrite)
@@ -366,10 +357,6 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, js
 def merge(prefixes: list[str], output_prefix: str, log=print, overwrite: bool = False) -> dict:
     """Join datasets (e.g. the shards of one preprocessing run) in order into ``output_prefix`` (the same
     output rules as :func:`preprocess`; the output is never one of the inputs)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, IndexedDataset
-
-    from .indexed import check_dataset, read_manifest
-
     if not prefixes:
         raise DataError("nothing to merge: pass the dataset prefixes to join")
     check_output_prefix(output_prefix, [f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx", ".manifest.json")],

@@ -2,9 +2,9 @@
 
 Special tokens: ``<|bos|>``, ``<|eos|>`` (also the end-of-document token, ``eod``), ``<|pad|>`` and
 ``<|mask|>`` (the diffusion MASK class; never a target). An existing tokenizer.json can be adopted
-(:meth:`Tokenizer.adopt`): missing role tokens are added and the roles recorded in a sidecar. Byte-level means every string round-trips:
-``decode(encode(s)) == s``. The object also satisfies megatron-core's dataset-tokenizer duck type
-(``vocab_size``, ``eod``, ``pad``, ``unique_identifiers``).
+(:meth:`Tokenizer.adopt`): missing role tokens are added and the roles recorded in a sidecar. Byte-level
+means every string round-trips: ``decode(encode(s)) == s``. The object also satisfies megatron-core's
+dataset-tokenizer duck type (``vocab_size``, ``eod``, ``pad``, ``unique_identifiers``).
 """
 from __future__ import annotations
 

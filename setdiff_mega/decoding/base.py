@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from .stopping import StopCriteria
+
 
 @dataclass
 class GenerationConfig:
@@ -222,8 +224,6 @@ class DecodeState:
     """
 
     def __init__(self, canvas: Canvas, cfg: GenerationConfig, eos_id: int, mask_id: int, tokenizer=None):
-        from .stopping import StopCriteria
-
         self.canvas, self.cfg, self.eos_id = canvas, cfg, eos_id
         self.tokens = canvas.tokens.clone()
         self.masked = canvas.generate.clone()

@@ -35,6 +35,10 @@ from pathlib import Path
 from setdiff_mega import methods
 from setdiff_mega.diffusion.bd3lm import BD3LM
 from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.inference.options import generation_config
+
+from .likelihood import split_nll
+from .tasks import math_accuracy, story_infill
 
 _FIELD = {"D": "objective.D", "block_size": "objective.block_size", "fim_rate": "objective.fim_rate",
           "seed": "train.seed", "zero_init_head": "model.zero_init_head"}
@@ -109,10 +113,6 @@ def settings(m: dict, taus: list) -> list[dict]:
 def math_points(m: dict, loaded: tuple, rows: list[dict], taus: list, max_new_tokens: int, batch_size: int,
                 progress=None) -> list[dict]:
     """``loaded``: (model, objective, tokenizer, config) from :func:`setdiff_mega.checkpoint.load_model`."""
-    from setdiff_mega.inference.options import generation_config
-
-    from .tasks import math_accuracy
-
     model, objective, tok, cfg = loaded
     L, out = cfg.data.seq_length, []
     for s in settings(m, taus):
@@ -141,10 +141,6 @@ def infill_windows(m: dict) -> list:
 def infill_rows(m: dict, loaded: tuple, task_rows: dict, batch_size: int) -> list[dict]:
     """Both sides (not for AR; one row per window of :func:`infill_windows`) and left only (the preset), for
     every infilling task in ``task_rows`` {task: rows}."""
-    from setdiff_mega.inference.options import generation_config
-
-    from .tasks import story_infill
-
     model, objective, tok, cfg = loaded
     L = cfg.data.seq_length
     rec = methods.get(m["objective"])
@@ -163,8 +159,6 @@ def infill_rows(m: dict, loaded: tuple, task_rows: dict, batch_size: int) -> lis
 
 
 def likelihood_rows(m: dict, loaded: tuple, sequences: int, orders: int) -> dict:
-    from .likelihood import split_nll
-
     model, objective, tok, cfg = loaded
     r = split_nll(model, objective, tok, cfg, None, sequences, orders)
     estimator = methods.get(m["objective"]).likelihood

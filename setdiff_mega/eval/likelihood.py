@@ -17,12 +17,14 @@ the sample index). All scores use fp32 log-softmax with the MASK class excluded.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
 from setdiff_mega import methods
-from setdiff_mega.data.batch import Batch
+from setdiff_mega.data.batch import Batch, collate
+from setdiff_mega.data.loader import build_splits, wrap_ids
 from setdiff_mega.diffusion import build_objective, inputs_for
 from setdiff_mega.diffusion.objectives import masked_token_nll
 
@@ -42,8 +44,6 @@ def sequence_nll(model, objective, tokens: torch.Tensor, context: torch.Tensor |
                  autocast=None, greedy: bool = False) -> dict:
     """{'nll': [B], 'count': [B], 'nll_lme': [B]} in float64 (see the module docstring); with ``greedy``,
     also 'greedy' [B] (bool): every scored token is the argmax of its prediction in the first draw."""
-    import contextlib
-
     obj = elbo_objective(objective)
     B, L = tokens.shape
     row_ids = list(range(B)) if row_ids is None else list(row_ids)
@@ -129,9 +129,6 @@ def split_nll(model, objective, tok, cfg, path: str | None = None, max_sequences
               seed: int = 0, batch_size: int = 8, split: str = "valid", progress=None) -> dict:
     """NLL on a split of an indexed dataset (default: the checkpoint's data, split and seed), each sample
     wrapped like the checkpoint's training samples."""
-    from setdiff_mega.data.batch import collate
-    from setdiff_mega.data.loader import build_splits, wrap_ids
-
     path = path or cfg.data.path
     n = max_sequences
     splits = dict(zip(("train", "valid", "test"), build_splits(path, tok, cfg.data.seq_length, cfg.data.split,

@@ -26,9 +26,15 @@ The harness is an optional extra (``pip install -e .[eval]``); this module impor
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from setdiff_mega import methods
+from setdiff_mega.checkpoint import load_model
+from setdiff_mega.inference import generate
+from setdiff_mega.inference.engine import decoding_model
+from setdiff_mega.inference.options import generation_config
 
 from .likelihood import chunk_documents, pad_batch, sequence_nll
 
@@ -46,10 +52,6 @@ class SetDiffLMCore:
 
     def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64, batch_size: int = 8,
                  preset: str | None = None, weights: str | None = None, engine: str = "auto", **generation):
-        from setdiff_mega.checkpoint import load_model
-        from setdiff_mega.inference.engine import decoding_model
-        from setdiff_mega.inference.options import generation_config
-
         self.model, self.objective, self.tok, self.cfg = load_model(checkpoint, weights=weights)
         self.decoder = decoding_model(self.model, self.cfg, self.tok, engine)     # generation; scores: native
         self.L = self.cfg.data.seq_length
@@ -89,10 +91,6 @@ class SetDiffLMCore:
         return out
 
     def generate_until(self, requests: list[tuple[str, dict]]) -> list[str]:
-        from dataclasses import replace
-
-        from setdiff_mega.inference import generate
-
         out = []
         for ctx, kw in requests:
             until = kw.get("until") or []
@@ -114,7 +112,7 @@ class SetDiffLMCore:
 def make_lm_class():
     """The harness model class (created on first use so that importing this module needs no harness)."""
     LM = _base_class()
-    from lm_eval.api.registry import register_model
+    from lm_eval.api.registry import register_model  # gated: the optional [eval] extra
 
     class SetDiffLM(LM):
         """lm-eval model ``setdiff``: model_args ``checkpoint=...,orders=1,seed=0,max_gen_toks=64`` plus any

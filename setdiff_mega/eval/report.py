@@ -17,6 +17,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+import torch
+
 from . import frontier as F
 from .sweep import write_csv
 
@@ -38,8 +40,6 @@ def training_rows(trained: list[dict], steps: int) -> list[dict]:
 
 
 def machine_meta(command: str, wall: float, train_wall: float, from_scratch: float, reused: bool, rc) -> dict:
-    import torch
-
     def git(*a):
         try:
             return subprocess.run(["git", *a], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
@@ -58,7 +58,7 @@ def machine_meta(command: str, wall: float, train_wall: float, from_scratch: flo
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # gated: the backend is chosen before pyplot is imported (headless machines)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -29,11 +29,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
+from setdiff_mega.checkpoint import load_model
 from setdiff_mega.diffusion.ar import AR
 from setdiff_mega.diffusion.bd3lm import BD3LM
 from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.inference.engine import decoding_model
 
 from . import frontier as F
+from . import report as R
+from .tasks import load_task
 
 CPU_OVERRIDES = ["model.zero_init_head=false", "train.ema_decay=0.99", "train.eval_interval=100",
                  "logging.wandb=disabled", "logging.progress=false"]
@@ -102,11 +108,6 @@ def train_all(rc: ReproConfig, log=print) -> tuple[list[dict], list[dict]]:
 
 
 def evaluate_all(rc: ReproConfig, trained: list[dict], log=print, progress=None) -> dict:
-    from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference.engine import decoding_model
-
-    from .tasks import load_task
-
     arith = load_task(rc.tasks, "arith", rc.limit)
     infill_tasks = {t: load_task(rc.tasks, t, rc.infill_limit) for t in ("quests", "stories")}
     points, infill, lik = [], [], []
@@ -177,10 +178,6 @@ def claims(results: dict) -> list[dict]:
 
 def run(rc: ReproConfig, command: str, report_path: str | None, assets: str, log=print) -> dict:
     """Train, evaluate and write the CSVs, plots, ``results.json`` and the report section."""
-    from tqdm import tqdm
-
-    from . import report as R
-
     t0 = time.perf_counter()
     out = Path(rc.out_dir)
     out.mkdir(parents=True, exist_ok=True)

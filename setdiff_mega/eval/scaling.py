@@ -25,6 +25,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from scipy.optimize import minimize, nnls
 
 PARAMS = ("E", "A", "B", "alpha", "beta")
 
@@ -80,8 +81,6 @@ def _objective(theta, logN, logD, logL, delta):
 def _starts(N, D, L, k: int) -> list:
     """Starting points: for each (alpha, beta) on a grid, the law is linear in (E, A, B): solve it by
     non-negative least squares and keep the k best in log space."""
-    from scipy.optimize import nnls
-
     cands = []
     for alpha in np.linspace(0.05, 1.5, 30):
         for beta in np.linspace(0.05, 1.5, 30):
@@ -102,8 +101,6 @@ def _starts(N, D, L, k: int) -> list:
 
 def fit_chinchilla(N, D, L, delta: float = 1e-3, n_starts: int = 8) -> ScalingFit:
     """Fit E, A, B, alpha, beta to losses ``L`` of runs with ``N`` parameters and ``D`` tokens."""
-    from scipy.optimize import minimize
-
     N, D, L = (np.asarray(x, dtype=float) for x in (N, D, L))
     if N.size < 5:
         raise ValueError(f"a 5-parameter scaling law needs at least 5 runs, got {N.size}")

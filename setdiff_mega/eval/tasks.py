@@ -18,9 +18,12 @@ task result also reports tokens/s, NFE (model calls) and tokens per step of the 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
+
+from setdiff_mega.inference import generate
 
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -105,8 +108,6 @@ def _speed(results: list[dict]) -> dict:
 
 def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
                   progress=None) -> dict:
-    from setdiff_mega.inference import generate
-
     prompts = [(r, f"Question: {r['question']}\nAnswer:") for r in rows]
     kept = [(r, q) for r, q in prompts if len(tok.encode(q)) + 2 <= context]    # BOS + at least one new token
     if progress and len(kept) < len(rows):
@@ -131,10 +132,6 @@ INFILL_TASKS = {"stories": ("story_infill", (2, 3)), "quests": ("quest_infill", 
 def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
                  left_only: bool = False, progress=None, task: str = "stories") -> dict:
     """Infill sentences [lo, hi) of each row (``task``: stories = the middle sentence, quests = 2-4)."""
-    import dataclasses
-
-    from setdiff_mega.inference import generate
-
     name, (lo, hi) = INFILL_TASKS[task]
     reqs, refs, spans = [], [], []
     for r in rows:

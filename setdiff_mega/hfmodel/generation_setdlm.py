@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, cached_file
 
 from ..decoding.base import Canvas, GenerationConfig
 from ..decoding.baselines import ARSampler, BD3LMSampler, MDLMSampler
@@ -141,8 +141,6 @@ def defaults(model) -> GenerationConfig:
 
 def read_defaults(path) -> dict | None:
     """``generation_config.json`` of an export (a directory or a hub name), or None."""
-    from transformers.utils import cached_file
-
     try:
         f = cached_file(str(path), GENERATION_FILE, _raise_exceptions_for_missing_entries=False)
     except OSError:

@@ -174,7 +174,7 @@ def default_grid(base: GenerationConfig, windows=(1, 2, 4, 8), taus=(1e6, 0.9, 0
 
 
 def plot_speed_vs_tau(rows: list[BenchRow], path) -> None:
-    import matplotlib
+    import matplotlib  # gated: the backend is chosen before pyplot is imported (headless machines)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

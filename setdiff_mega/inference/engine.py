@@ -16,6 +16,11 @@ from __future__ import annotations
 
 import torch
 
+from setdiff_mega.checkpoint import hf
+from setdiff_mega.hfmodel.configuration_setdlm import SetDLMConfig
+from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
+from setdiff_mega.hfmodel.modeling_setdlm import SetDLMForDiffusionLM
+
 ENGINES = ("auto", "plain", "native")
 
 
@@ -27,11 +32,6 @@ def _unsharded(model) -> bool:
 
 def plain_model(model, cfg, tokenizer):
     """The plain-PyTorch twin of a single-process native model, ready for the samplers."""
-    from setdiff_mega.checkpoint import hf
-    from setdiff_mega.hfmodel.configuration_setdlm import SetDLMConfig
-    from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
-    from setdiff_mega.hfmodel.modeling_setdlm import SetDLMForDiffusionLM
-
     p = next(model.parameters())
     conf = SetDLMConfig(**hf.hf_config(cfg, tokenizer, model.padded_vocab_size))
     twin = SetDLMForDiffusionLM(conf)

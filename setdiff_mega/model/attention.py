@@ -29,8 +29,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state as ps
 from megatron.core.transformer.module import MegatronModule
+
+from setdiff_mega.parallel.context import gather_sequence
 
 
 class SDPACoreAttention(MegatronModule):
@@ -40,7 +44,6 @@ class SDPACoreAttention(MegatronModule):
                  attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
                  cp_comm_type: Optional[str] = None, pg_collection=None, **_unused):
         super().__init__(config=config)
-        from megatron.core import parallel_state as ps
 
         tp = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
         self.heads = config.num_attention_heads // tp
@@ -67,8 +70,6 @@ class SDPACoreAttention(MegatronModule):
                                        enable_gqa=self.heads != self.groups)
             return out.permute(2, 0, 1, 3).reshape(s, b, -1)
         if self.cp > 1:                   # context parallelism: local queries, keys / values of every CP rank
-            from setdiff_mega.parallel.context import gather_sequence
-
             k, v = (gather_sequence(t.permute(2, 0, 1, 3)).permute(1, 2, 0, 3) for t in (k, v))
         pattern = mask_pattern(attention_mask)
         out = self.attend(q, k, v, attention_mask, pattern)
@@ -96,8 +97,6 @@ def lazy_mask(pattern, device):
     """A placeholder for the dense mask of ``pattern`` (an empty tensor carrying the pattern): the core
     attentions that need the dense mask build it once per pattern (:func:`allowed_mask`), the structured
     ones (set-causal decomposition, FlexAttention) never do."""
-    import torch
-
     m = torch.empty(0, dtype=torch.bool, device=device)
     m.attention_pattern = pattern
     return m

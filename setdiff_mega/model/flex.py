@@ -19,21 +19,19 @@ import functools
 import warnings
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
+from torch.nn.attention.flex_attention import flex_attention as eager_flex
 
 from .attention import SDPACoreAttention
 
 
 @functools.cache
 def _compiled_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(eager_flex, dynamic=False)
 
 
 def block_mask_for(pattern, device: torch.device):
     """The FlexAttention BlockMask of ``pattern`` on ``device`` (built once, cached on the pattern)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     key = ("flex_block_mask", str(device))
     if key not in pattern.cache:
         B = None if pattern.key_valid is None else pattern.key_valid.shape[0]
@@ -48,8 +46,6 @@ def block_mask_for(pattern, device: torch.device):
 
 def flex_attention(q, k, v, pattern, scale=None):
     """q [b, h, T_q, d], k / v [b, g, T_k, d] under ``pattern`` (T_q = T_k = T unless a view) -> [b, h, T_q, d]."""
-    from torch.nn.attention.flex_attention import flex_attention as eager_flex
-
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("FlexAttention has no backward on CPU (a PyTorch limitation): train on CPU with "
                            "model.attention_backend=setcausal or sdpa; flex runs forward-only here "

@@ -26,6 +26,7 @@ import dataclasses
 
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.spec_utils import ModuleSpec
 
 
 def hardware_fp8() -> bool:
@@ -50,7 +51,7 @@ class _Float8Matmul:
     """y = x W^T (+ b) through torchao's float8 autograd function (not a module: holds no parameters)."""
 
     def __init__(self, in_features: int, out_features: int, recipe: str):
-        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.float8_linear import Float8Linear  # gated: the optional [fp8] extra
 
         self.config = float8_config(recipe)
         with torch.device("meta"):     # only for its matmul configuration; its meta weight is never used
@@ -58,7 +59,7 @@ class _Float8Matmul:
                                                  config=self.config).linear_mm_config
 
     def __call__(self, input, weight, bias=None):
-        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args  # gated: the [fp8] extra
 
         device = input.device.type
         if torch.is_autocast_enabled(device):
@@ -95,8 +96,6 @@ class Float8RowParallelLinear(_Float8Matmuls, RowParallelLinear):
 
 def float8_linear_specs(spec, recipe: str):
     """Swap the local layer spec's linear layers for the float8 ones, in place."""
-    from megatron.core.transformer.spec_utils import ModuleSpec
-
     float8_config(recipe)          # fail early: torchao missing, or a recipe it does not have
     attn, mlp = spec.submodules.self_attention.submodules, spec.submodules.mlp.submodules
     col = ModuleSpec(module=Float8ColumnParallelLinear, params={"fp8_recipe": recipe})

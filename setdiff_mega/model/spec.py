@@ -23,9 +23,16 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
 from setdiff_mega import backends
+
+from .fp8 import float8_linear_specs
 
 
 class SequenceParallelNorm:
@@ -47,7 +54,6 @@ def block_spec(layer, num_layers: int, sequence_parallel: bool):
     """The TransformerBlock spec: the layer spec, plus a sequence-parallel-capable final norm when needed."""
     if not sequence_parallel:
         return layer
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=SequenceParallelNorm)
 
@@ -88,12 +94,8 @@ def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
     """Return (ModuleSpec, resolved_impl) for one transformer layer."""
     impl = resolve_impl(transformer_impl)
     if impl == "transformer_engine":
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
         spec = get_gpt_layer_with_transformer_engine_spec(normalization=normalization)
     else:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
         spec = get_gpt_layer_local_spec(normalization=normalization)
         if sequence_parallel:
             spec.submodules.input_layernorm = SequenceParallelNorm
@@ -102,8 +104,6 @@ def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
         if impl == "transformer_engine":
             raise ValueError("model.fp8=torchao swaps the local spec's linear layers; with Transformer Engine use "
                              "model.fp8=te (or model.transformer_impl=local)")
-        from .fp8 import float8_linear_specs
-
         float8_linear_specs(spec, fp8_recipe)
     core = core_attention_class(attention_backend)
     if core is not None:

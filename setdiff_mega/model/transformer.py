@@ -32,6 +32,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 from megatron.core.enums import ModelType
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
@@ -41,7 +42,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from setdiff_mega import backends
 
-from .attention import lazy_mask
+from .attention import SDPACoreAttention, lazy_mask
 from .rope import PerSampleRotary
 from .spec import block_spec, layer_spec
 
@@ -127,8 +128,6 @@ class SetDiffusionTransformer(MegatronModule):
     @property
     def lazy_masks(self) -> bool:
         """True if every core attention of this chunk takes a pattern placeholder for the dense mask."""
-        from .attention import SDPACoreAttention
-
         if not hasattr(self, "_lazy_masks"):
             self._lazy_masks = all(isinstance(layer.self_attention.core_attention, SDPACoreAttention)
                                    for layer in self.decoder.layers)
@@ -242,8 +241,6 @@ def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bo
                 post_process: bool | None = None, sequence_parallel: bool = False):
     """Build this rank's part of the model (its TP shard and PP stage, or its V chunks under interleaved
     pipeline parallelism: a :class:`ModelChunks`); mcore's parallel state must be set."""
-    from megatron.core import parallel_state as ps
-
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     vp = ps.get_virtual_pipeline_model_parallel_world_size()

@@ -37,12 +37,13 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+from setdiff_mega.diffusion.masks import MaskPattern
 
 
 def cp_size_rank() -> tuple[int, int]:
     """(CP size, this rank's CP rank) from megatron-core's parallel state ((1, 0) outside it)."""
-    from megatron.core import parallel_state as ps
-
     if not ps.model_parallel_is_initialized():
         return 1, 0
     return ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
@@ -85,8 +86,6 @@ def _padded_mask(mask: torch.Tensor, streams: int, Lp: int) -> torch.Tensor:
 def padded_pattern(pattern, streams: int, Lp: int):
     """``pattern`` over the CP layout's padded streams (each padded at its end to ``Lp``): the padding
     positions are invalid keys (seen by nobody, each sees itself), so the real positions keep their mask."""
-    from setdiff_mega.diffusion.masks import MaskPattern
-
     Ls = pattern.length // streams
     if Lp == Ls:
         return pattern
@@ -160,8 +159,6 @@ class _GatherSequence(torch.autograd.Function):
 
 def gather_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
     """[s_loc, ...] on every CP rank -> [CP x s_loc, ...] in rank order, autograd-correct."""
-    from megatron.core import parallel_state as ps
-
     return _GatherSequence.apply(x, group if group is not None else ps.get_context_parallel_group())
 
 

@@ -22,6 +22,7 @@ import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
 import megatron.core.transformer.transformer_block  # noqa: F401
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 
 from setdiff_mega.compat import mcore_cpu
 
@@ -34,8 +35,6 @@ def _free_port() -> int:
 
 def _child(rank, world, port, fn, args, queue):
     try:
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
 
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
@@ -52,8 +51,6 @@ def _child(rank, world, port, fn, args, queue):
         queue.put((rank, "error", traceback.format_exc()))
     finally:
         try:
-            import torch.distributed as dist
-            from megatron.core import parallel_state as ps
 
             ps.destroy_model_parallel()
             dist.destroy_process_group()

@@ -98,8 +98,6 @@ def is_main_process() -> bool:
 def shutdown() -> None:
     """Destroy mcore's parallel state and the process group (safe to call twice)."""
     try:
-        from megatron.core import parallel_state as ps
-
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
     finally:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import sys
 
+from megatron.core import parallel_state as ps
+
 
 class McoreMPU:
     """DeepSpeed's mpu protocol over megatron.core.parallel_state."""
 
     @staticmethod
     def _ps():
-        from megatron.core import parallel_state as ps
-
         return ps
 
     def get_model_parallel_rank(self):
@@ -50,7 +50,7 @@ class McoreMPU:
 
 def import_deepspeed():
     """Import DeepSpeed without JIT-building its CPU shared-memory comm op."""
-    import deepspeed
+    import deepspeed  # gated: imported only when ZeRO runs (its import costs seconds)
 
     mod = sys.modules.get("deepspeed.comm.torch")
     if mod is not None and hasattr(mod, "build_shm_op"):

@@ -14,14 +14,13 @@ import statistics
 import time
 from pathlib import Path
 
+from setdiff_mega.config import load_config
 from setdiff_mega.parallel.local import run_ranks
+from setdiff_mega.training import train
+from setdiff_mega.training import trainer as T
 
 
 def _train(rank, world, data_dir, save_dir, overrides):
-    from setdiff_mega.config import load_config
-    from setdiff_mega.training import train
-    from setdiff_mega.training import trainer as T
-
     cfg = load_config(None, [f"data.path={data_dir}/corpus", f"train.save_dir={save_dir}", "train.save_interval=0",
                              "train.eval_interval=0", "train.eval_iters=1", "train.log_interval=1",
                              "logging.wandb=disabled", "logging.progress=false", "logging.jsonl=false", *overrides])

@@ -34,8 +34,15 @@ import torch
 import torch.nn.functional as F
 
 from setdiff_mega import backends, methods
+from setdiff_mega.config import ModelConfig
+from setdiff_mega.data.batch import Batch
+from setdiff_mega.diffusion import build_objective, inputs_for
 from setdiff_mega.diffusion.ar import AR
+from setdiff_mega.diffusion.masks import MaskPattern
 from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.model import build_model
+from setdiff_mega.training.flops import flops_terms, peak_flops, processed_positions
+from setdiff_mega.training.step import micro_batch_loss
 
 PRESETS = {
     # GPT-2 medium shape: 24 x 1024, 16 heads, vocab 50304 -> 302M body + 51.5M embedding + 51.5M head
@@ -103,8 +110,6 @@ def time_fn(fn, device, warmup: int, iters: int) -> list[float]:
 
 
 def model_config(preset: str, **overrides):
-    from setdiff_mega.config import ModelConfig
-
     p = dict(PRESETS[preset])
     vocab = p.pop("vocab")
     mc = ModelConfig(**p, vocab_size=vocab, make_vocab_size_divisible_by=128, max_position_embeddings=8192,
@@ -115,12 +120,6 @@ def model_config(preset: str, **overrides):
 def bench_train_step(label, objective_name, backend, fp8, L, preset="350m", tokens_per_step=32768,
                      warmup=3, iters=10, device=None, D=4) -> StepResult:
     """Time one training setting; errors become the row's ``error`` (the benchmark goes on)."""
-    from setdiff_mega.data.batch import Batch
-    from setdiff_mega.diffusion import build_objective, inputs_for
-    from setdiff_mega.model import build_model
-    from setdiff_mega.training.flops import flops_terms, peak_flops, processed_positions
-    from setdiff_mega.training.step import micro_batch_loss
-
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mc = model_config(preset, attention_backend=backend, fp8=fp8, transformer_impl="local")
     obj = build_objective(objective_name, mask_id=mc.vocab_size - 1, D=D)
@@ -185,8 +184,6 @@ def bench_attention(L, batch, heads=16, head_dim=64, warmup=3, iters=20, device=
                     names=None) -> list[AttentionResult]:
     """Forward + backward of set-causal attention over 2L positions vs two causal calls of length L (the
     baseline), each registered backend's kernel, and SDPA with the dense 2L x 2L mask; ``names``: a subset."""
-    from setdiff_mega.diffusion.masks import MaskPattern
-
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(0)
@@ -227,7 +224,7 @@ def bench_attention(L, batch, heads=16, head_dim=64, warmup=3, iters=20, device=
 
 def plot_mfu(rows: list[StepResult], path) -> None:
     """Bar chart of MFU (or processed tokens/s where no peak is known) per setting and length."""
-    import matplotlib
+    import matplotlib  # gated: the backend is chosen before pyplot is imported (headless machines)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -19,9 +19,13 @@ import contextlib
 import dataclasses
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
 from setdiff_mega.checkpoint.sharded import EMA_PREFIX as PREFIX
 from setdiff_mega.checkpoint.sharded import has_ema  # noqa: F401  (re-exported)
+from setdiff_mega.parallel.zero import import_deepspeed
 
 
 def _zero3(p) -> bool:
@@ -29,8 +33,6 @@ def _zero3(p) -> bool:
 
 
 def _dp():
-    from megatron.core import parallel_state as ps
-
     return ps.get_data_parallel_group(), ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
 
 
@@ -56,7 +58,6 @@ class EMA:
     def _full(self, p, shadow: torch.Tensor) -> torch.Tensor:
         if not _zero3(p):
             return shadow
-        import torch.distributed as dist
 
         group, world, _ = _dp()
         parts = [torch.empty_like(shadow) for _ in range(world)]
@@ -77,8 +78,6 @@ class EMA:
     # -- checkpoints ----------------------------------------------------------------------------------
     def sharded_state_dict(self) -> tuple[dict, list]:
         """(ssd with keys ``ema.*`` whose tensors are the EMA, [(ssd leaf, param, shadow)] for loading)."""
-        from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
-
         by_param = {id(p): (p, s) for p, s in zip(self.params, self.shadow)}
         leaves = []
 
@@ -130,10 +129,9 @@ def _gathered_params(params):
     part = [p for p in params if _zero3(p)]
     if not part:
         return contextlib.nullcontext()
-    from setdiff_mega.parallel.zero import import_deepspeed
 
     ds = import_deepspeed()
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # gated: ZeRO-3 only
 
     if all(p.ds_status == ZeroParamStatus.AVAILABLE for p in part):
         return contextlib.nullcontext()

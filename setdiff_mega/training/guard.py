@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 
 class TrainingError(RuntimeError):
@@ -27,8 +28,6 @@ class TrainingError(RuntimeError):
 
 
 def _any_rank(flag: bool) -> bool:
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return flag
     t = torch.tensor([1.0 if flag else 0.0])

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 
@@ -35,7 +37,7 @@ class MetricLogger:
                             dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
         if lc.wandb != "disabled":
             try:
-                import wandb
+                import wandb  # gated: only when logging.wandb is not disabled (slow to import)
 
                 os.environ.setdefault("WANDB_SILENT", "true")
                 self.wandb_run = wandb.init(project=lc.project, name=lc.run_name, mode=lc.wandb,
@@ -43,7 +45,7 @@ class MetricLogger:
             except Exception as e:  # never let experiment tracking kill a training run
                 self.write(f"wandb disabled ({type(e).__name__}: {e})")
         if lc.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # gated: logging.tensorboard only
 
             self.tb = SummaryWriter(log_dir=str(save_dir / "tensorboard"), purge_step=resume_step)
 
@@ -94,11 +96,8 @@ class MetricLogger:
 
 def peak_memory_bytes() -> int:
     """This process's peak memory: CUDA max allocated on a GPU, else the peak resident set size."""
-    import torch
-
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
-    import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024      # Linux reports KiB
 
@@ -124,7 +123,7 @@ def truncate_metrics(path: Path, step: int) -> list[dict]:
 
 def plot_loss_curve(history: list[dict], path: Path, title: str = "") -> Path | None:
     """Train and validation loss against step -> PNG."""
-    import matplotlib
+    import matplotlib  # gated: the backend is chosen before pyplot is imported (headless machines)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

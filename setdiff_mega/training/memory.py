@@ -41,11 +41,23 @@ RSS peak larger by an amount that depends on the allocation history (measured: 1
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import psutil
+import torch
+from megatron.core import parallel_state as ps
+from torch.profiler import ProfilerActivity, profile
+
 from setdiff_mega import backends, methods
+from setdiff_mega.config import ConfigError
+from setdiff_mega.data.batch import Batch
+from setdiff_mega.diffusion import build_objective, inputs_for
+from setdiff_mega.model import build_model
+from setdiff_mega.parallel import initialize
 
 from .flops import body_parameters, processed_positions
+from .step import autocast_context
 
 GIB = 2 ** 30
 
@@ -124,9 +136,6 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
 def measure_step_peak(step) -> int:
     """Peak bytes allocated (and not yet freed) during ``step()`` on the CPU, from the profiler's memory
     events in time order (see the module docstring). Run one step before, so the optimizer state exists."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
@@ -141,16 +150,6 @@ def measure_step_peak(step) -> int:
 def measure_config(cfg, vocab: int, seed: int = 0) -> int:
     """:func:`measure_step_peak` of one training step of ``cfg``'s model and objective on random tokens in
     this process (single-rank layouts; megatron-core's parallel state is initialised if it is not)."""
-    import torch
-    from megatron.core import parallel_state as ps
-
-    from setdiff_mega.data.batch import Batch
-    from setdiff_mega.diffusion import build_objective, inputs_for
-    from setdiff_mega.model import build_model
-    from setdiff_mega.parallel import initialize
-
-    from .step import autocast_context
-
     if not ps.model_parallel_is_initialized():
         initialize(seed=seed)
     tc, o = cfg.train, cfg.objective
@@ -193,15 +192,9 @@ def estimate(cfg, padded_vocab: int, world_size: int | None = None) -> MemoryEst
 def available_bytes() -> tuple[float, str]:
     """(bytes a rank may use, what they are): free memory of this GPU, or this machine's available RAM
     shared by the ranks on it (``LOCAL_WORLD_SIZE``, set by torchrun)."""
-    import os
-
-    import torch
-
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         return float(free), "free on this GPU"
-    import psutil
-
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     share = f" shared by {local} ranks" if local > 1 else ""
     return psutil.virtual_memory().available / local, f"of this machine's available memory{share}"
@@ -210,8 +203,6 @@ def available_bytes() -> tuple[float, str]:
 def check_memory(cfg, padded_vocab: int, world_size: int | None = None) -> None:
     """Refuse (ConfigError naming the fields) a run whose estimated memory per rank exceeds what the machine
     has: the kernel would kill it with no message (a long data.seq_length, say), after the set-up."""
-    from setdiff_mega.config import ConfigError
-
     est = estimate(cfg, padded_vocab, world_size)
     have, what = available_bytes()
     if est.total <= have:

@@ -23,26 +23,27 @@ import math
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
+from setdiff_mega import methods
+from setdiff_mega.compat import mcore_cpu
+from setdiff_mega.data.loader import batches
 from setdiff_mega.diffusion import inputs_for
+from setdiff_mega.model.transformer import model_chunks
+from setdiff_mega.parallel.context import cp_size_rank, shard_for_rank
 
 from .guard import TrainingError
 
 
 def cp_shard(objective, inp):
     """This context-parallel rank's shard of a micro-batch's inputs (``inp`` itself without CP)."""
-    from setdiff_mega import methods
-    from setdiff_mega.parallel.context import shard_for_rank
-
     return shard_for_rank(inp, methods.get(objective.name).streams)
 
 
 def _cp_group():
     """(CP size, CP group or None)."""
-    from megatron.core import parallel_state as ps
-
-    from setdiff_mega.parallel.context import cp_size_rank
-
     cp = cp_size_rank()[0]
     return cp, (ps.get_context_parallel_group() if cp > 1 else None)
 
@@ -68,12 +69,6 @@ def micro_batch_loss(model, objective, inp, autocast=contextlib.nullcontext):
 
 
 def _schedule_run(model, objective, micro, forward_only: bool, autocast, chunks=None):
-    from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    from setdiff_mega.compat import mcore_cpu
-    from setdiff_mega.model.transformer import model_chunks
-
     cp, cp_group = _cp_group()
     micro = [cp_shard(objective, inp) for inp in micro]
 
@@ -111,8 +106,6 @@ def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
     """Accumulate gradients of the mean micro-batch loss (averaged over DP x CP when ``ddp`` is the
     :class:`~setdiff_mega.parallel.ddp.GradReducer`, local when it is ``model``); returns that mean on every
     rank of the replica."""
-    from megatron.core import parallel_state as ps
-
     reducer = None if ddp is model else ddp
     if ps.get_pipeline_model_parallel_world_size() > 1:
         total = float(_schedule_run(model, objective, micro, False, autocast,
@@ -134,8 +127,6 @@ def forward_backward(model, ddp, objective, micro: list, autocast) -> float:
 @torch.no_grad()
 def evaluate_batch(model, objective, micro: list, autocast) -> tuple[float, float]:
     """(nll_sum, num_tokens) over the micro-batches ``micro`` on every rank, for any pipeline layout."""
-    from megatron.core import parallel_state as ps
-
     if ps.get_pipeline_model_parallel_world_size() > 1:
         s = _schedule_run(model, objective, micro, True, autocast)
         return float(s[1]), float(s[2])
@@ -161,8 +152,6 @@ def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:
 def allreduce_sequence_parallel_grads(model) -> None:
     """Under sequence parallelism, norm weights see only their rank's sequence shard: sum their gradients
     over the TP group (megatron-core marks them ``param.sequence_parallel``)."""
-    from megatron.core import parallel_state as ps
-
     grads = [p.grad for p in model.parameters() if p.grad is not None and getattr(p, "sequence_parallel", False)]
     _allreduce_grads(grads, ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size(),
                      average=False)
@@ -170,9 +159,6 @@ def allreduce_sequence_parallel_grads(model) -> None:
 
 def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
     """Scale gradients so the global norm is at most ``max_norm``; returns the global norm (pre-clip)."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     counted = [p.grad for p in model.parameters() if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
     sq = torch.zeros(1, dtype=torch.float32)
@@ -203,11 +189,6 @@ def evaluate(model, objective, dataset, cfg, iters: int, seed: int = 0, bos_eos=
     ``loss`` is the token-weighted NLL (sum of per-token NLL / number of scored tokens; for packed data
     without padding it equals the training loss's per-sequence mean), ``ppl`` its exponential.
     """
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from setdiff_mega.data.loader import batches
-
     was_training = model.training
     model.eval()
     mbs = cfg.train.micro_batch_size
@@ -237,9 +218,6 @@ def mean_over_dp(value: float, dp: int) -> float:
     same value, so a NaN on any rank still reaches every rank)."""
     if dp == 1:
         return value
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, group=ps.get_data_parallel_group())
     return t.item() / dp
@@ -247,8 +225,6 @@ def mean_over_dp(value: float, dp: int) -> float:
 
 def zero_step(engine, objective, micro, autocast):
     """One optimizer step through a DeepSpeed engine; a non-finite loss on any rank stops before the update."""
-    import torch.distributed as dist
-
     total, cp = 0.0, _cp_group()[0]
     for inp in micro:
         loss, _ = micro_batch_loss(engine, objective, inp, autocast)
@@ -274,9 +250,6 @@ def step_epoch(sample_index: int, n: int) -> int:
 def total_parameters(model) -> int:
     """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once; under
     ZeRO-3 a partitioned parameter's full size is its ``ds_numel``)."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
     n = torch.tensor([sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
                           if param_is_not_tensor_parallel_duplicate(p))])
     group = ps.get_model_parallel_group()

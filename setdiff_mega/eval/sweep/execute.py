@@ -16,6 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from setdiff_mega.config import dump_yaml
+
 from .grid import Run, SweepGrid, load_run_config
 
 
@@ -32,8 +36,6 @@ def finished(grid: SweepGrid, run: Run) -> dict | None:
 
 def write_config(grid: SweepGrid, run: Run) -> Path:
     """The run's fully resolved config (base + sweep overrides + run overrides) as YAML in its directory."""
-    from setdiff_mega.config import dump_yaml
-
     cfg = load_run_config(grid, run.overrides)
     d = grid.run_dir(run)
     d.mkdir(parents=True, exist_ok=True)
@@ -50,8 +52,6 @@ def command(grid: SweepGrid, run: Run, launcher: bool = False) -> list[str]:
 
 def run_local(grid: SweepGrid, runs: list[Run], log=print, env=None) -> dict:
     """Run unfinished runs one after another; returns {'ran': n, 'skipped': m, 'failed': [...]}."""
-    from tqdm import tqdm
-
     todo = [r for r in runs if finished(grid, r) is None]
     skipped = len(runs) - len(todo)
     if skipped:

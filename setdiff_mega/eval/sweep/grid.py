@@ -34,6 +34,12 @@ from pathlib import Path
 
 import yaml
 
+from setdiff_mega.build import tokenizer_path
+from setdiff_mega.config import load_config
+from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.model.transformer import padded_vocab_size
+from setdiff_mega.training.flops import flops_per_sample
+
 
 class SweepError(ValueError):
     """A bad grid file; the message names the key."""
@@ -117,25 +123,17 @@ def load_grid(path: str | Path) -> SweepGrid:
 
 def load_run_config(grid: SweepGrid, overrides=()):
     """The base config with the sweep's overrides, then ``overrides`` (a run's)."""
-    from setdiff_mega.config import load_config
-
     return load_config(grid.base_config, [*grid.overrides, *overrides])
 
 
 @functools.lru_cache(maxsize=None)
 def _vocab(tokenizer_path: str) -> int:
-    from setdiff_mega.data.tokenizer import Tokenizer
-
     return Tokenizer.from_file(tokenizer_path).vocab_size
 
 
 def flops_per_token(grid: SweepGrid, model: dict, objective: str, base=None) -> float:
     """Training FLOPs per sample token of a model (the trainer's count); ``base``: the grid's loaded
     base config, when the caller has it already."""
-    from setdiff_mega.build import tokenizer_path
-    from setdiff_mega.model.transformer import padded_vocab_size
-    from setdiff_mega.training.flops import flops_per_sample
-
     base = load_run_config(grid) if base is None else base
     mc = dataclasses.replace(base.model, **model)
     vocab = mc.vocab_size or _vocab(tokenizer_path(base))

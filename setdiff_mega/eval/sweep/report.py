@@ -10,14 +10,17 @@ import dataclasses
 import math
 from pathlib import Path
 
+import numpy as np
+
+from setdiff_mega.training.flops import body_parameters
+
+from ..scaling import ScalingFit, bootstrap, fit_chinchilla
 from .execute import finished
 from .grid import Run, SweepGrid, flops_per_token, load_run_config
 
 
 def collect(grid: SweepGrid, runs: list[Run]) -> list[dict]:
     """One row per finished run: objective, N, D, FLOPs, final validation loss."""
-    from setdiff_mega.training.flops import body_parameters
-
     base = load_run_config(grid)
     rows = []
     for r in runs:
@@ -46,10 +49,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 def fit_all(rows: list[dict], budget: float | None, n_boot: int = 200) -> dict:
     """Per objective: the fit, bootstrap intervals, FLOPs per parameter-token, compute-optimal N and D."""
-    import numpy as np
-
-    from ..scaling import bootstrap, fit_chinchilla
-
     out = {}
     for obj in sorted({r["objective"] for r in rows}):
         sel = [r for r in rows if r["objective"] == obj]
@@ -73,13 +72,10 @@ def fit_all(rows: list[dict], budget: float | None, n_boot: int = 200) -> dict:
 def plot(rows: list[dict], fits: dict, path: Path, title: str = "") -> Path:
     """Validation loss against training FLOPs, one colour per objective, marker size by model size, and
     the fitted compute-optimal frontier L(N_opt(C), D_opt(C))."""
-    import matplotlib
+    import matplotlib  # gated: the backend is chosen before pyplot is imported (headless machines)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-
-    from ..scaling import ScalingFit
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
