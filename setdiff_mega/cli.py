@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 
+from setdiff_mega import QUIET_LOGGERS
 from setdiff_mega.checkpoint.io import CheckpointError
 from setdiff_mega.compat import mcore_cpu
 from setdiff_mega.config import ConfigError
@@ -19,11 +20,6 @@ from setdiff_mega.data.indexed import DataError
 from setdiff_mega.inference.api import RequestError
 from setdiff_mega.outputs import OutputError
 from setdiff_mega.training.trainer import TrainingError
-
-# Loggers whose warnings are about the installation, not the user's command: torchao's optional CUDA kernels
-# that a CPU wheel cannot load ("Failed to load .../_C_cutlass_90a.abi3.so") when transformers imports it,
-# and torch's deprecation notice for torchao's pytree registrations. Errors still pass.
-QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 def offline_env() -> None:
@@ -34,6 +30,8 @@ def offline_env() -> None:
 
 
 def quiet_libraries() -> None:
+    """Library log lines about the installation, not the user's command (the package's QUIET_LOGGERS; the
+    package import sets them too, before the tools import the libraries)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
 

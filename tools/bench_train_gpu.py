@@ -26,7 +26,13 @@ from setdiff_mega.diffusion.setdlm import SETDLM
 from setdiff_mega.eval.sweep import write_csv
 from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
 from setdiff_mega.parallel import initialize
-from setdiff_mega.training.benchmark import DEFAULT_SETTINGS, bench_attention, bench_train_step, plot_mfu
+from setdiff_mega.training.benchmark import (
+    DEFAULT_SETTINGS,
+    bench_attention,
+    bench_train_step,
+    kernel_backends,
+    plot_mfu,
+)
 
 
 def _write_csv(path, rows):
@@ -96,10 +102,8 @@ def main(argv=None) -> int:
     summary = {"device": name, "torch": torch.__version__, "preset": args.preset,
                "tokens_per_step": args.tokens_per_step,
                "fastest_setdlm": None if best is None else dataclasses.asdict(best),
-               "setcausal_vs_two_causal": {str(r.L): r.ratio_vs_two_causal for r in attn
-                                           if r.backend == "setcausal" and not r.error},
-               "flex_vs_two_causal": {str(r.L): r.ratio_vs_two_causal for r in attn
-                                      if r.backend == "flex" and not r.error},
+               **{f"{n}_vs_two_causal": {str(r.L): r.ratio_vs_two_causal for r in attn
+                                            if r.backend == n and not r.error} for n in kernel_backends()},
                "errors": {f"{r.label}@{r.L}": r.error for r in rows if r.error}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(json.dumps(summary, indent=2, default=str))

@@ -26,6 +26,7 @@ The harness is an optional extra (``pip install -e .[eval]``); this module impor
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -109,8 +110,10 @@ class SetDiffLMCore:
         return out
 
 
+@functools.cache
 def make_lm_class():
-    """The harness model class (created on first use so that importing this module needs no harness)."""
+    """The harness model class, registered as ``setdiff`` once per process (created on first use so that
+    importing this module needs no harness)."""
     LM = _base_class()
     from lm_eval.api.registry import register_model  # gated: the optional [eval] extra
 
@@ -138,15 +141,9 @@ def make_lm_class():
     return register_model("setdiff")(SetDiffLM)
 
 
-_CLASS = None
-
-
 def __getattr__(name):
-    global _CLASS
     if name == "SetDiffLM":
-        if _CLASS is None:
-            _CLASS = make_lm_class()
-        return _CLASS
+        return make_lm_class()
     raise AttributeError(name)
 
 

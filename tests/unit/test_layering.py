@@ -135,3 +135,31 @@ def test_the_standalone_code_imports_only_torch_transformers_and_the_standard_li
             else:
                 continue
             assert set(tops) <= allowed, f"{f.name} imports {tops}"
+
+
+def test_modules_stay_small_and_no_name_keyed_tables_outside_the_registries():
+    """Issue 29's limits: no module over 400 lines, no function over 80, and no dict or comparison keyed by an
+    objective or attention-backend name outside the registries and the methods' own modules."""
+    from setdiff_mega import backends, methods
+
+    names = set(methods.names()) | set(backends.names())
+    owners = {"setdiff_mega/methods.py", "setdiff_mega/backends.py"} | \
+        {f"setdiff_mega/diffusion/{m}.py" for m in ("ar", "mdlm", "bd3lm", "setdlm")}
+    offenders = []
+    for f in sorted([*PKG.rglob("*.py"), *(ROOT / "tools").glob("*.py")]):
+        rel = str(f.relative_to(ROOT))
+        src = f.read_text()
+        assert len(src.splitlines()) <= 400, f"{rel} has {len(src.splitlines())} lines"
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno < 80, f"{rel}:{node.lineno} {node.name} is over 80 lines"
+            keys = []
+            if isinstance(node, ast.Compare):
+                keys = [node.left, *node.comparators]
+            elif isinstance(node, ast.Dict):
+                keys = node.keys
+            hit = [k.value for k in keys if isinstance(k, ast.Constant) and k.value in names]
+            about = ast.unparse(node)           # a name of one of the registries' things, not a homonym
+            if hit and rel not in owners and any(w in about for w in ("objective", "backend", "method", "name")):
+                offenders.append(f"{rel}:{node.lineno} {hit}")
+    assert offenders == []
