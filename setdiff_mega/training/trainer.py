@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
-from setdiff_mega import methods
+from setdiff_mega import backends, methods
 from setdiff_mega.build import model_for
 from setdiff_mega.build import objective_for as objective_from_config
 from setdiff_mega.build import tokenizer_for as resolve_tokenizer
@@ -41,7 +41,7 @@ from setdiff_mega.build import vocab_for as resolve_vocab
 from setdiff_mega.checkpoint import load_weights
 from setdiff_mega.checkpoint.manager import Checkpointer, load_resume_weights
 from setdiff_mega.checkpoint.rundir import claim
-from setdiff_mega.config import RunConfig, to_dict, validate_layout
+from setdiff_mega.config import ConfigError, RunConfig, to_dict, validate_layout
 from setdiff_mega.data.batch import batches
 from setdiff_mega.data.indexed import DataWatch, check_dataset, check_matches
 from setdiff_mega.data.loader import build_splits, parse_blend, wrap_ids
@@ -113,6 +113,11 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, tc, dc, pc = self.cfg, self.cfg.train, self.cfg.data, self.cfg.parallel
+        backend = backends.get(cfg.model.attention_backend)
+        if not backend.cpu_backward and not torch.cuda.is_available():
+            able = ", ".join(n for n in backends.names() if backends.get(n).cpu_backward)
+            raise ConfigError(f"model.attention_backend={backend.name} has no backward on CPU, so it cannot train "
+                              f"here: train with one of {able} (any backend loads the weights for inference)")
         if tc.num_threads:
             torch.set_num_threads(tc.num_threads)
         prefixes, _ = parse_blend(dc.path)

@@ -87,7 +87,7 @@ class ToyCoreAttention(SDPACoreAttention):
 def toy_backend():
     rec = backends.register(backends.AttentionBackend(
         "toy", f"{__name__}:ToyCoreAttention", "test-only SDPA that records its patterns",
-        native=lambda kind, block: kind == "causal", kv_cache=False, benchmark=False))
+        native=lambda kind, block: kind == "causal", kv_cache=False, cpu_backward=False, benchmark=False))
     CALLS.clear()
     yield rec
     backends.unregister("toy")
@@ -117,6 +117,11 @@ def test_a_registered_backend_is_validated_built_estimated_and_its_capabilities_
                             padded_vocab=128)
     assert sdpa - ar == 8 * 16          # the rank's rows (15 positions padded to 16, over CP = 2) x 16 keys
     assert "toy" not in {b for _, _, b, _ in default_settings()}                     # benchmark=False
+    if not torch.cuda.is_available():                                                # cpu_backward=False
+        from setdiff_mega.training import train
+
+        with pytest.raises(ConfigError, match="attention_backend=toy has no backward on CPU.*one of sdpa, setcausal, local"):
+            train(cfg)
     with pytest.raises(ConfigError, match="context_parallel_size=2 needs .*toy"):
         load_config(None, ["model.attention_backend=local", "parallel.context_parallel_size=2", "data.seq_length=16"])
     backends.unregister("toy")
