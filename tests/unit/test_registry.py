@@ -120,7 +120,7 @@ def test_a_registered_backend_is_validated_built_estimated_and_its_capabilities_
     if not torch.cuda.is_available():                                                # cpu_backward=False
         from setdiff_mega.training import train
 
-        with pytest.raises(ConfigError, match="attention_backend=toy has no backward on CPU.*one of sdpa, setcausal, local"):
+        with pytest.raises(ConfigError, match="backend=toy has no backward on CPU.*one of sdpa, setcausal, local"):
             train(cfg)
     with pytest.raises(ConfigError, match="context_parallel_size=2 needs .*toy"):
         load_config(None, ["model.attention_backend=local", "parallel.context_parallel_size=2", "data.seq_length=16"])
