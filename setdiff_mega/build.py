@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from setdiff_mega.config import ConfigError, RunConfig
-from setdiff_mega.data.indexed import DataError
-from setdiff_mega.data.loader import parse_blend
+from setdiff_mega.data.blend import parse_blend
 from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.diffusion import build_objective
+from setdiff_mega.errors import DataError
 from setdiff_mega.model import build_model
 
 

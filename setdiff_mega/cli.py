@@ -1,8 +1,7 @@
 """Shared CLI plumbing for the thin entry points in pretrain/ and tools/.
 
 ``run_cli(fn)`` sets the offline environment (no hub downloads, wandb offline unless asked), silences
-library log lines that users cannot act on (:func:`quiet_libraries`), applies the megatron-core CPU shim
-(:mod:`setdiff_mega.compat.mcore_cpu`, a no-op with CUDA), and turns the project's
+library log lines that users cannot act on (:func:`quiet_libraries`), and turns the project's
 user-facing errors (bad config, bad data, bad checkpoint, an output that would destroy something, failed
 training) into one ``error: ...`` line and exit status 2 instead of a stack trace.
 """
@@ -13,13 +12,7 @@ import os
 import sys
 
 from setdiff_mega import QUIET_LOGGERS
-from setdiff_mega.checkpoint.io import CheckpointError
-from setdiff_mega.compat import mcore_cpu
-from setdiff_mega.config import ConfigError
-from setdiff_mega.data.indexed import DataError
-from setdiff_mega.inference.api import RequestError
-from setdiff_mega.outputs import OutputError
-from setdiff_mega.training.trainer import TrainingError
+from setdiff_mega.errors import USER_ERRORS
 
 
 def offline_env() -> None:
@@ -37,14 +30,14 @@ def quiet_libraries() -> None:
 
 
 def user_errors() -> tuple:
-    return (ConfigError, DataError, CheckpointError, TrainingError, RequestError, OutputError, FileNotFoundError,
-            KeyError, ValueError)
+    """The exceptions whose message is the one line a user sees (setdiff_mega.errors, plus the standard ones
+    the tools raise with a message of their own)."""
+    return (*USER_ERRORS, FileNotFoundError, KeyError, ValueError)
 
 
 def run_cli(fn, argv=None) -> int:
     offline_env()
     quiet_libraries()
-    mcore_cpu.apply()                        # megatron-core on a CPU-only torch (a no-op with CUDA)
     errors = user_errors()
     try:
         return int(fn(argv) or 0)

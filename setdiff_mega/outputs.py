@@ -35,12 +35,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+from setdiff_mega.errors import OutputError
+
 MARKER = ".setdiff-mega-output.json"
 
 
-class OutputError(ValueError):
-    """An output path that would destroy or replace something it must not; the message names the path
-    and the fix."""
 
 
 def _resolved(p: str | Path) -> Path:

@@ -14,8 +14,6 @@ import sys
 
 from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config, to_dict
-from setdiff_mega.parallel import is_main_process
-from setdiff_mega.training import train
 
 
 def main(argv=None) -> int:
@@ -30,6 +28,11 @@ def main(argv=None) -> int:
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0
+    # gated: the training stack imports megatron-core and DeepSpeed's helpers (seconds); --help and
+    # --print-config (scripts/demo.sh asks it for the save_dir) do not need them
+    from setdiff_mega.parallel import is_main_process
+    from setdiff_mega.training import train
+
     result = train(cfg)
     if is_main_process():                     # one summary per job (the trainer wrote summary.json)
         print(json.dumps(result.summary()))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config
-from setdiff_mega.data.loader import parse_blend
+from setdiff_mega.data.blend import parse_blend
 from setdiff_mega.eval import reproduce as R
 from setdiff_mega.outputs import check_output_file, claim_output_dir, either, holds_only, marked_by
 

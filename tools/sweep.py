@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from setdiff_mega.cli import run_cli
-from setdiff_mega.data.loader import parse_blend
+from setdiff_mega.data.blend import parse_blend
 from setdiff_mega.eval import sweep
 from setdiff_mega.eval.sweep import load_run_config
 from setdiff_mega.outputs import claim_output_dir, either, read_marker

@@ -30,14 +30,13 @@ import os
 import shutil
 from pathlib import Path
 
-from setdiff_mega.data.indexed import sha256_file
+from setdiff_mega.errors import CheckpointError
+from setdiff_mega.hfmodel.integrity import sha256_file
 
 FORMAT = "setdiff-mega/ckpt-v2"
 STEP_GLOB = "step_???????"
 
 
-class CheckpointError(ValueError):
-    """A missing, incomplete or mismatched checkpoint; the message names the file."""
 
 
 def _fsync_dir(path: Path) -> None:

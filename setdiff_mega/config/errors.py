@@ -1,8 +1,4 @@
 """The configuration error every section raises (one line naming the field and the fix)."""
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the field and the fix."""
-
+from setdiff_mega.errors import ConfigError
 
 __all__ = ["ConfigError"]

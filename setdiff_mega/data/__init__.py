@@ -1,7 +1,20 @@
-"""Data: embedded corpus, tokenizer, indexed datasets (megatron-core format) and training batches."""
-from .corpus import embedded_corpus, read_documents
-from .indexed import DataError, check_dataset, read_manifest, write_indexed
-from .tokenizer import SPECIAL_TOKENS, Tokenizer
+"""Data: embedded corpus, tokenizer, indexed datasets (megatron-core format), typed batches.
 
-__all__ = ["embedded_corpus", "read_documents", "Tokenizer", "SPECIAL_TOKENS", "DataError", "write_indexed",
-           "check_dataset", "read_manifest"]
+The package's names resolve on first use (PEP 562): importing ``setdiff_mega.data.batch`` (what the
+objectives and the config need) does not import megatron-core's indexed datasets, which the data tools
+and the trainer import when they read or write data.
+"""
+import importlib
+
+_EXPORTS = {"embedded_corpus": "corpus", "read_documents": "corpus", "Tokenizer": "tokenizer",
+            "SPECIAL_TOKENS": "tokenizer", "DataError": "indexed", "write_indexed": "indexed",
+            "check_dataset": "indexed", "read_manifest": "indexed", "Batch": "batch"}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = list(_EXPORTS)

@@ -16,7 +16,6 @@ tokenizer's MASK id, which no model ever predicts).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -27,21 +26,13 @@ import numpy as np
 import torch
 from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType, IndexedDataset, IndexedDatasetBuilder
 
+from setdiff_mega.errors import DataError
+from setdiff_mega.hfmodel.integrity import sha256_file
 from setdiff_mega.outputs import OutputError, check_output_file
 
 MANIFEST_FORMAT = "setdiff-mega/indexed-v1"
 
 
-class DataError(ValueError):
-    """Bad or mismatched data; the message names the file and the fix."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def token_dtype(vocab_size: int):

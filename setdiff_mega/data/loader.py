@@ -38,25 +38,10 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from .batch import batches
+from .blend import parse_blend
 from .indexed import DataError, check_dataset, sha256_file
 
 SPLITS = ("train", "valid", "test")
-
-
-def parse_blend(path: str) -> tuple[list[str], list[float] | None]:
-    """'data/a/corpus' -> ([prefix], None); '0.7 data/a/corpus 0.3 data/b/corpus' -> (prefixes, weights)."""
-    parts = str(path).split()
-    if len(parts) == 1:
-        return parts, None
-    if len(parts) % 2:
-        raise DataError(f"data.path={path!r}: a blend is 'weight prefix weight prefix ...' (got an odd count)")
-    try:
-        weights = [float(w) for w in parts[0::2]]
-    except ValueError:
-        raise DataError(f"data.path={path!r}: a blend is 'weight prefix weight prefix ...'") from None
-    if any(w <= 0 for w in weights):
-        raise DataError(f"data.path={path!r}: blend weights must be positive")
-    return parts[1::2], weights
 
 
 def split_sizes(prefix: str, split: str) -> list[tuple[int, int, int] | None]:

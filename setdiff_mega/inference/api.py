@@ -24,10 +24,7 @@ import torch
 
 from setdiff_mega import methods
 from setdiff_mega.decoding.base import Canvas, GenerationConfig
-
-
-class RequestError(ValueError):
-    """A generation request that cannot be served; the message says why."""
+from setdiff_mega.errors import RequestError
 
 
 def encode_request(tokenizer, request, *, context: int | None = None) -> list[int]:

@@ -22,9 +22,7 @@ import math
 import torch
 import torch.distributed as dist
 
-
-class TrainingError(RuntimeError):
-    """Training cannot continue (e.g. a non-finite loss); the message says what to change."""
+from setdiff_mega.errors import TrainingError
 
 
 def _any_rank(flag: bool) -> bool:

@@ -1,4 +1,11 @@
-"""Shared fixtures for the end-to-end tests: one tiny prepared corpus per session."""
+"""Shared fixtures for the end-to-end tests: one tiny prepared corpus and one trained run per session, and
+two ways to run a CLI: in a subprocess (``_run``: start-up, exit status and the whole stderr of a real
+process) and in this process (``run_here``: the same ``main`` through the same CLI wrapper, without paying
+the interpreter's and the libraries' start-up again; most e2e checks use it)."""
+import contextlib
+import functools
+import importlib.util
+import io
 import os
 import subprocess
 import sys
@@ -16,6 +23,25 @@ def _run(args, **kw):
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300, **kw)
+
+
+@functools.cache
+def tool(name: str):
+    """The module of ``tools/<name>.py`` (imported once per session)."""
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_here(args):
+    """``["tools/x.py", *argv]`` run in this process: a CompletedProcess-like (returncode, stdout, stderr)."""
+    from setdiff_mega.cli import run_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = run_cli(tool(Path(args[0]).stem).main, [str(a) for a in args[1:]])
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="session")

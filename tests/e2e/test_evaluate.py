@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from .conftest import ROOT, TINY, _run
+from .conftest import ROOT, TINY, run_here
 
 
 @pytest.fixture(scope="module", params=["setdlm", "ar"])
@@ -49,7 +49,7 @@ def test_loglikelihood_ranks_correct_continuations_and_agrees_with_evaluate(trai
     f = tmp_path / "held.jsonl"
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     out = tmp_path / "eval.json"
-    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--text", str(f), "--no-tasks", "--orders", "2",
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--text", str(f), "--no-tasks", "--orders", "2",
               "--out", str(out)])
     assert r.returncode == 0, r.stderr[-2000:]
     lk = json.loads(out.read_text())["likelihood"]
@@ -101,7 +101,7 @@ metric_list:
 def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     save, _ = trained_run
     out = tmp_path / "e.json"
-    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--limit", "3", "--max-sequences", "8",
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--limit", "3", "--max-sequences", "8",
               "--max-new-tokens", "12", "--tasks", str(data_dir / "tasks"), "--out", str(out)])
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(out.read_text())
@@ -113,7 +113,7 @@ def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     assert rep["arith"]["n"] + rep["arith"]["skipped_too_long"] == 3                     # the newer tasks too
     assert rep["quest_infill"]["task"] == "quest_infill" and rep["quest_infill_left_only"]["n"] + \
         rep["quest_infill_left_only"]["skipped_too_long"] == 3
-    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--text", "/nonexistent.txt", "--no-tasks"])
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--text", "/nonexistent.txt", "--no-tasks"])
     assert r.returncode == 2 and "'/nonexistent.txt' does not exist" in r.stderr
-    r = _run(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--tasks", str(tmp_path / "none")])
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--tasks", str(tmp_path / "none")])
     assert r.returncode == 2 and "run tools/prepare_data.py --embedded first" in r.stderr

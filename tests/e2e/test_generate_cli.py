@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from .conftest import _run
+from .conftest import _run, run_here
 
 
 def test_generate_cli_prompts_infill_and_jsonl(trained_run, tmp_path):
@@ -12,7 +12,7 @@ def test_generate_cli_prompts_infill_and_jsonl(trained_run, tmp_path):
     prompts.write_text(json.dumps({"prompt": "Question:"}) + "\n" +
                        json.dumps({"prefix": "Ava was a baker.", "suffix": " She felt proud.", "span": 5}) + "\n")
     out = tmp_path / "out.jsonl"
-    r = _run(["tools/generate.py", "--checkpoint", str(save), "--file", str(prompts), "--out", str(out),
+    r = run_here(["tools/generate.py", "--checkpoint", str(save), "--file", str(prompts), "--out", str(out),
               "--max-new-tokens", "12", "--tau", "0.5"])
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(x) for x in out.read_text().splitlines()]
@@ -22,7 +22,7 @@ def test_generate_cli_prompts_infill_and_jsonl(trained_run, tmp_path):
     assert rows[1]["infill"] and rows[1]["num_tokens"] == 5
     assert rows[1]["sequence"].startswith("<|bos|>Ava was a baker.") and rows[1]["sequence"].endswith(
         " She felt proud.<|eos|>")
-    r2 = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "6",
+    r2 = run_here(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "6",
                "--no-cache"])
     assert r2.returncode == 0 and "--- [setdlm, prompt] 6 tokens in" in r2.stdout and "tokens/step" in r2.stdout
 
@@ -37,7 +37,7 @@ def test_generate_cli_plain_and_native_engines_give_identical_tokens(trained_run
     texts = {}
     for engine in ("plain", "native"):
         out = tmp_path / f"{engine}.jsonl"
-        r = _run(["tools/generate.py", "--checkpoint", str(save), "--file", str(prompts), "--out", str(out),
+        r = run_here(["tools/generate.py", "--checkpoint", str(save), "--file", str(prompts), "--out", str(out),
                   "--max-new-tokens", "40", "--tau", "0.5", "--no-eos-stop", "--engine", engine])
         assert r.returncode == 0, r.stderr[-2000:]
         texts[engine] = [(x["sequence"], x["nfe"]) for x in map(json.loads, out.read_text().splitlines())]
@@ -84,7 +84,7 @@ def test_prompt_context_limits():
 
 
 def test_generate_cli_unknown_checkpoint(tmp_path):
-    r = _run(["tools/generate.py", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x"])
+    r = run_here(["tools/generate.py", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x"])
     assert r.returncode == 2 and "missing' does not exist" in r.stderr
 
 
@@ -119,48 +119,48 @@ def test_convert_inspect_and_generate_from_the_hugging_face_export(trained_run, 
     tools/generate.py giving the same greedy text from the native checkpoint and the export."""
     save, _ = trained_run
     hf_dir = tmp_path / "hf"
-    r = _run(["tools/convert_checkpoint.py", "to-hf", str(save), str(hf_dir)])
+    r = run_here(["tools/convert_checkpoint.py", "to-hf", str(save), str(hf_dir)])
     assert r.returncode == 0, r.stderr[-2000:]
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "README.md",
             "modeling_setdlm.py", "generation_setdlm.py", "setdlm.py", "cache.py"} <= {p.name for p in hf_dir.iterdir()}
     assert "fp32" in r.stdout
-    r = _run(["tools/convert_checkpoint.py", "to-hf", str(save), str(tmp_path / "bf16"), "--dtype", "bf16"])
+    r = run_here(["tools/convert_checkpoint.py", "to-hf", str(save), str(tmp_path / "bf16"), "--dtype", "bf16"])
     assert r.returncode == 0 and "bf16" in r.stdout, r.stderr[-2000:]
     sizes = [(d / "model.safetensors").stat().st_size for d in (tmp_path / "bf16", hf_dir)]
     assert sizes[0] < 0.6 * sizes[1]
     outs = []
     for ck in (save, hf_dir):
-        r = _run(["tools/generate.py", "--checkpoint", str(ck), "--prompt", "Question:", "--max-new-tokens", "10"])
+        r = run_here(["tools/generate.py", "--checkpoint", str(ck), "--prompt", "Question:", "--max-new-tokens", "10"])
         assert r.returncode == 0, r.stderr[-2000:]
         outs.append([line for line in r.stdout.splitlines() if not line.startswith("---")])
     assert outs[0] == outs[1]
 
-    r = _run(["tools/inspect_checkpoint.py", str(save), "--json", str(tmp_path / "native.json")])
+    r = run_here(["tools/inspect_checkpoint.py", str(save), "--json", str(tmp_path / "native.json")])
     assert r.returncode == 0, r.stderr[-2000:]
     native = json.loads((tmp_path / "native.json").read_text())
     assert native["step"] == 12 and native["kind"] == "training" and native["optimizer_tensors"] > 0
     assert "step 12" in r.stdout and "output_layer.weight" in r.stdout
-    r = _run(["tools/inspect_checkpoint.py", str(hf_dir), "--json", str(tmp_path / "hf.json")])
+    r = run_here(["tools/inspect_checkpoint.py", str(hf_dir), "--json", str(tmp_path / "hf.json")])
     assert r.returncode == 0, r.stderr[-2000:]
     exported = json.loads((tmp_path / "hf.json").read_text())
     assert exported["format"] == "huggingface" and exported["step"] == 12
     assert exported["parameters"] == native["parameters"]
 
-    r = _run(["tools/convert_checkpoint.py", "from-hf", str(hf_dir), str(tmp_path / "back")])
+    r = run_here(["tools/convert_checkpoint.py", "from-hf", str(hf_dir), str(tmp_path / "back")])
     assert r.returncode == 0, r.stderr[-2000:]
-    r = _run(["tools/inspect_checkpoint.py", str(tmp_path / "back"), "--json", str(tmp_path / "back.json")])
+    r = run_here(["tools/inspect_checkpoint.py", str(tmp_path / "back"), "--json", str(tmp_path / "back.json")])
     back = json.loads((tmp_path / "back.json").read_text())
     assert back["kind"] == "weights" and back["step"] == 12
     strip = lambda rep: [(t["name"], t["sha256"]) for t in rep["tensors"]]  # noqa: E731
     assert strip(back) == strip(native)                   # bit-identical weights after the round trip
-    r = _run(["tools/convert_checkpoint.py", "from-hf", str(save), str(tmp_path / "x")])
+    r = run_here(["tools/convert_checkpoint.py", "from-hf", str(save), str(tmp_path / "x")])
     assert r.returncode == 2 and "is not an exported setdiff-mega directory" in r.stderr
 
 
 def test_demo_prints_a_non_empty_unconditional_sample(trained_run, data_dir):
     """The main job's samples: the unconditional one follows the OWT protocol (min length before EOS)."""
     save, _ = trained_run
-    r = _run(["tools/generate.py", "--checkpoint", str(save), "--demo", str(data_dir / "tasks"),
+    r = run_here(["tools/generate.py", "--checkpoint", str(save), "--demo", str(data_dir / "tasks"),
               "--max-new-tokens", "24", "--batch-size", "1"])
     assert r.returncode == 0, r.stderr[-2000:]
     head = [x for x in r.stdout.splitlines() if x.startswith("--- [setdlm, unconditional]")]
@@ -169,10 +169,10 @@ def test_demo_prints_a_non_empty_unconditional_sample(trained_run, data_dir):
 
 def test_generate_cli_decoding_flags(trained_run):
     save, _ = trained_run
-    r = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "40",
+    r = run_here(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "40",
               "--repetition-penalty", "1.2", "--length-penalty", "3,1.5", "--stop-repeat", "4", "--min-new-tokens", "2",
               "--fht-cache-order", "--top-p", "0.9", "--stop-confidence", "0.001", "--stop-patience", "3"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert "--- [setdlm, prompt]" in r.stdout
-    bad = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "x", "--length-penalty", "3"])
+    bad = run_here(["tools/generate.py", "--checkpoint", str(save), "--prompt", "x", "--length-penalty", "3"])
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "length_penalty" in bad.stderr, bad.stderr

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from .conftest import ROOT, TINY, _run
+from .conftest import ROOT, TINY, _run, run_here
 
 
 def test_pretrain_cli_end_to_end_and_reload(trained_run, mcore):
@@ -183,29 +183,29 @@ def test_ema_weights_are_trained_saved_and_selectable(data_dir, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["final_val_loss_ema"] != summary["final_val_loss"]
-    ins = _run(["tools/inspect_checkpoint.py", str(save)])
+    ins = run_here(["tools/inspect_checkpoint.py", str(save)])
     assert "EMA tensors" in ins.stdout, ins.stdout
     ev = {}
     for weights in ("ema", "raw"):
         out = tmp_path / f"eval_{weights}.json"
-        e = _run(["tools/evaluate.py", "--checkpoint", str(save), "--no-tasks", "--max-sequences", "8",
+        e = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--no-tasks", "--max-sequences", "8",
                   "--weights", weights, "--out", str(out)])
         assert e.returncode == 0, e.stderr[-2000:]
         ev[weights] = json.loads(out.read_text())
     assert ev["ema"]["weights"] == "ema" and ev["raw"]["weights"] == "raw"
     assert ev["ema"]["likelihood"]["nll_per_token"] != ev["raw"]["likelihood"]["nll_per_token"]
-    g = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "4"])
+    g = run_here(["tools/generate.py", "--checkpoint", str(save), "--prompt", "Question:", "--max-new-tokens", "4"])
     assert g.returncode == 0, g.stderr[-2000:]
     hf = tmp_path / "hf"
-    c = _run(["tools/convert_checkpoint.py", "to-hf", str(save), str(hf)])
+    c = run_here(["tools/convert_checkpoint.py", "to-hf", str(save), str(hf)])
     assert c.returncode == 0 and "(ema weights)" in c.stdout, c.stderr[-2000:]
-    bad = _run(["tools/generate.py", "--checkpoint", str(hf), "--prompt", "x", "--weights", "raw"])
+    bad = run_here(["tools/generate.py", "--checkpoint", str(hf), "--prompt", "x", "--weights", "raw"])
     assert bad.returncode == 2 and "export of the ema weights" in bad.stderr and "Traceback" not in bad.stderr
-    none = _run(["tools/evaluate.py", "--checkpoint", str(hf), "--no-tasks", "--max-sequences", "4"])
+    none = run_here(["tools/evaluate.py", "--checkpoint", str(hf), "--no-tasks", "--max-sequences", "4"])
     assert none.returncode == 0, none.stderr[-2000:]
 
 
 def test_asking_for_ema_of_a_run_without_it_is_one_clear_line(trained_run):
     save, _ = trained_run
-    r = _run(["tools/generate.py", "--checkpoint", str(save), "--prompt", "x", "--weights", "ema"])
+    r = run_here(["tools/generate.py", "--checkpoint", str(save), "--prompt", "x", "--weights", "ema"])
     assert r.returncode == 2 and "holds no EMA weights" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -5,7 +5,7 @@ import json
 
 import yaml
 
-from .conftest import ROOT, _run
+from .conftest import ROOT, run_here
 
 
 def _grid(tmp_path, data_dir, **extra):
@@ -24,7 +24,7 @@ def _grid(tmp_path, data_dir, **extra):
 
 def test_sweep_runs_collects_and_skips_finished_runs(data_dir, tmp_path):
     grid = _grid(tmp_path, data_dir)
-    r = _run(["tools/sweep.py", str(grid), "--bootstrap", "5"])
+    r = run_here(["tools/sweep.py", str(grid), "--bootstrap", "5"])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "2 run(s) trained, 0 already finished" in r.stdout
     out = tmp_path / "sweep"
@@ -38,12 +38,12 @@ def test_sweep_runs_collects_and_skips_finished_runs(data_dir, tmp_path):
     summaries = sorted(out.glob("runs/*/summary.json"))
     stamps = [p.stat().st_mtime_ns for p in summaries]
 
-    r = _run(["tools/sweep.py", str(grid), "--bootstrap", "5"])              # idempotent
+    r = run_here(["tools/sweep.py", str(grid), "--bootstrap", "5"])              # idempotent
     assert r.returncode == 0 and "skipping 2 finished run(s)" in r.stderr + r.stdout
     assert "0 run(s) trained, 2 already finished" in r.stdout
     assert [p.stat().st_mtime_ns for p in summaries] == stamps
 
-    r = _run(["tools/sweep.py", str(_grid(tmp_path, data_dir, tokens=[256, 512])), "--mode", "emit"])
+    r = run_here(["tools/sweep.py", str(_grid(tmp_path, data_dir, tokens=[256, 512])), "--mode", "emit"])
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [x for x in (out / "commands.sh").read_text().splitlines() if x and not x.startswith("#")]
     assert len(lines) == 2 and all(x.startswith("bash launch.sh --nproc-per-node 1 -- --config ") for x in lines)

@@ -1,9 +1,7 @@
 """Shared fixtures for the fault-injection suite: two small tokenizers and a dataset made with the first
 (the tiny model overrides, the CLI runner, the prepared corpus and the trained run are the end-to-end
 suite's), a tool's ``main`` run in this process, and a snapshot of a user's files."""
-import functools
 import hashlib
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,17 +9,8 @@ import pytest
 from ..distributed.test_parallel_training import tiny_data  # noqa: F401  (a fixture: DP/TP runs)
 
 # re-exported to the fault tests; data_dir and trained_run are fixtures shared with tests/e2e
-from ..e2e.conftest import ROOT, TINY, data_dir, trained_run  # noqa: F401
+from ..e2e.conftest import ROOT, TINY, data_dir, tool, trained_run  # noqa: F401
 from ..e2e.conftest import _run as run_tool  # noqa: F401
-
-
-@functools.cache
-def tool(name: str):
-    """The module of ``tools/<name>.py`` (imported once per session)."""
-    spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def run_main(capsys, name: str, argv: list) -> tuple[int, str]:
