@@ -4,17 +4,11 @@ The package's names resolve on first use (PEP 562): importing ``setdiff_mega.dat
 objectives and the config need) does not import megatron-core's indexed datasets, which the data tools
 and the trainer import when they read or write data.
 """
-import importlib
+from setdiff_mega.lazy import lazy_exports
 
 _EXPORTS = {"embedded_corpus": "corpus", "read_documents": "corpus", "Tokenizer": "tokenizer",
             "SPECIAL_TOKENS": "tokenizer", "DataError": "indexed", "write_indexed": "indexed",
             "check_dataset": "indexed", "read_manifest": "indexed", "Batch": "batch"}
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = list(_EXPORTS)

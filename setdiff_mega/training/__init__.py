@@ -3,16 +3,10 @@
 The package's names resolve on first use (PEP 562), so that importing one light module of it
 (``training.flops``, say, for a sweep's plan) does not import the trainer and megatron-core with it.
 """
-import importlib
+from setdiff_mega.lazy import lazy_exports
 
 _EXPORTS = {"build_optimizer": "optim", "lr_at": "optim", "TrainingError": "guard", "TrainResult": "trainer",
             "evaluate": "step", "objective_from_config": "trainer", "train": "trainer"}
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = list(_EXPORTS)
