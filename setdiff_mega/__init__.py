@@ -23,4 +23,17 @@ QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 for _name in QUIET_LOGGERS:
     _logging.getLogger(_name).setLevel(_logging.ERROR)
 
+
+
+class _DropUnknownMLP(_logging.Filter):
+    """megatron-core's TransformerLayer logs "Unknown MLP type" for any MLP class but its own; ours
+    (``model.spec.BiasedMLP``, megatron-core's MLP with its own bias setting) takes the default arguments on
+    purpose."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unknown MLP type")
+
+
+_logging.getLogger("megatron.core.transformer.transformer_layer").addFilter(_DropUnknownMLP())
+
 __version__ = "0.1.0"

@@ -8,6 +8,7 @@ Name and layout mapping (single-process state dict -> transformers names; ``i`` 
     decoder.layers.i.input_layernorm.{weight,bias}   model.model.layers.i.input_layernorm.*
     decoder.layers.i.self_attention.linear_qkv.*     ...self_attn.{q,k,v}_proj.*   (see below)
     decoder.layers.i.self_attention.linear_proj.*    ...self_attn.o_proj.*
+    decoder.layers.i.self_attention.{q,k}_layernorm.* ...self_attn.{q,k}_norm.*   (qk_layernorm)
     decoder.layers.i.pre_mlp_layernorm.*             ...post_attention_layernorm.*
     decoder.layers.i.mlp.linear_fc1.*                ...mlp.up_proj.*   (SwiGLU: rows [gate ; up])
     decoder.layers.i.mlp.linear_fc2.*                ...mlp.down_proj.*
@@ -101,6 +102,7 @@ RULES = (
     Rule(_L + r"self_attention\.linear_qkv" + _K,
          tuple(f"model.layers.{{i}}.self_attn.{p}_proj.{{kind}}" for p in "qkv"), _qkv_split, _qkv_fuse),
     Rule(_L + r"self_attention\.linear_proj" + _K, ("model.layers.{i}.self_attn.o_proj.{kind}",)),
+    Rule(_L + r"self_attention\.(?P<qk>[qk])_layernorm" + _K, ("model.layers.{i}.self_attn.{qk}_norm.{kind}",)),
     Rule(_L + r"mlp\.linear_fc1" + _K, ("model.layers.{i}.mlp.gate_proj.{kind}", "model.layers.{i}.mlp.up_proj.{kind}"),
          lambda t, mc: tuple(x.contiguous() for x in t.chunk(2, dim=0)), lambda parts, mc: torch.cat(parts),
          when=lambda mc: mc.activation == "swiglu"),
@@ -159,8 +161,10 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "hidden_size": mc.hidden_size, "num_hidden_layers": mc.num_layers,
         "num_attention_heads": mc.num_attention_heads,
         "num_key_value_heads": mc.query_groups,
-        "intermediate_size": mc.ffn_size, "hidden_act": mc.activation,
-        "normalization": mc.normalization, "norm_eps": 1e-5, "attention_bias": mc.add_bias_linear,
+        "intermediate_size": mc.ffn_size, "hidden_act": mc.activation, "head_dim": mc.head_dim,
+        "normalization": mc.normalization, "norm_eps": mc.norm_eps, "norm_bias": mc.norm_bias,
+        "qk_norm": mc.qk_layernorm, "attention_bias": mc.add_bias_linear, "qkv_bias": mc.qkv_has_bias,
+        "mlp_bias": mc.mlp_has_bias, "rotary_scaling": mc.rope_scaling_parameters(),
         "head_bias": mc.head_bias, "tie_word_embeddings": mc.tie_embeddings, "rope_theta": float(mc.rotary_base),
         "rotary_percent": mc.rotary_percent, "max_position_embeddings": mc.max_position_embeddings,
         "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad, "mask_token_id": tok.mask,

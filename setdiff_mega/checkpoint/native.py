@@ -53,8 +53,8 @@ def checkpoint_tokenizer(ck: Path):
 def check_model_config(saved, wanted, source: str) -> None:
     """The architecture fields that decide tensor shapes must agree; name the first difference."""
     fields = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-              "normalization", "activation", "add_bias_linear", "head_bias", "tie_embeddings",
-              "make_vocab_size_divisible_by")
+              "kv_channels", "normalization", "norm_bias", "qk_layernorm", "activation", "add_bias_linear",
+              "add_qkv_bias", "mlp_bias", "head_bias", "tie_embeddings", "make_vocab_size_divisible_by")
     for f in fields:
         a, b = getattr(saved, f), getattr(wanted, f)
         if a != b:

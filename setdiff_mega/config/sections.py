@@ -12,103 +12,10 @@ from typing import Optional
 from setdiff_mega import backends, methods
 
 from .errors import ConfigError
+from .model import ModelConfig, _at_least_one, _choice
 from .objective import ObjectiveConfig
 
 OBJECTIVE_NAMES = methods.names()                # the registry (setdiff_mega/methods.py)
-
-
-@dataclass
-class ModelConfig:
-    num_layers: int = 4
-    hidden_size: int = 128
-    num_attention_heads: int = 4
-    num_query_groups: Optional[int] = None       # GQA; None = num_attention_heads (see query_groups)
-    ffn_hidden_size: Optional[int] = None        # None = 4 * hidden_size
-    vocab_size: Optional[int] = None             # None = from the tokenizer
-    make_vocab_size_divisible_by: int = 128      # embedding/head padding (sliced off in the logits)
-    max_position_embeddings: int = 4096          # initial RoPE table; grows on demand at inference
-    rotary_base: int = 10000
-    rotary_percent: float = 1.0
-    normalization: str = "LayerNorm"             # LayerNorm | RMSNorm
-    activation: str = "gelu"                     # gelu | swiglu
-    add_bias_linear: bool = False
-    head_bias: bool = True                       # DiT head: untied, with bias, zero-initialised
-    zero_init_head: bool = True
-    tie_embeddings: bool = False
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-    init_method_std: float = 0.02
-    attention_backend: str = "sdpa"              # sdpa (dense mask) | flex | setcausal (mask-free) | local
-    transformer_impl: str = "auto"               # auto | local | transformer_engine
-    fp8: str = "none"                            # none | te (Transformer Engine) | torchao (float8 linears, TP=1)
-    fp8_recipe: str = "tensorwise"               # tensorwise (current scaling) | delayed (te) | rowwise (torchao)
-    recompute_granularity: Optional[str] = None  # activation recomputation (megatron-core): None | selective (core
-                                                 # attention) | full (whole layers, with recompute_method)
-    recompute_method: Optional[str] = None       # full: uniform (every recompute_num_layers layers one unit) |
-                                                 # block (the first recompute_num_layers layers of each stage)
-    recompute_num_layers: Optional[int] = None
-
-    @property
-    def query_groups(self) -> int:
-        """KV heads (GQA groups); num_attention_heads when not set."""
-        return self.num_query_groups or self.num_attention_heads
-
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
-
-    def _check_recompute(self) -> None:
-        g, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
-        if g is None:
-            if method is not None or n is not None:
-                raise ConfigError("model.recompute_method / recompute_num_layers need model.recompute_granularity=full")
-            return
-        _choice(g, ("selective", "full"), "model.recompute_granularity")
-        if g == "selective":
-            if method is not None or n is not None:
-                raise ConfigError("model.recompute_granularity=selective recomputes the core attention of every "
-                                  "layer: remove model.recompute_method and model.recompute_num_layers")
-            return
-        if method is None:
-            raise ConfigError("model.recompute_granularity=full needs model.recompute_method=uniform|block")
-        _choice(method, ("uniform", "block"), "model.recompute_method")
-        if n is None or not 1 <= n <= self.num_layers:
-            raise ConfigError(f"model.recompute_granularity=full needs model.recompute_num_layers between 1 and "
-                              f"model.num_layers={self.num_layers} (got {n})")
-
-    def check(self, tensor_parallel: int = 1) -> None:
-        """This section's own checks (ConfigError naming the field and the fix)."""
-        _choice(self.normalization, ("LayerNorm", "RMSNorm"), "model.normalization")
-        _choice(self.activation, ("gelu", "swiglu"), "model.activation")
-        _choice(self.attention_backend, backends.names(), "model.attention_backend")
-        _choice(self.transformer_impl, ("auto", "local", "transformer_engine"), "model.transformer_impl")
-        _choice(self.fp8, ("none", "te", "torchao"), "model.fp8")
-        _choice(self.fp8_recipe, ("tensorwise", "delayed", "rowwise"), "model.fp8_recipe")
-        if self.fp8 == "te" and self.transformer_impl == "local":
-            raise ConfigError("model.fp8=te needs Transformer Engine: set model.transformer_impl=transformer_engine "
-                              "(or auto), or use model.fp8=torchao with the local implementation")
-        if self.fp8 == "te" and self.fp8_recipe == "rowwise":
-            raise ConfigError("model.fp8_recipe=rowwise is torchao's; with model.fp8=te use tensorwise or delayed")
-        if self.fp8 == "torchao" and self.fp8_recipe == "delayed":
-            raise ConfigError("model.fp8_recipe=delayed is Transformer Engine's; with model.fp8=torchao use "
-                              "tensorwise or rowwise")
-        if self.fp8 == "torchao" and tensor_parallel > 1:
-            raise ConfigError("model.fp8=torchao runs with parallel.tensor_model_parallel_size=1 only; use "
-                              "model.fp8=te (Transformer Engine) for tensor parallelism")
-        _at_least_one(("model.num_layers", self.num_layers), ("model.hidden_size", self.hidden_size),
-                      ("model.num_attention_heads", self.num_attention_heads))
-        self._check_recompute()
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by model.num_attention_heads="
-                              f"{self.num_attention_heads}; pick a head count that divides the hidden size")
-        if self.num_attention_heads % self.query_groups:
-            raise ConfigError(f"model.num_query_groups={self.query_groups} must divide model.num_attention_heads="
-                              f"{self.num_attention_heads}")
-        if not 0.0 < self.rotary_percent <= 1.0:
-            raise ConfigError(f"model.rotary_percent={self.rotary_percent} must be in (0, 1]: the share of each head "
-                              f"that carries rotary positions (0 would train without positions)")
-        if self.vocab_size is not None and self.vocab_size < 4:
-            raise ConfigError(f"model.vocab_size={self.vocab_size} is too small (needs room for BOS/EOS/PAD/MASK)")
 
 
 @dataclass
@@ -242,15 +149,6 @@ class RunConfig:
 
 # -------------------------------------------------------------------------------- validation
 
-def _choice(value, allowed, name):
-    if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}")
-
-
-def _at_least_one(*pairs) -> None:
-    for name, val in pairs:
-        if val < 1:
-            raise ConfigError(f"{name}={val} must be >= 1")
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -301,6 +199,10 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
         if T % tp:
             raise ConfigError(f"sequence parallelism splits the {T} {processed} (objective "
                               f"{cfg.objective.name}, L={L}) over TP={tp}; choose data.seq_length so they divide")
+    if m.qk_layernorm and tp > 1 and cfg.train.zero_stage > 0:
+        raise ConfigError(f"model.qk_layernorm with TP={tp} sums the q / k norms' gradients over the TP group, which "
+                          f"DeepSpeed ZeRO (train.zero_stage={cfg.train.zero_stage}) does not do: use "
+                          f"train.zero_stage=0 or TP=1")
     if pp > m.num_layers:
         raise ConfigError(f"PP={pp} is larger than model.num_layers={m.num_layers}; every stage needs a layer")
     if m.num_layers % pp:

@@ -10,9 +10,10 @@ not their size:
              the attention and up-projection weights while a decoder is alive) and rebuilt by
              :meth:`Prepared.current` when a parameter was replaced or changed in place.
     forward  tokens / positions [B, T], keep [B, 1|-, T, C + T] bool; q, k, v = split(x W_qkv) as
-             [B, heads + 2 groups, T, d]; RoPE (rotate-half on the first rot_dim channels) on the q and k
-             heads in one operation; attention over [cache ; chunk] through ``cache.attend`` (or plain
-             SDPA over the chunk without a cache), with the boolean mask turned into SDPA's additive
+             [B, heads + 2 groups, T, d]; the per-head q / k norms if the model has them; RoPE
+             (rotate-half on the first rot_dim channels) on the q and k heads in one operation;
+             attention over [cache ; chunk] through ``cache.attend`` (or plain SDPA over the chunk
+             without a cache), with the boolean mask turned into SDPA's additive
              0 / -inf mask once per forward instead of once per layer; the final norm and the head only
              on rows >= start.
 
@@ -21,13 +22,35 @@ rows whose logits are asked for changes nothing.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 
-def inverse_frequencies(dim: int, base: float) -> torch.Tensor:
-    """RoPE's [dim / 2] inverse frequencies base^(-2i / dim) (float32)."""
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+def inverse_frequencies(dim: int, base: float, scaling: dict | None = None) -> torch.Tensor:
+    """RoPE's [dim / 2] inverse frequencies base^(-2i / dim) (float32), rescaled by ``scaling`` (Hugging
+    Face's ``rope_scaling`` / ``rope_parameters``; ``rope_type`` llama3 or default)."""
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "llama3":
+        return llama3_scaled(inv, scaling)
+    if kind != "default":
+        raise ValueError(f"RoPE scaling {kind!r} is not supported (llama3 or none)")
+    return inv
+
+
+def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1's rule: wavelengths above original / low_freq_factor divided by ``factor``, below
+    original / high_freq_factor kept, and a smooth blend of the two in between."""
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old = float(s["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, blended, scaled)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype) -> tuple:
@@ -58,14 +81,18 @@ class Prepared:
         body = model.model
         self.rms = c.normalization == "RMSNorm"
         self.gated = c.hidden_act == "swiglu"
+        self.approximate = "tanh" if c.hidden_act == "gelu_tanh" else "none"
         self.heads, self.groups = c.num_attention_heads, c.num_key_value_heads
-        self.head_dim = c.hidden_size // c.num_attention_heads
+        self.head_dim = c.head_dim
         self.embed = body.embed_tokens.weight
         # on the weights' device: no host-to-device copy inside a forward (a captured step allows none)
-        self.inv_freq = inverse_frequencies(body.rotary.dim, body.rotary.base).to(self.embed.device)
-        self.layers = []
+        inv_freq = inverse_frequencies(body.rotary.dim, body.rotary.base, body.rotary.scaling)
+        self.inv_freq = inv_freq.to(self.embed.device)
+        self.layers, self.qk_norms = [], []
         for layer in body.layers:
             a, m = layer.self_attn, layer.mlp
+            if hasattr(a, "q_norm"):
+                self.qk_norms.append((_norm_params(a.q_norm), _norm_params(a.k_norm)))
             qkv_b = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
             ups = [m.gate_proj, m.up_proj] if self.gated else [m.up_proj]
             up_b = None if ups[0].bias is None else torch.cat([u.bias for u in ups])
@@ -114,7 +141,12 @@ def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cach
     gqa = nh != g
     for i, (n1, qkv_w, qkv_b, o_w, o_b, n2, up_w, up_b, down_w, down_b) in enumerate(w.layers):
         qkv = F.linear(_norm(h, n1, w.rms), qkv_w, qkv_b).view(b, t, nh + 2 * g, d).transpose(1, 2)
-        qk = rotate(qkv[:, :nh + g], cos, sin)
+        if w.qk_norms:
+            qn, kn = w.qk_norms[i]
+            normed = (_norm(qkv[:, :nh], qn, w.rms), _norm(qkv[:, nh:nh + g], kn, w.rms))
+            qk = rotate(torch.cat(normed, dim=1), cos, sin)
+        else:
+            qk = rotate(qkv[:, :nh + g], cos, sin)
         q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + g:]
         if cache is not None:
             out = cache.attend(i, q, k, v, keep, enable_gqa=gqa)
@@ -126,7 +158,7 @@ def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cach
             gate, up = x.chunk(2, dim=-1)
             x = F.silu(gate) * up
         else:
-            x = F.gelu(x)
+            x = F.gelu(x, approximate=w.approximate)
         h = h + F.linear(x, down_w, down_b)
     h = _norm(h[:, logits_start:], w.final, w.rms)
     return F.linear(h, *w.head)

@@ -81,7 +81,7 @@ class DecodeModel:
 
     def cache_shape(self) -> tuple:
         c = self.model.config
-        return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
 
     @contextlib.contextmanager
     def use_cache(self, cache):

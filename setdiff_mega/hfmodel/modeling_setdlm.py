@@ -7,10 +7,12 @@ model (``setdiff_mega.model.SetDiffusionTransformer``):
     for each layer:  h = h + o_proj(attn(norm1(h)));  h = h + mlp(norm2(h))
     logits = lm_head(norm(h))[:, logits_start:, :tokenizer_vocab_size]  [B, T - s, V]
 
-Attention is pre-norm multi-head (grouped-query when ``num_key_value_heads`` < heads) with rotary
-embeddings at the given ``position_ids`` (rotate-half layout on the first ``rotary_percent`` of each head,
-as megatron-core), scaled dot-product, no dropout at inference. The MLP is GELU (up, down) or SwiGLU
-(silu(gate) * up, down).
+Attention is pre-norm multi-head (grouped-query when ``num_key_value_heads`` < heads; ``head_dim``
+channels per head) with rotary embeddings at the given ``position_ids`` (rotate-half layout on the first
+``rotary_percent`` of each head, as megatron-core; Llama 3 frequency scaling by ``rotary_scaling``), an
+optional per-head norm of q and k before the rotation (``qk_norm``), scaled dot-product, no dropout at
+inference. The MLP is GELU (erf or tanh; up, down) or SwiGLU (silu(gate) * up, down). Biases: q / k / v
+(``qkv_bias``), o (``attention_bias``), the MLP (``mlp_bias``), LayerNorm (``norm_bias``).
 
 ``attention_mask`` may be a boolean ``[B, T, T]`` or ``[B, 1, T, T]`` matrix (True = may attend; the
 set-causal, block or causal masks the diffusion objectives use) or a ``[B, T]`` padding mask (1 = real
@@ -45,10 +47,11 @@ from .generation_setdlm import read_defaults
 from .integrity import verify_checksums
 
 
-def _norm(config: SetDLMConfig) -> nn.Module:
+def _norm(config: SetDLMConfig, width: int | None = None) -> nn.Module:
+    width = width or config.hidden_size
     if config.normalization == "RMSNorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        return nn.RMSNorm(width, eps=config.norm_eps)
+    return nn.LayerNorm(width, eps=config.norm_eps, bias=getattr(config, "norm_bias", True))
 
 
 class SetDLMRotary(nn.Module):
@@ -57,14 +60,14 @@ class SetDLMRotary(nn.Module):
 
     def __init__(self, config: SetDLMConfig):
         super().__init__()
-        head_dim = config.hidden_size // config.num_attention_heads
-        self.dim = int(head_dim * config.rotary_percent)
+        self.dim = int(config.head_dim * config.rotary_percent)
         self.base = float(config.rope_theta)
+        self.scaling = config.rotary_scaling
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple:
         """[B, T] -> (cos, sin) [B, 1, T, rot_dim] in ``dtype``, computed once per forward and shared by
         every layer (the same functions as the decode step)."""
-        return rope_cos_sin(position_ids, inverse_frequencies(self.dim, self.base), dtype)
+        return rope_cos_sin(position_ids, inverse_frequencies(self.dim, self.base, self.scaling), dtype)
 
     @staticmethod
     def apply(x: torch.Tensor, rope: tuple) -> torch.Tensor:
@@ -75,18 +78,22 @@ class SetDLMAttention(nn.Module):
     def __init__(self, config: SetDLMConfig):
         super().__init__()
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = config.hidden_size // self.heads
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
+        self.head_dim = config.head_dim
+        h, qkv_bias = config.hidden_size, config.qkv_bias
+        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=config.attention_bias)
+        if config.qk_norm:
+            self.q_norm, self.k_norm = _norm(config, self.head_dim), _norm(config, self.head_dim)
 
     def forward(self, x, rope, keep):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = SetDLMRotary.apply(q, rope), SetDLMRotary.apply(k, rope)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -95,8 +102,9 @@ class SetDLMAttention(nn.Module):
 class SetDLMMLP(nn.Module):
     def __init__(self, config: SetDLMConfig):
         super().__init__()
-        h, f, bias = config.hidden_size, config.intermediate_size, config.attention_bias
+        h, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gated = config.hidden_act == "swiglu"
+        self.approximate = "tanh" if config.hidden_act == "gelu_tanh" else "none"
         if self.gated:
             self.gate_proj = nn.Linear(h, f, bias=bias)
         self.up_proj = nn.Linear(h, f, bias=bias)
@@ -105,7 +113,7 @@ class SetDLMMLP(nn.Module):
     def forward(self, x):
         if self.gated:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(F.gelu(self.up_proj(x)))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate=self.approximate))
 
 
 class SetDLMLayer(nn.Module):

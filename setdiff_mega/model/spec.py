@@ -17,9 +17,16 @@ mcore ``DotProductAttention``, or TE's ``TEDotProductAttention``, which runs arb
 any backend registered later.
 ``fp8="torchao"`` swaps the four linear layers of the local spec for
 :mod:`~setdiff_mega.model.fp8`'s float8 ones (torchao, TP = 1).
+
+Architecture variants, also by spec: the local spec's norms are :class:`Norm` (LayerNorm with or without
+bias, RMSNorm; sequence-parallel capable), per-head q / k norms (``qk_layernorm``, Qwen3) are
+:class:`Norm` over the head size, marked ``tp_shared`` (every TP rank holds different heads, so their
+gradients are summed over the TP group), and an MLP whose bias differs from the attention's
+(``mlp_bias``, the DiT) is :class:`BiasedMLP`.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import torch
@@ -28,6 +35,8 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.mlp import MLP
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
 from setdiff_mega import backends
@@ -35,27 +44,38 @@ from setdiff_mega import backends
 from .fp8 import float8_linear_specs
 
 
-class SequenceParallelNorm:
-    """Torch LayerNorm / RMSNorm for the local spec whose parameters carry megatron-core's
+class Norm:
+    """Torch LayerNorm (``bias`` or not) / RMSNorm for the local spec whose parameters carry megatron-core's
     ``sequence_parallel`` flag, so their gradients (computed on a sequence shard) are summed over the TP
-    group. megatron-core's own torch wrapper refuses sequence parallelism (only Apex / TE norms allow it).
-    Same constructor as megatron-core's norm modules."""
+    group; ``tp_shared`` marks a norm applied to this rank's heads only (q / k norms), whose gradients are
+    summed over the TP group with or without sequence parallelism. megatron-core's own torch wrapper
+    refuses sequence parallelism and a bias-free LayerNorm. Same constructor as megatron-core's norms."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
-                zero_centered_gamma: bool = False, normalization: str = "LayerNorm"):
-        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
-        norm = norm_cls(normalized_shape=hidden_size, eps=eps)
+                zero_centered_gamma: bool = False, normalization: str = "LayerNorm", bias: bool = True,
+                tp_shared: bool = False):
+        if config.normalization == "RMSNorm":
+            norm = torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+        else:
+            norm = torch.nn.LayerNorm(normalized_shape=hidden_size, eps=eps, bias=bias)
         for p in norm.parameters():
-            setattr(p, "sequence_parallel", bool(config.sequence_parallel))
+            setattr(p, "sequence_parallel", bool(config.sequence_parallel) and not tp_shared)
+            if tp_shared:
+                setattr(p, "tp_shared", True)
         return norm
 
 
-def block_spec(layer, num_layers: int, sequence_parallel: bool):
-    """The TransformerBlock spec: the layer spec, plus a sequence-parallel-capable final norm when needed."""
-    if not sequence_parallel:
-        return layer
+class BiasedMLP(MLP):
+    """megatron-core's MLP with its own bias setting (``bias``), whatever ``add_bias_linear`` says for the
+    attention's linear layers (the reference's DiT: biased MLP, bias-free attention)."""
 
-    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=SequenceParallelNorm)
+    def __init__(self, config, submodules, *args, bias: bool, **kwargs):
+        super().__init__(dataclasses.replace(config, add_bias_linear=bias), submodules, *args, **kwargs)
+
+
+def block_spec(layer, num_layers: int, norm=Norm):
+    """The TransformerBlock spec: the layer spec and the final norm (the local spec's :class:`Norm`)."""
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=norm)
 
 
 def transformer_engine_available() -> bool:
@@ -90,16 +110,27 @@ def core_attention_class(attention_backend: str):
 
 def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
                normalization: str = "LayerNorm", sequence_parallel: bool = False, fp8: str = "none",
-               fp8_recipe: str = "tensorwise"):
-    """Return (ModuleSpec, resolved_impl) for one transformer layer."""
+               fp8_recipe: str = "tensorwise", *, qk_layernorm: bool = False, norm_bias: bool = True,
+               mlp_bias: bool | None = None):
+    """Return (ModuleSpec, resolved_impl) for one transformer layer; ``mlp_bias`` None: the MLP follows
+    ``add_bias_linear``."""
     impl = resolve_impl(transformer_impl)
     if impl == "transformer_engine":
-        spec = get_gpt_layer_with_transformer_engine_spec(normalization=normalization)
+        if not norm_bias and normalization == "LayerNorm":
+            raise ValueError("model.norm_bias=false (LayerNorm without bias) runs on the local spec: set "
+                             "model.transformer_impl=local")
+        spec = get_gpt_layer_with_transformer_engine_spec(normalization=normalization, qk_layernorm=qk_layernorm)
     else:
         spec = get_gpt_layer_local_spec(normalization=normalization)
-        if sequence_parallel:
-            spec.submodules.input_layernorm = SequenceParallelNorm
-            spec.submodules.pre_mlp_layernorm = SequenceParallelNorm
+        norm = ModuleSpec(module=Norm, params={"bias": norm_bias})
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = norm
+        if qk_layernorm:
+            qk = ModuleSpec(module=Norm, params={"bias": norm_bias, "tp_shared": True})
+            spec.submodules.self_attention.submodules.q_layernorm = qk
+            spec.submodules.self_attention.submodules.k_layernorm = qk
+    if mlp_bias is not None:
+        spec.submodules.mlp = ModuleSpec(module=BiasedMLP, params={"bias": mlp_bias},
+                                         submodules=spec.submodules.mlp.submodules)
     if fp8 == "torchao":
         if impl == "transformer_engine":
             raise ValueError("model.fp8=torchao swaps the local spec's linear layers; with Transformer Engine use "
@@ -112,5 +143,5 @@ def layer_spec(transformer_impl: str = "auto", attention_backend: str = "sdpa",
     return spec, impl
 
 
-__all__ = ["SequenceParallelNorm", "block_spec", "layer_spec", "core_attention_class", "resolve_impl",
+__all__ = ["Norm", "BiasedMLP", "block_spec", "layer_spec", "core_attention_class", "resolve_impl",
            "transformer_engine_available"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 
 import torch
@@ -37,6 +38,7 @@ from megatron.core import tensor_parallel
 from megatron.core.enums import ModelType
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -44,7 +46,7 @@ from setdiff_mega import backends
 
 from .attention import SDPACoreAttention, lazy_mask
 from .rope import PerSampleRotary
-from .spec import block_spec, layer_spec
+from .spec import Norm, block_spec, layer_spec
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
@@ -54,6 +56,9 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> 
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"), "swiglu": F.silu}
+
+
 def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
                        sequence_parallel: bool = False, vp: int | None = None) -> TransformerConfig:
     """megatron-core TransformerConfig from a :class:`setdiff_mega.config.ModelConfig`."""
@@ -61,11 +66,11 @@ def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
     swiglu = mc.activation == "swiglu"
     return TransformerConfig(
         num_layers=mc.num_layers, hidden_size=mc.hidden_size, num_attention_heads=mc.num_attention_heads,
-        num_query_groups=mc.num_query_groups, ffn_hidden_size=mc.ffn_size,
+        num_query_groups=mc.num_query_groups, ffn_hidden_size=mc.ffn_size, kv_channels=mc.head_dim,
         hidden_dropout=mc.hidden_dropout, attention_dropout=mc.attention_dropout,
-        init_method_std=mc.init_method_std, add_bias_linear=mc.add_bias_linear,
-        gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
-        normalization=mc.normalization, layernorm_epsilon=1e-5,
+        init_method_std=mc.init_method_std, add_bias_linear=mc.add_bias_linear, add_qkv_bias=mc.add_qkv_bias,
+        gated_linear_unit=swiglu, activation_func=ACTIVATIONS[mc.activation], qk_layernorm=mc.qk_layernorm,
+        normalization=mc.normalization, layernorm_epsilon=mc.norm_eps,
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=dtype, bf16=precision == "bf16", pipeline_dtype=dtype,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel and tp > 1,
@@ -83,8 +88,8 @@ class SetDiffusionTransformer(MegatronModule):
 
     def __init__(self, config: TransformerConfig, vocab_size: int, *, spec=None,
                  make_vocab_size_divisible_by: int = 128, max_position_embeddings: int = 4096,
-                 rotary_base: int = 10000, rotary_percent: float = 1.0, head_bias: bool = True,
-                 zero_init_head: bool = True, tie_embeddings: bool = False,
+                 rotary_base: float = 10000.0, rotary_percent: float = 1.0, rope_scaling: dict | None = None,
+                 head_bias: bool = True, zero_init_head: bool = True, tie_embeddings: bool = False,
                  pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None):
         super().__init__(config=config)
         if spec is None:
@@ -103,7 +108,7 @@ class SetDiffusionTransformer(MegatronModule):
                                                     position_embedding_type="rope",
                                                     scatter_to_sequence_parallel=True)
         self.rope = PerSampleRotary(config.kv_channels, rotary_percent, rotary_base,
-                                    initial_positions=max_position_embeddings)
+                                    initial_positions=max_position_embeddings, scaling=rope_scaling)
         self.vp_stage = vp_stage
         self.decoder = TransformerBlock(config=config, spec=spec, pre_process=pre_process,
                                         post_process=post_process, vp_stage=vp_stage)
@@ -247,12 +252,15 @@ def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bo
     cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp, sequence_parallel=sequence_parallel, vp=vp)
     sp = sequence_parallel and tp > 1
     spec, impl = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization, sequence_parallel=sp,
-                            fp8=mc.fp8, fp8_recipe=mc.fp8_recipe)
+                            fp8=mc.fp8, fp8_recipe=mc.fp8_recipe, qk_layernorm=mc.qk_layernorm,
+                            norm_bias=mc.norm_bias,
+                            mlp_bias=None if mc.mlp_has_bias == mc.add_bias_linear else mc.mlp_has_bias)
     if mc.fp8 == "te" and impl != "transformer_engine":
         raise RuntimeError("model.fp8=te needs Transformer Engine on a CUDA GPU (pip install -e '.[gpu]'); "
                            "without it use model.fp8=torchao")
-    if sp and impl == "local":
-        spec = block_spec(spec, cfg.num_layers // (pp * (vp or 1)), True)
+    if impl == "local":
+        spec = block_spec(spec, cfg.num_layers // (pp * (vp or 1)), ModuleSpec(module=Norm,
+                                                                                params={"bias": mc.norm_bias}))
 
     def chunk(vp_stage):
         pre = ps.is_pipeline_first_stage(ignore_virtual=vp is None, vp_stage=vp_stage)
@@ -260,7 +268,8 @@ def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bo
         model = SetDiffusionTransformer(
             cfg, vocab_size, spec=spec, make_vocab_size_divisible_by=mc.make_vocab_size_divisible_by,
             max_position_embeddings=mc.max_position_embeddings, rotary_base=mc.rotary_base,
-            rotary_percent=mc.rotary_percent, head_bias=mc.head_bias, zero_init_head=mc.zero_init_head,
+            rotary_percent=mc.rotary_percent, rope_scaling=mc.rope_scaling_parameters(), head_bias=mc.head_bias,
+            zero_init_head=mc.zero_init_head,
             tie_embeddings=mc.tie_embeddings, pre_process=pre if pre_process is None else pre_process,
             post_process=post if post_process is None else post_process, vp_stage=vp_stage)
         model.attention_backend = mc.attention_backend

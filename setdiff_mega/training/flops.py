@@ -32,18 +32,18 @@ def processed_positions(objective: str, L: int) -> tuple[int, int]:
 
 def body_parameters(mc) -> int:
     """Parameters of the transformer layers (attention, MLP, norms), from the model config."""
-    h = mc.hidden_size
-    heads = mc.num_attention_heads
-    groups = mc.query_groups
-    d = h // heads
-    ffn = mc.ffn_size
-    bias = 1 if mc.add_bias_linear else 0
-    qkv = h * (heads + 2 * groups) * d + bias * (heads + 2 * groups) * d
-    proj = heads * d * h + bias * h
-    fc1 = h * ffn * (2 if mc.activation == "swiglu" else 1) + bias * ffn * (2 if mc.activation == "swiglu" else 1)
-    fc2 = ffn * h + bias * h
-    norms = 2 * h * (2 if mc.normalization == "LayerNorm" else 1)
-    return mc.num_layers * (qkv + proj + fc1 + fc2 + norms)
+    h, heads, groups, d, ffn = mc.hidden_size, mc.num_attention_heads, mc.query_groups, mc.head_dim, mc.ffn_size
+    up = 2 if mc.activation == "swiglu" else 1
+    qkv = (h + int(mc.qkv_has_bias)) * (heads + 2 * groups) * d
+    proj = heads * d * h + int(mc.add_bias_linear) * h
+    mlp = (h + int(mc.mlp_has_bias)) * ffn * up + ffn * h + int(mc.mlp_has_bias) * h
+    norms = 2 * norm_parameters(mc, h) + (2 * norm_parameters(mc, d) if mc.qk_layernorm else 0)
+    return mc.num_layers * (qkv + proj + mlp + norms)
+
+
+def norm_parameters(mc, width: int) -> int:
+    """Parameters of one norm over ``width`` channels (LayerNorm: weight and bias unless ``norm_bias`` is off)."""
+    return width * (2 if mc.normalization == "LayerNorm" and mc.norm_bias else 1)
 
 
 def flops_terms(mc, padded_vocab: int, objective: str, L: int) -> dict:
@@ -71,4 +71,5 @@ def peak_flops(override_tflops: float | None = None) -> float | None:
     return None
 
 
-__all__ = ["flops_per_sample", "flops_terms", "processed_positions", "body_parameters", "peak_flops", "PEAK_TFLOPS"]
+__all__ = ["flops_per_sample", "flops_terms", "processed_positions", "body_parameters", "norm_parameters",
+           "peak_flops", "PEAK_TFLOPS"]

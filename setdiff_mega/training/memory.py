@@ -56,7 +56,7 @@ from setdiff_mega.diffusion import build_objective, inputs_for
 from setdiff_mega.model import build_model
 from setdiff_mega.parallel import initialize
 
-from .flops import body_parameters, processed_positions
+from .flops import body_parameters, norm_parameters, processed_positions
 from .step import autocast_context
 
 GIB = 2 ** 30
@@ -87,7 +87,7 @@ def rank_parameters(mc, padded_vocab: int, tp: int, pp: int) -> int:
     body = body_parameters(mc) // pp
     embed = v * h
     head = 0 if mc.tie_embeddings else v * h + (v if mc.head_bias else 0)
-    final_norm = h * (2 if mc.normalization == "LayerNorm" else 1)
+    final_norm = norm_parameters(mc, h)
     stages = [embed + head + final_norm] if pp == 1 else [embed, head + final_norm]
     return (body + max(stages)) // tp
 

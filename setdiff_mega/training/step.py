@@ -149,12 +149,19 @@ def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:
         g.copy_(synced)
 
 
-def allreduce_sequence_parallel_grads(model) -> None:
-    """Under sequence parallelism, norm weights see only their rank's sequence shard: sum their gradients
-    over the TP group (megatron-core marks them ``param.sequence_parallel``)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None and getattr(p, "sequence_parallel", False)]
-    _allreduce_grads(grads, ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size(),
-                     average=False)
+def tp_partial_grads(model) -> list:
+    """Gradients that each TP rank holds only a part of: norm weights under sequence parallelism (their rank's
+    sequence shard; megatron-core marks them ``param.sequence_parallel``) and q / k norms (their rank's heads;
+    ``param.tp_shared``, :class:`setdiff_mega.model.spec.Norm`)."""
+    return [p.grad for p in model.parameters() if p.grad is not None
+            and (getattr(p, "sequence_parallel", False) or getattr(p, "tp_shared", False))]
+
+
+def allreduce_tp_partial_grads(model) -> None:
+    """Sum the :func:`tp_partial_grads` over the TP group."""
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        _allreduce_grads(tp_partial_grads(model), ps.get_tensor_model_parallel_group(),
+                         ps.get_tensor_model_parallel_world_size(), average=False)
 
 
 def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
@@ -258,6 +265,6 @@ def total_parameters(model) -> int:
     return int(n)
 
 
-__all__ = ["forward_backward", "evaluate_batch", "allreduce_sequence_parallel_grads",
+__all__ = ["forward_backward", "evaluate_batch", "allreduce_tp_partial_grads",
            "clip_grad_norm", "autocast_context", "evaluate", "mean_over_dp", "zero_step",
            "step_epoch", "total_parameters"]

@@ -30,7 +30,7 @@ from setdiff_mega.parallel.ddp import GradReducer
 from setdiff_mega.parallel.zero import import_deepspeed, zero_engine  # DeepSpeed itself: only when ZeRO runs
 
 from .optim import build_optimizer
-from .step import allreduce_sequence_parallel_grads, clip_grad_norm, forward_backward, zero_step
+from .step import allreduce_tp_partial_grads, clip_grad_norm, forward_backward, zero_step
 
 
 class OptimizerBackend(abc.ABC):
@@ -67,7 +67,10 @@ class AdamWBackend(OptimizerBackend):
 
     def __init__(self, model, optimizer, tc, pc):
         super().__init__(model, optimizer)
-        self.tc, self.sequence_parallel = tc, pc.sequence_parallel
+        self.tc = tc
+        # norm gradients computed on a part of the sequence or of the heads: summed over the TP group
+        self.partial_grads = pc.tensor_model_parallel_size > 1 and (pc.sequence_parallel or any(
+            getattr(p, "tp_shared", False) for p in model.parameters()))
         self.ddp = model
         if ps.get_data_parallel_world_size(with_context_parallel=True) > 1:
             # DP x CP ranks: the CP ranks of a replica hold the same weights and add up their gradients
@@ -80,8 +83,8 @@ class AdamWBackend(OptimizerBackend):
 
     def forward_backward(self, objective, micro, autocast):
         total = forward_backward(self.model, self.ddp, objective, micro, autocast)
-        if self.sequence_parallel:
-            allreduce_sequence_parallel_grads(self.model)
+        if self.partial_grads:
+            allreduce_tp_partial_grads(self.model)
         return total, clip_grad_norm(self.model, self.tc.clip_grad)
 
     def apply(self) -> None:

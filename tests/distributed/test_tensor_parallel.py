@@ -7,7 +7,7 @@ from .harness import run_ranks
 L, B, V, MASK = 12, 3, 61, 60
 
 
-def _forward_backward(rank, world, tp, objective_name, backend="sdpa"):
+def _forward_backward(rank, world, tp, objective_name, backend="sdpa", features=None):
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
@@ -15,11 +15,13 @@ def _forward_backward(rank, world, tp, objective_name, backend="sdpa"):
     from setdiff_mega.diffusion import build_objective
     from setdiff_mega.model import build_model
     from setdiff_mega.parallel import initialize
+    from setdiff_mega.training.step import allreduce_tp_partial_grads
 
     initialize(tensor_model_parallel_size=tp, seed=1234)
     torch.manual_seed(0)
     mc = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, zero_init_head=False,
-                     make_vocab_size_divisible_by=8, activation="swiglu", attention_backend=backend)
+                     make_vocab_size_divisible_by=8, activation="swiglu", attention_backend=backend,
+                     **(features or {}))
     model = build_model(mc, V)
     x = torch.randint(0, 58, (B, L), generator=torch.Generator().manual_seed(1))
     pad = torch.zeros(B, L, dtype=torch.bool)
@@ -29,12 +31,14 @@ def _forward_backward(rank, world, tp, objective_name, backend="sdpa"):
     logits = model(**inp.model_kwargs())
     loss, _ = obj.loss(logits, inp)
     loss.backward()
+    allreduce_tp_partial_grads(model)                   # as the trainer does: q / k norms see this rank's heads
     qkv = model.decoder.layers[0].self_attention.linear_qkv.weight          # column-parallel: [out / tp, in]
     fc2 = model.decoder.layers[1].mlp.linear_fc2.weight                      # row-parallel: [out, in / tp]
     g_qkv = gather_from_tensor_model_parallel_region(qkv.grad.t().contiguous()).t() if tp > 1 else qkv.grad
     g_fc2 = gather_from_tensor_model_parallel_region(fc2.grad) if tp > 1 else fc2.grad
     norm = model.decoder.final_layernorm.weight.grad
-    return {"tp_rank": ps.get_tensor_model_parallel_rank(), "logits": logits.detach(), "loss": loss.item(),
+    qk_norm = getattr(model.decoder.layers[0].self_attention, "q_layernorm", None)
+    return {"g_qk_norm": qk_norm.weight.grad.detach() if hasattr(qk_norm, "weight") else None,"tp_rank": ps.get_tensor_model_parallel_rank(), "logits": logits.detach(), "loss": loss.item(),
             "g_qkv": g_qkv.detach(), "g_fc2": g_fc2.detach(), "g_norm": norm.detach(),
             "qkv_shape": tuple(qkv.shape), "rows": inp.attention_pattern.key_valid[:, inp.logits_start:]}
 
@@ -51,6 +55,19 @@ def test_tp2_matches_tp1(objective_name):
         torch.testing.assert_close(o["g_qkv"], ref["g_qkv"], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(o["g_fc2"], ref["g_fc2"], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(o["g_norm"], ref["g_norm"], rtol=1e-4, atol=1e-6)
+
+
+def test_tp2_matches_tp1_with_the_qwen_features():
+    """Head size != hidden / heads, q / k norms (their gradients summed over the TP group: each rank holds
+    half the heads), q / k / v bias, RMSNorm: TP = 2 gives the TP = 1 logits and gradients."""
+    qwen = dict(kv_channels=24, qk_layernorm=True, add_qkv_bias=True, normalization="RMSNorm", norm_eps=1e-6)
+    ref = run_ranks(_forward_backward, world=1, args=(1, "setdlm", "sdpa", qwen))[0]
+    out = run_ranks(_forward_backward, world=2, args=(2, "setdlm", "sdpa", qwen))
+    assert out[0]["qkv_shape"][0] * 2 == ref["qkv_shape"][0] == (4 + 2 * 2) * 24
+    for o in out.values():
+        torch.testing.assert_close(o["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(o["g_qkv"], ref["g_qkv"], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(o["g_qk_norm"], ref["g_qk_norm"], rtol=1e-4, atol=1e-6)
 
 
 def test_tp2_setcausal_backend_matches_tp1_dense_reference():

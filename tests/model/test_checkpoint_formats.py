@@ -10,6 +10,15 @@ VARIANTS = {
     "gelu": dict(activation="gelu"),
     "swiglu_gqa_bias": dict(activation="swiglu", num_query_groups=2, add_bias_linear=True, rotary_percent=0.5),
     "tied_rmsnorm": dict(tie_embeddings=True, normalization="RMSNorm"),
+    # the families' features (issue 30): Qwen3 (head size != hidden / heads, q / k norms, float RoPE base),
+    # Qwen2 + Llama 3 (q / k / v bias only, RoPE scaling, tied, eps), the reference DiT (bias-free LayerNorm,
+    # MLP bias without attention bias, GELU-tanh)
+    "qwen3": dict(activation="swiglu", normalization="RMSNorm", num_query_groups=2, kv_channels=12,
+                  qk_layernorm=True, rotary_base=1000000.0, norm_eps=1e-6, head_bias=False),
+    "qwen2_llama3": dict(activation="swiglu", normalization="RMSNorm", num_query_groups=1, add_qkv_bias=True,
+                         rope_scaling="llama3", rope_scaling_factor=4.0, rope_original_max_positions=4,
+                         rotary_base=500000.0, tie_embeddings=True, head_bias=False, norm_eps=1e-6),
+    "dit": dict(activation="gelu_tanh", norm_bias=False, mlp_bias=True, head_bias=True),
 }
 
 
@@ -46,6 +55,7 @@ def test_hf_export_matches_native_logits_and_converts_back_bit_identically(mcore
 
     from setdiff_mega.checkpoint import convert, full_state_dict
     from setdiff_mega.diffusion import build_objective
+    from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
 
     ck, model, cfg = _checkpoint(tmp_path, tokenizer, variant)
     out = convert.export(ck, tmp_path / "hf")
@@ -59,6 +69,9 @@ def test_hf_export_matches_native_logits_and_converts_back_bit_identically(mcore
                             logits_start=inp.logits_start).logits
     assert exported.shape == native.shape == (3, 16, tokenizer.vocab_size)
     torch.testing.assert_close(exported, native, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():                       # the third forward: the fused decode step over the same weights
+        stepped = DecodeModel(hf_model)(inp.tokens, inp.position_ids, inp.attention_mask, inp.logits_start)
+    torch.testing.assert_close(stepped, native, rtol=1e-5, atol=1e-5)
 
     back = convert.import_export(out, tmp_path / "back")
     assert back.name == "step_0000007"
