@@ -38,7 +38,8 @@ def _forward_backward(rank, world, tp, objective_name, backend="sdpa", features=
     g_fc2 = gather_from_tensor_model_parallel_region(fc2.grad) if tp > 1 else fc2.grad
     norm = model.decoder.final_layernorm.weight.grad
     qk_norm = getattr(model.decoder.layers[0].self_attention, "q_layernorm", None)
-    return {"g_qk_norm": qk_norm.weight.grad.detach() if hasattr(qk_norm, "weight") else None,"tp_rank": ps.get_tensor_model_parallel_rank(), "logits": logits.detach(), "loss": loss.item(),
+    return {"g_qk_norm": qk_norm.weight.grad.detach() if hasattr(qk_norm, "weight") else None,
+            "tp_rank": ps.get_tensor_model_parallel_rank(), "logits": logits.detach(), "loss": loss.item(),
             "g_qkv": g_qkv.detach(), "g_fc2": g_fc2.detach(), "g_norm": norm.detach(),
             "qkv_shape": tuple(qkv.shape), "rows": inp.attention_pattern.key_valid[:, inp.logits_start:]}
 
