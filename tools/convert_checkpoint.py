@@ -5,6 +5,11 @@
     python tools/convert_checkpoint.py to-hf runs/tiny_cpu exported/tiny_setdlm
     # Hugging Face directory -> a weights-only native checkpoint (train.init_from / generate / evaluate)
     python tools/convert_checkpoint.py from-hf exported/tiny_setdlm runs/from_hf [--step N]
+    # a model of a supported family (Llama, Mistral, Qwen2, Qwen3; a local directory) -> a native checkpoint
+    # (megatron-core, any TP / PP / CP layout) to train under any objective
+    python tools/convert_checkpoint.py from-hf /models/Qwen3-1.7B-Base runs/qwen3_setdlm --objective setdlm --D 4
+    # an AR checkpoint of an imported family -> that family's own layout (plain transformers, no remote code)
+    python tools/convert_checkpoint.py to-hf runs/qwen3_ar exported/qwen3_ar_hf --format hf
 
 Outputs are never destructive: an output that is or contains the input, or an existing non-empty
 directory, is refused; ``--overwrite`` replaces only a previous output of the same conversion (an export;
@@ -27,7 +32,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from setdiff_mega.checkpoint import convert, hf
+from setdiff_mega.checkpoint import convert, families, hf
 from setdiff_mega.cli import run_cli
 
 
@@ -41,25 +46,45 @@ def main(argv=None) -> int:
                    help="the EMA (train.ema_decay) or the raw weights (default: the EMA when the checkpoint has one)")
     a.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="weights' storage type (fp32: bit-exact; bf16: half the size)")
+    a.add_argument("--format", choices=("setdlm", "hf"), default="setdlm",
+                   help="setdlm: the project's inference format (any objective, with its sampler); hf: an AR model of "
+                        "an imported family in that family's own transformers layout")
     a.add_argument("--overwrite", action="store_true", help="replace a previous export at OUT_DIR (nothing else)")
     b = sub.add_parser("from-hf", help="Hugging Face directory -> native weights-only checkpoint")
     b.add_argument("hf_dir")
     b.add_argument("save_dir", help="run directory; the checkpoint goes to <save_dir>/checkpoints/step_N")
     b.add_argument("--step", type=int, default=None, help="step number to record (default: the exported one)")
+    b.add_argument("--objective", default=None, help="a family's model: the objective to train it under (default: "
+                   "the config's, setdlm)")
+    b.add_argument("--D", type=int, default=None, help="a family's model: SetDLM's D (objective.D)")
+    b.add_argument("--mask-token", default=None, help="a family's model without a MASK token: an existing token to "
+                   "use as MASK (default: <|fim_middle|> for Qwen, <|reserved_special_token_0|> for Llama 3; else a "
+                   "new token <|mask|> whose rows are the mean of the others)")
+    b.add_argument("overrides", nargs="*", help="a family's model: dotted config overrides (objective.S_max=16 ...)")
     b.add_argument("--overwrite", action="store_true",
                    help="replace a previous import at SAVE_DIR (never a training run's checkpoints)")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)          # overrides may follow the options
+    bad = [a for a in extra if a.startswith("-") or "=" not in a or args.direction != "from-hf"]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)}")
 
-    if args.direction == "to-hf":
+    if args.direction == "to-hf" and args.format == "hf":
+        out = families.export_model(args.checkpoint, args.out_dir, args.dtype, overwrite=args.overwrite)
+        print(f"exported {args.checkpoint} -> {out} in its family's own layout, stored as {args.dtype} (load with "
+              f"AutoModelForCausalLM.from_pretrained('{out}'))")
+    elif args.direction == "to-hf":
         out = convert.export(args.checkpoint, args.out_dir, args.weights, args.dtype, overwrite=args.overwrite)
         print(f"exported {args.checkpoint} ({hf.export_weights(out)} weights) -> {out}, stored as {args.dtype} (load "
               f"with AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True); see {out}/README.md)")
-    else:
-        if not hf.is_hf_export(Path(args.hf_dir)):
-            raise FileNotFoundError(f"'{args.hf_dir}' is not an exported setdiff-mega directory (no config.json "
-                                    f"with model_type 'setdlm')")
+    elif hf.is_hf_export(Path(args.hf_dir)):
         out = convert.import_export(args.hf_dir, args.save_dir, args.step, overwrite=args.overwrite)
         print(f"imported {args.hf_dir} -> {out}")
+    else:
+        overrides = ([f"objective.name={args.objective}"] if args.objective else []) + \
+            ([f"objective.D={args.D}"] if args.D is not None else []) + list(args.overrides) + extra
+        out = families.import_model(args.hf_dir, args.save_dir, overrides, args.mask_token, overwrite=args.overwrite)
+        print(f"imported {args.hf_dir} -> {out} (start training from it with train.init_from={args.save_dir}, "
+              f"the same model.* fields and objective)")
     return 0
 
 

@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     path = Path(args.path)
     report = {}
     if hf.is_hf_export(path):
-        cfg, tok, tensors = hf.read_export(path)
+        cfg, tok, weights = hf.read_export(path)
+        tensors = {} if args.no_tensors else dict(weights.items())
         meta = json.loads((path / "config.json").read_text())
         report.update(format="huggingface", path=str(path), step=meta.get("setdiff_mega_step"),
                       method=meta.get("method"))

@@ -100,7 +100,7 @@ def _write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n")
 
 
-def _check_import_target(save_dir: Path, hf_dir, overwrite: bool) -> list:
+def check_import_target(save_dir: Path, hf_dir, overwrite: bool) -> list:
     """The previous imports at ``save_dir`` that ``overwrite`` replaces; refuses a training run's directory
     (its checkpoints are never replaced by weights-only ones) and anything that is not an import."""
     check_not_input(save_dir, [hf_dir], "save_dir")
@@ -124,18 +124,24 @@ def _check_import_target(save_dir: Path, hf_dir, overwrite: bool) -> list:
     return done
 
 
+def remove_imports(previous: list, keep: str) -> None:
+    """Remove the previous imports :func:`check_import_target` validated (every one a weights-only import) but
+    ``keep``, the step the new import publishes (replaced atomically by the publication)."""
+    for ck in previous:
+        if ck.name != keep:
+            shutil.rmtree(ck)
+
+
 def import_export(hf_dir: str | Path, save_dir: str | Path, step: int | None = None, overwrite: bool = False) -> Path:
     """An exported directory -> a weights-only native checkpoint under ``save_dir`` (returns its dir);
     ``overwrite`` replaces a previous import there (never a training run's checkpoints)."""
     save_dir = Path(save_dir)
-    previous = _check_import_target(save_dir, hf_dir, overwrite)
+    previous = check_import_target(save_dir, hf_dir, overwrite)
     model, _, tok, cfg = load_model(hf_dir)
     meta = json.loads((Path(hf_dir) / "config.json").read_text())
     step = int(meta.get("setdiff_mega_step", 0)) if step is None else step
-    for ck in previous:                    # validated: every one is a weights-only import
-        if ck.name != f"step_{step:07d}":   # the same step is replaced atomically by the publication
-            shutil.rmtree(ck)
+    remove_imports(previous, keep=f"step_{step:07d}")
     return save_model_checkpoint(save_dir, step, model, cfg, tok, state={"imported_from": str(hf_dir)})
 
 
-__all__ = ["export", "import_export"]
+__all__ = ["export", "import_export", "check_import_target", "remove_imports", "TO_HF", "DTYPES"]

@@ -1,6 +1,7 @@
-"""The Hugging Face format: the name and layout mapping (one declarative table, :data:`RULES`, read in
-both directions), ``config.json``, reading an export (the conversions that write one, or a native
-checkpoint from one, are in :mod:`.convert`).
+"""The project's own Hugging Face format (the export every engine decodes): the name and layout mapping
+(:data:`RULES`, transformers' decoder layout of :mod:`.adapters.layout`, read in both directions, with the
+padded vocabulary rows kept), ``config.json``, reading an export (the conversions that write one, or a
+native checkpoint from one, are in :mod:`.convert`; it is one of the adapters of :mod:`.adapters`).
 
 Name and layout mapping (single-process state dict -> transformers names; ``i`` = layer):
 
@@ -28,18 +29,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from setdiff_mega.config import from_dict, to_dict
 from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.hfmodel.integrity import verify_checksums, write_checksums
 
+from .adapters import layout
+from .adapters.weights import HFWeights
 from .io import CheckpointError
 
 CODE_DIRS = tuple(Path(__file__).resolve().parent.parent / d for d in ("decoding", "hfmodel"))   # in every export
@@ -62,95 +59,10 @@ AUTO_MAP = {"AutoConfig": "configuration_setdlm.SetDLMConfig",
             "AutoModel": "modeling_setdlm.SetDLMForDiffusionLM",
             "AutoModelForCausalLM": "modeling_setdlm.SetDLMForDiffusionLM",
             "AutoModelForMaskedLM": "modeling_setdlm.SetDLMForDiffusionLM"}
-def _qkv_split(t: torch.Tensor, mc) -> tuple:
-    heads, groups = mc.num_attention_heads, mc.query_groups
-    per = heads // groups
-    d = t.shape[0] // (groups * (per + 2))
-    g = t.reshape(groups, (per + 2) * d, *t.shape[1:])
-    q, k, v = torch.split(g, [per * d, d, d], dim=1)
-    return tuple(x.reshape(-1, *t.shape[1:]).contiguous() for x in (q, k, v))
-
-
-def _qkv_fuse(parts: tuple, mc) -> torch.Tensor:
-    groups = mc.query_groups
-    grouped = [x.reshape(groups, -1, *x.shape[1:]) for x in parts]
-    return torch.cat(grouped, dim=1).reshape(-1, *parts[0].shape[1:]).contiguous()
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One native tensor <-> one or more transformers tensors. ``native`` is a regex over the native name
-    (groups ``i`` = layer, ``kind`` = weight / bias), ``hf`` the transformers names it becomes (formatted
-    with the groups); ``split`` / ``fuse`` move rows between the two layouts (exact inverses); ``when``
-    selects the rule for a ModelConfig."""
-    native: str
-    hf: tuple
-    split: Callable = lambda t, mc: (t,)
-    fuse: Callable = lambda parts, mc: parts[0]
-    when: Callable = lambda mc: True
-
-
-_L = r"decoder\.layers\.(?P<i>\d+)\."
-_K = r"\.(?P<kind>weight|bias)"
-RULES = (
-    Rule(r"embedding\.word_embeddings" + _K, ("model.embed_tokens.{kind}",)),
-    Rule(r"decoder\.final_layernorm" + _K, ("model.norm.{kind}",)),
-    Rule(r"output_layer\.bias", ("lm_head_bias",), when=lambda mc: mc.tie_embeddings),
-    Rule(r"output_layer" + _K, ("lm_head.{kind}",)),
-    Rule(_L + r"input_layernorm" + _K, ("model.layers.{i}.input_layernorm.{kind}",)),
-    Rule(_L + r"pre_mlp_layernorm" + _K, ("model.layers.{i}.post_attention_layernorm.{kind}",)),
-    Rule(_L + r"self_attention\.linear_qkv" + _K,
-         tuple(f"model.layers.{{i}}.self_attn.{p}_proj.{{kind}}" for p in "qkv"), _qkv_split, _qkv_fuse),
-    Rule(_L + r"self_attention\.linear_proj" + _K, ("model.layers.{i}.self_attn.o_proj.{kind}",)),
-    Rule(_L + r"self_attention\.(?P<qk>[qk])_layernorm" + _K, ("model.layers.{i}.self_attn.{qk}_norm.{kind}",)),
-    Rule(_L + r"mlp\.linear_fc1" + _K, ("model.layers.{i}.mlp.gate_proj.{kind}", "model.layers.{i}.mlp.up_proj.{kind}"),
-         lambda t, mc: tuple(x.contiguous() for x in t.chunk(2, dim=0)), lambda parts, mc: torch.cat(parts),
-         when=lambda mc: mc.activation == "swiglu"),
-    Rule(_L + r"mlp\.linear_fc1" + _K, ("model.layers.{i}.mlp.up_proj.{kind}",)),
-    Rule(_L + r"mlp\.linear_fc2" + _K, ("model.layers.{i}.mlp.down_proj.{kind}",)),
-)
-
-
-def _rule(name: str, mc) -> tuple:
-    """(rule, the transformers names) of a native tensor name."""
-    for r in RULES:
-        m = re.fullmatch(r.native, name)
-        if m and r.when(mc):
-            return r, [h.format(**m.groupdict()) for h in r.hf]
-    raise CheckpointError(f"no Hugging Face name for tensor '{name}' (unsupported model or layer variant)")
-
-
-def _tensors(state: dict):
-    return ((k, v) for k, v in state.items() if isinstance(v, torch.Tensor) and not k.endswith("_extra_state"))
-
-
+RULES = layout.DECODER_RULES           # transformers' decoder layout; the padded vocabulary rows are kept
 def native_to_hf(state: dict, mc) -> dict:
-    """Single-process native state dict -> transformers names (tensors only), by :data:`RULES`."""
-    out = {}
-    for name, t in _tensors(state):
-        rule, names = _rule(name, mc)
-        out.update(zip(names, rule.split(t.detach().cpu().contiguous(), mc)))
-    return out
-
-
-def hf_to_native(weights: dict, template: dict, mc, source: str) -> dict:
-    """transformers names -> the native state dict with the keys (and non-tensor entries) of ``template``,
-    by the same :data:`RULES`."""
-    expected = native_to_hf(template, mc)
-    for k, v in expected.items():
-        if k not in weights:
-            raise CheckpointError(f"{source} has no tensor '{k}' (the config's architecture needs it)")
-        if tuple(weights[k].shape) != tuple(v.shape):
-            raise CheckpointError(f"{source}: tensor '{k}' has shape {tuple(weights[k].shape)}, the config's "
-                                  f"architecture needs {tuple(v.shape)}")
-    extra = sorted(set(weights) - set(expected))
-    if extra:
-        raise CheckpointError(f"{source} has tensors the config's architecture does not use: {extra[:4]}")
-    out = dict(template)
-    for name, _ in _tensors(template):
-        rule, names = _rule(name, mc)
-        out[name] = rule.fuse(tuple(weights[n] for n in names), mc)
-    return out
+    """Single-process native state dict -> the export's names (tensors only), by :data:`RULES`."""
+    return layout.native_to_hf(state, mc, RULES)
 
 
 def hf_config(cfg, tok, padded_vocab: int) -> dict:
@@ -212,10 +124,7 @@ def read_export(path: str | Path):
     f = p / "model.safetensors"
     if not f.is_file():
         raise CheckpointError(f"'{f}' is missing")
-    try:
-        weights = load_file(str(f))
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"'{f}' is truncated or unreadable ({e})") from None
+    weights = HFWeights(p)
     if not (p / "tokenizer.json").is_file():
         raise CheckpointError(f"export '{p}' has no tokenizer.json (every export carries the tokenizer its model "
                               f"was trained with): the copy is incomplete; copy the whole directory again")
@@ -226,11 +135,14 @@ def read_export(path: str | Path):
     return cfg, tok, weights
 
 
-def load_into(model, weights: dict, path: Path, mc) -> None:
+def load_into(model, weights: HFWeights, path: Path, mc) -> None:
     """Load exported ``weights`` into a single-process native model built from ModelConfig ``mc``."""
-    src = f"'{Path(path) / 'model.safetensors'}'"
-    model.load_state_dict(hf_to_native(weights, model.state_dict(), mc, src))
+    state = model.state_dict()
+    expected = layout.expected_shapes(state, mc, RULES)
+    layout.check_tensors(weights.shapes, expected, f"'{Path(path) / 'model.safetensors'}'")
+    layout.fill_native(weights.get, state, mc, RULES)
+    weights.close()
 
 
-__all__ = ["CODE_DIRS", "code_files", "export_source", "check_checksums", "write_checksums", "RULES", "Rule",
-           "export_weights", "read_export", "is_hf_export", "native_to_hf", "hf_to_native", "hf_config", "load_into"]
+__all__ = ["CODE_DIRS", "code_files", "export_source", "check_checksums", "write_checksums", "RULES",
+           "export_weights", "read_export", "is_hf_export", "native_to_hf", "hf_config", "load_into"]

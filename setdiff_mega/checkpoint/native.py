@@ -50,12 +50,33 @@ def checkpoint_tokenizer(ck: Path):
         raise CheckpointError(f"checkpoint tokenizer '{ck / 'tokenizer.json'}': {e}") from None
 
 
+SHAPES = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "kv_channels",
+          "normalization", "norm_bias", "qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias", "mlp_bias",
+          "head_bias", "tie_embeddings", "make_vocab_size_divisible_by")
+# the function the weights compute, beyond their shapes
+ARCHITECTURE = SHAPES + ("family", "vocab_size", "norm_eps", "rotary_base", "rotary_percent", "rope_scaling",
+                         "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                         "rope_original_max_positions", "max_position_embeddings")
+
+
+def adopt_architecture(cfg) -> dict:
+    """With ``train.init_from`` and ``train.init_architecture`` (the default, like Megatron-LM's
+    ``--use-checkpoint-args``), the run's model.* architecture fields become the checkpoint's (an imported
+    Qwen3 or Llama needs no model.* overrides); the kernels, precision and recomputation stay the run's.
+    Returns the fields that changed. Without it, a different shape is refused when the weights load
+    (:func:`check_model_config`)."""
+    if not cfg.train.init_from or not cfg.train.init_architecture:
+        return {}
+    ck, _ = resolve_checkpoint(cfg.train.init_from)
+    saved = checkpoint_config(ck).model
+    adopted = {f: getattr(saved, f) for f in ARCHITECTURE if getattr(cfg.model, f) != getattr(saved, f)}
+    cfg.model = dataclasses.replace(cfg.model, **adopted)
+    return adopted
+
+
 def check_model_config(saved, wanted, source: str) -> None:
     """The architecture fields that decide tensor shapes must agree; name the first difference."""
-    fields = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-              "kv_channels", "normalization", "norm_bias", "qk_layernorm", "activation", "add_bias_linear",
-              "add_qkv_bias", "mlp_bias", "head_bias", "tie_embeddings", "make_vocab_size_divisible_by")
-    for f in fields:
+    for f in SHAPES:
         a, b = getattr(saved, f), getattr(wanted, f)
         if a != b:
             raise CheckpointError(f"{source} was trained with model.{f}={a!r}, this run has model.{f}={b!r}; "
@@ -210,5 +231,5 @@ def full_state_dict(path: str | Path, weights: str = "raw") -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
-__all__ = ["load_model", "load_weights", "save_model_checkpoint", "full_state_dict", "checkpoint_config",
-           "checkpoint_tokenizer", "check_model_config"]
+__all__ = ["adopt_architecture", "ARCHITECTURE", "load_model", "load_weights", "save_model_checkpoint",
+           "full_state_dict", "checkpoint_config", "checkpoint_tokenizer", "check_model_config"]

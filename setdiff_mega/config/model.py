@@ -17,6 +17,7 @@ from .errors import ConfigError
 
 @dataclass
 class ModelConfig:
+    family: Optional[str] = None                 # the Hugging Face family it was imported from (llama, qwen3, ...)
     num_layers: int = 4
     hidden_size: int = 128
     num_attention_heads: int = 4

@@ -48,6 +48,7 @@ class Tokenizer:
         if self.mask in (self.bos, self.eos, self.pad):
             raise ValueError(f"tokenizer '{source}': MASK must be a token of its own (it is never a target)")
         self.vocab_size = hf.get_vocab_size()
+        self.chat_template: str | None = None   # an adopted model's Jinja chat template (kept in the sidecar)
         self.hash = hashlib.sha256(hf.to_str().encode()).hexdigest()[:16]
 
     # megatron-core dataset protocol
@@ -69,10 +70,10 @@ class Tokenizer:
         if not p.is_file():
             raise FileNotFoundError(f"tokenizer file '{p}' does not exist; run tools/prepare_data.py first "
                                     f"or point data.tokenizer at a tokenizer.json")
-        roles = None
-        if roles_path(p).is_file():
-            roles = json.loads(roles_path(p).read_text())["roles"]
-        return cls(HFTokenizer.from_file(str(p)), source=str(p), roles=roles)
+        side = json.loads(roles_path(p).read_text()) if roles_path(p).is_file() else {}
+        tok = cls(HFTokenizer.from_file(str(p)), source=str(p), roles=side.get("roles"))
+        tok.chat_template = side.get("chat_template")
+        return tok
 
     @classmethod
     def adopt(cls, path: str | Path, bos: str, eos: str, pad: str | None = None,
@@ -102,12 +103,14 @@ class Tokenizer:
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
-        """Write tokenizer.json (and the roles sidecar when the roles are not the defaults)."""
+        """Write tokenizer.json (and the sidecar when the roles are not the defaults or there is a chat
+        template)."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.hf.save(str(path))
         side = roles_path(path)
-        if self.roles != SPECIAL_TOKENS:
-            side.write_text(json.dumps({"roles": self.roles, "ids": self.special_ids}, indent=2))
+        if self.roles != SPECIAL_TOKENS or self.chat_template:
+            extra = {"chat_template": self.chat_template} if self.chat_template else {}
+            side.write_text(json.dumps({"roles": self.roles, "ids": self.special_ids, **extra}, indent=2))
         else:
             side.unlink(missing_ok=True)
 

@@ -38,7 +38,7 @@ from setdiff_mega.build import model_for
 from setdiff_mega.build import objective_for as objective_from_config
 from setdiff_mega.build import tokenizer_for as resolve_tokenizer
 from setdiff_mega.build import vocab_for as resolve_vocab
-from setdiff_mega.checkpoint import load_weights
+from setdiff_mega.checkpoint import adopt_architecture, load_weights
 from setdiff_mega.checkpoint.manager import Checkpointer, load_resume_weights
 from setdiff_mega.checkpoint.rundir import claim
 from setdiff_mega.config import ConfigError, RunConfig, to_dict, validate_layout
@@ -122,6 +122,7 @@ class Trainer:
             torch.set_num_threads(tc.num_threads)
         prefixes, _ = parse_blend(dc.path)
         infos = [check_dataset(p) for p in prefixes]      # clear errors before any expensive set-up
+        adopted = adopt_architecture(cfg)                  # train.init_from's model.* fields left at their defaults
         self.tok = tok = resolve_tokenizer(cfg)
         self.vocab = resolve_vocab(cfg, tok)
         for p, info in zip(prefixes, infos):               # vocabulary, and the tokenizer the data was made with
@@ -140,6 +141,8 @@ class Trainer:
         self.pp = ps.get_pipeline_model_parallel_world_size()
         if not self.main:
             self.log = lambda *a, **k: None  # noqa: E731  (only rank 0 talks)
+        if adopted:
+            self.log(f"model architecture from train.init_from: {', '.join(f'{k}={v}' for k, v in adopted.items())}")
         torch.manual_seed(tc.seed)
         self._setup_data(prefixes)
         self.objective = objective_from_config(cfg, tok)

@@ -154,7 +154,7 @@ def test_convert_inspect_and_generate_from_the_hugging_face_export(trained_run, 
     strip = lambda rep: [(t["name"], t["sha256"]) for t in rep["tensors"]]  # noqa: E731
     assert strip(back) == strip(native)                   # bit-identical weights after the round trip
     r = run_here(["tools/convert_checkpoint.py", "from-hf", str(save), str(tmp_path / "x")])
-    assert r.returncode == 2 and "is not an exported setdiff-mega directory" in r.stderr
+    assert r.returncode == 2 and "has no config.json: point at a Hugging Face model directory" in r.stderr
 
 
 def test_demo_prints_a_non_empty_unconditional_sample(trained_run, data_dir):
