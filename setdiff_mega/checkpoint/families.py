@@ -32,7 +32,7 @@ from setdiff_mega.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from setdiff_mega.outputs import check_output_dir, marked_by, staged_dir
 from setdiff_mega.parallel import initialize
 
-from . import adapters, convert
+from . import adapters, convert, hf
 from .adapters import layout
 from .adapters.base import normalised, quiet_transformers
 from .adapters.weights import HFWeights
@@ -57,40 +57,54 @@ def _token(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def adopt_tokenizer(path: Path, adapter, mask_token: str | None, rows: int) -> tuple:
-    """(the directory's tokenizer with its roles and MASK, its size before a MASK token was added); see the
-    module docstring."""
+def _role(tc: dict, raw: dict, vocab, role: str) -> str | None:
+    """A special token from tokenizer_config.json, else from config.json's ``<role>_token_id``."""
+    token = _token(tc.get(f"{role}_token"))
+    ident = raw.get(f"{role}_token_id")
+    if token is None and isinstance(ident, int) and ident < vocab.get_vocab_size():
+        token = vocab.id_to_token(ident)
+    return token
+
+
+def adopt_tokenizer(path: Path, adapter, mask_token: str | None, rows: int, raw: dict) -> tuple:
+    """(the directory's tokenizer with its roles and MASK, the ids whose rows the import sets to the mean: a
+    MASK token it added, unless config.json says the model was trained with it); see the module docstring."""
     from tokenizers import Tokenizer as HFTokenizer
 
     f = path / "tokenizer.json"
     if not f.is_file():
-        raise CheckpointError(f"'{path}' has no tokenizer.json: save the fast tokenizer next to the weights "
-                              f"(AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))")
+        raise CheckpointError(f"'{path}' has no tokenizer.json: save the model's fast tokenizer next to the weights "
+                              f"(AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR))")
     tc_file = path / "tokenizer_config.json"
     tc = json.loads(tc_file.read_text()) if tc_file.is_file() else {}
     vocab = HFTokenizer.from_file(str(f))
-    if vocab.get_vocab_size() > rows:
-        raise CheckpointError(f"'{f}' has {vocab.get_vocab_size()} tokens, more than the {rows} rows of the "
+    known = vocab.get_vocab_size()
+    if known > rows:
+        raise CheckpointError(f"'{f}' has {known} tokens, more than the {rows} rows of the "
                               f"embedding: the tokenizer belongs to another model; use the model's own tokenizer")
-    eos = _token(tc.get("eos_token"))
+    eos = _role(tc, raw, vocab, "eos")
     if eos is None or vocab.token_to_id(eos) is None:
         raise CheckpointError(f"'{tc_file}' names no EOS token of the tokenizer (eos_token); add it")
-    own = _token(tc.get("mask_token"))
+    trained = raw.get("mask_token_id")                  # a diffusion release: MASK's row is trained
+    own = _role(tc, raw, vocab, "mask")
     family = next((t for t in adapter.mask_tokens if vocab.token_to_id(t) is not None), None)
     mask = own or mask_token or family or SPECIAL_TOKENS["mask"]
     if mask_token and not own and vocab.token_to_id(mask_token) is None:
         raise CheckpointError(f"--mask-token {mask_token!r} is not a token of '{f}'; name an existing token, or "
                               f"leave it out to add a new MASK token")
     try:
-        tok = Tokenizer.adopt(f, bos=_token(tc.get("bos_token")) or eos, eos=eos,
-                              pad=_token(tc.get("pad_token")) or eos, mask=mask)
+        tok = Tokenizer.adopt(f, bos=_role(tc, raw, vocab, "bos") or eos, eos=eos,
+                              pad=_role(tc, raw, vocab, "pad") or eos, mask=mask)
     except ValueError as e:
         raise CheckpointError(f"'{f}': {e}; name another MASK token with --mask-token") from None
+    if isinstance(trained, int) and tok.mask != trained:
+        raise CheckpointError(f"'{path / 'config.json'}' says MASK is id {trained}, the tokenizer gives "
+                              f"{tok.token(tok.mask)!r} id {tok.mask}: use the release's own tokenizer")
     template = tc.get("chat_template")
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
     tok.chat_template = template if isinstance(template, str) else None
-    return tok, vocab.get_vocab_size()
+    return tok, range(0) if isinstance(trained, int) else range(known, tok.vocab_size)
 
 
 def load_family(path: str | Path, overrides=(), mask_token: str | None = None):
@@ -99,20 +113,22 @@ def load_family(path: str | Path, overrides=(), mask_token: str | None = None):
     p = Path(path)
     raw = read_config(p)
     source = f"'{p / 'config.json'}'"
-    adapter = adapters.detect(raw, source)
-    if adapter.native:
+    if hf.is_hf_export(p):
         model, _, tok, cfg = load_model(p)
-        return model, cfg, tok, adapter
-    fields = adapter.to_model(normalised(raw) if adapter.transformers_config else raw, source)
+        return model, cfg, tok, adapters.detect(raw, source)
     weights = HFWeights(p)
+    adapter = adapters.detect(raw, source, weights.names())
     embed = layout.match(adapter.rules, EMBEDDING, None)[1][0]
     if embed not in weights:
         raise CheckpointError(f"'{p}' has no tensor '{embed}' (the embedding): the weights are not a "
                               f"{adapter.name} model's")
+    fields = adapter.to_model(normalised(raw) if adapter.transformers_config else raw, source, weights.shapes)
+    weights = adapter.fold(weights)
     rows = weights.shapes[embed][0]
-    tok, known = adopt_tokenizer(p, adapter, mask_token, rows)
+    tok, new = adopt_tokenizer(p, adapter, mask_token, rows, raw)
+    method = adapter.objective(raw) if adapter.objective else []
     try:
-        cfg = load_config(None, list(overrides), check=False)
+        cfg = load_config(None, method + list(overrides), check=False)
         cfg.model = dataclasses.replace(cfg.model, **fields, vocab_size=max(rows, tok.vocab_size))
         validate(cfg)
     except ConfigError as e:
@@ -120,7 +136,7 @@ def load_family(path: str | Path, overrides=(), mask_token: str | None = None):
     initialize(seed=cfg.train.seed)
     model = model_for(cfg, cfg.model.vocab_size)
     file_mc = dataclasses.replace(cfg.model, vocab_size=rows)
-    _fill(model, weights, file_mc, adapter, p, new=range(known, tok.vocab_size))
+    _fill(model, weights, file_mc, adapter, p, new=new)
     return model.eval(), cfg, tok, adapter
 
 
@@ -145,7 +161,7 @@ def import_model(path: str | Path, save_dir: str | Path, overrides=(), mask_toke
     """A Hugging Face directory (any supported family, or the project's export) -> a weights-only native
     checkpoint under ``save_dir`` (returns its dir); the rules of :func:`convert.check_import_target`."""
     p, save_dir = Path(path), Path(save_dir)
-    if adapters.detect(read_config(p), f"'{p / 'config.json'}'").native:
+    if hf.is_hf_export(p):
         return convert.import_export(p, save_dir, overwrite=overwrite)
     previous = convert.check_import_target(save_dir, p, overwrite)
     model, cfg, tok, adapter = load_family(p, overrides, mask_token)
@@ -173,7 +189,7 @@ def export_model(checkpoint: str | Path, out_dir: str | Path, dtype: str = "fp32
     if adapter is None or adapter.to_hf is None:
         raise CheckpointError(f"'{checkpoint}' is not a model of a Hugging Face family (model.family="
                               f"{mc.family}); export it in the project's format (to-hf without --format hf)")
-    if not cfg.objective.method.causal:
+    if not (adapter.any_objective or cfg.objective.method.causal):
         raise CheckpointError(f"'{checkpoint}' was trained with objective {cfg.objective.name}: a {mc.family} model "
                               f"in transformers' layout decodes left to right only; export it in the project's "
                               f"format (to-hf without --format hf), which carries its sampler")
@@ -181,18 +197,22 @@ def export_model(checkpoint: str | Path, out_dir: str | Path, dtype: str = "fp32
     tensors = {k: v.to(dtype=torch_dtype, copy=True)      # tensors of their own: safetensors refuses shared storage
                for k, v in layout.native_to_hf(model.state_dict(), mc, adapter.rules, exact_vocab=True).items()}
     with staged_dir(out_dir, TO_HF_FAMILY, source=str(checkpoint)) as tmp:
-        _write_family(tmp, adapter, mc, tok, tensors, name)
+        _write_family(tmp, adapter, cfg, tok, tensors, name)
     return Path(out_dir)
 
 
-def _write_family(tmp: Path, adapter, mc, tok: Tokenizer, tensors: dict, dtype_name: str) -> None:
+def _write_family(tmp: Path, adapter, cfg, tok: Tokenizer, tensors: dict, dtype_name: str) -> None:
     from huggingface_hub import save_torch_state_dict  # the Hugging Face path's own dependency
     from transformers import AutoConfig
 
-    fields = {**adapter.to_hf(mc), "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
-              "dtype": dtype_name}
-    with quiet_transformers():
-        AutoConfig.for_model(**fields).save_pretrained(str(tmp))
+    mc = cfg.model
+    fields = {**adapter.to_hf(cfg), "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
+              "mask_token_id": tok.mask, "dtype": dtype_name}
+    if adapter.transformers_config:
+        with quiet_transformers():
+            AutoConfig.for_model(**fields).save_pretrained(str(tmp))
+    else:
+        (tmp / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
     save_torch_state_dict(tensors, str(tmp), max_shard_size="5GB", metadata={"format": "pt"})
     tok.save(tmp / "tokenizer.json")
     special = {"bos_token": tok.token(tok.bos), "eos_token": tok.token(tok.eos), "pad_token": tok.token(tok.pad),
@@ -200,7 +220,7 @@ def _write_family(tmp: Path, adapter, mc, tok: Tokenizer, tensors: dict, dtype_n
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mc.max_position_embeddings,
               **special, **({"chat_template": tok.chat_template} if tok.chat_template else {})}
     (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    convert.hf.write_checksums(tmp)
+    hf.write_checksums(tmp)
 
 
 __all__ = ["import_model", "export_model", "load_family", "adopt_tokenizer", "read_config"]

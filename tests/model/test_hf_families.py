@@ -254,3 +254,35 @@ def test_imported_model_gives_transformers_logits_under_tp_and_pp(mcore, family,
         theirs = reference(ids, attention_mask=valid.long()).logits
     for r in ([0, 1] if pp == 1 else [1]):
         torch.testing.assert_close(out[r][valid], theirs[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_a_setdlms_qwen3_release_imports_with_its_method(mcore, family, tmp_path):
+    """setdlms' Qwen3-backbone release layout (model_type bd3lm, the transformers model under
+    ``backbone.model.``, pickled): the architecture from the shapes, the method from the noise config,
+    transformers' logits."""
+    import shutil
+
+    from setdiff_mega.checkpoint import families
+
+    name, path, reference = family
+    if name != "qwen3":
+        pytest.skip("the release layout wraps a Qwen3")
+    d = tmp_path / "release"
+    d.mkdir()
+    torch.save({f"backbone.model.{k}": v for k, v in reference.state_dict().items()}, d / "pytorch_model.bin")
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "bd3lm", "length": 64, "mask_token_id": None,
+        "noise_config": {"desired_block_size": 4, "max_block_size": 8, "length": 64},
+        "backbone_config": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}}))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(path / f, d / f)
+    model, cfg, tok, adapter = families.load_family(d)
+    assert adapter.name == "setdlm-qwen3" and (cfg.objective.name, cfg.objective.D, cfg.objective.S_max) == \
+        ("setdlm", 4, 8)
+    assert (cfg.model.kv_channels, cfg.model.num_query_groups, cfg.model.qk_layernorm) == (32, 2, True)
+    ids, valid = _padded_batch()
+    keep = torch.ones(11, 11, dtype=torch.bool).tril()[None] & valid[:, None, :]
+    with torch.no_grad():
+        ours = model(ids, torch.arange(11).expand(3, 11), keep)
+        theirs = reference(ids, attention_mask=valid.long()).logits
+    torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5)

@@ -1,9 +1,12 @@
 """What an architecture adapter is, and the parts the decoder-only families share.
 
-An :class:`Adapter` is a record: the ``model_type`` / ``architectures`` values of ``config.json`` it reads,
-``to_model`` (the config's fields -> ModelConfig fields), ``to_hf`` (ModelConfig -> the family's own
-``config.json`` fields, for ``to-hf --format hf``), the name / shape map (:mod:`.layout`) and the tokens
-it takes as MASK when the tokenizer has none. ``config.json`` is read through transformers' own config
+An :class:`Adapter` is a record: the ``model_type`` / ``architectures`` values of ``config.json`` it reads
+(``claims`` decides between adapters that share a ``model_type``, from the tensor names), ``to_model``
+(the config's fields and the tensors' shapes -> ModelConfig fields), ``objective`` (the config -> the
+objective overrides of a diffusion release), ``fold`` (a view of the weights with what the native model
+does not have folded in), ``to_hf`` (ModelConfig -> the family's own ``config.json`` fields, for
+``to-hf --format hf``), the name / shape map (:mod:`.layout`) and the tokens it takes as MASK when the
+tokenizer has none. ``config.json`` is read through transformers' own config
 class for the ``model_type`` (its defaults and its normalisation of RoPE fields: ``rope_parameters``, or
 the older ``rope_theta`` / ``rope_scaling``); no remote code is ever executed.
 
@@ -14,9 +17,11 @@ untied embeddings, no head bias.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
+from setdiff_mega import methods
 from setdiff_mega.errors import CheckpointError
 
 from .layout import DECODER_RULES
@@ -27,14 +32,18 @@ class Adapter:
     name: str                               # recorded as model.family
     model_types: tuple                      # config.json "model_type" values
     architectures: tuple                    # config.json "architectures" values (the AR class for --format hf)
-    to_model: Callable                      # (config dict, source) -> ModelConfig fields
-    to_hf: Callable | None = None           # ModelConfig -> config.json fields (None: no --format hf)
+    to_model: Callable                      # (config dict, source, {name: shape}) -> ModelConfig fields
+    to_hf: Callable | None = None           # RunConfig -> config.json fields (None: no --format hf)
+    any_objective: bool = False             # its layout carries a diffusion method (else: AR models only)
     rules: tuple = DECODER_RULES
     exact_vocab: bool = True                # the file holds model.vocab_size rows (no native padding)
     mask_tokens: tuple = ()                 # existing tokens taken as MASK, first found wins
     transformers_config: bool = True        # config.json is read through transformers' class for model_type
     native: bool = False                    # the project's own export (its config is the whole training config)
     ignore: tuple = field(default=(r".*rotary_emb\.inv_freq",))   # buffers some writers save; never read
+    claims: Callable | None = None          # (config dict, tensor names) -> bool, among a shared model_type
+    objective: Callable | None = None       # config dict -> objective overrides (a diffusion release's method)
+    fold: Callable = lambda weights: weights   # the weights as the native model reads them
 
 
 @contextlib.contextmanager
@@ -104,10 +113,32 @@ def decoder_hf_fields(mc) -> dict:
             "tie_word_embeddings": mc.tie_embeddings, "rope_parameters": rope}
 
 
+def release_objective(raw: dict) -> list:
+    """The objective overrides of a setdlms / bd3lms / mdlm release's ``config.json``:
+    ``noise_config.desired_block_size`` -> SetDLM with D = it and S_max = ``max_block_size``, except that some
+    exported configs carry ``max_block_size == length`` where 2D was meant (the reference's loader warns about
+    it): then S_max = 2D; ``model_type`` mdlm -> MDLM; else BD3LM with the config's ``block_size``."""
+    noise, length = raw.get("noise_config") or {}, raw.get("length", raw.get("model_length"))
+    if noise.get("desired_block_size"):
+        D = int(noise["desired_block_size"])
+        s_max = noise.get("max_block_size")
+        if s_max is None or s_max == length or s_max == noise.get("length"):
+            s_max = 2 * D                      # the reference loader's warning: max_block_size == length
+        return ["objective.name=setdlm", f"objective.D={D}", f"objective.S_max={int(s_max)}"]
+    name = raw.get("model_type")               # the release's model_type is its method (bd3lm, mdlm)
+    if name not in methods.names():
+        raise CheckpointError(f"config.json's model_type '{name}' names no method of this project "
+                              f"({', '.join(methods.names())})")
+    options = {f.name for f in dataclasses.fields(methods.get(name).options)}
+    block = [f"objective.block_size={int(raw['block_size'])}"] if "block_size" in options and raw.get("block_size") \
+        else []
+    return [f"objective.name={name}", *block]
+
+
 def refuse(condition: bool, source: str, what: str) -> None:
     if condition:
         raise CheckpointError(f"{source}: {what}")
 
 
-__all__ = ["Adapter", "normalised", "rope_fields", "decoder_fields", "decoder_hf_fields", "refuse",
+__all__ = ["Adapter", "release_objective", "normalised", "rope_fields", "decoder_fields", "decoder_hf_fields", "refuse",
            "quiet_transformers"]

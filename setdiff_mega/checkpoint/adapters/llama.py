@@ -13,11 +13,11 @@ def _biases(hf: dict) -> dict:
     return {"add_bias_linear": attn, "mlp_bias": None if mlp == attn else mlp}
 
 
-def llama_model(hf: dict, source: str) -> dict:
+def llama_model(hf: dict, source: str, shapes: dict) -> dict:
     return {**decoder_fields(hf, source, "llama"), **_biases(hf)}
 
 
-def mistral_model(hf: dict, source: str) -> dict:
+def mistral_model(hf: dict, source: str, shapes: dict) -> dict:
     window = hf.get("sliding_window")
     refuse(window is not None and window < int(hf.get("max_position_embeddings", 0)), source,
            f"sliding_window={window} (local attention) is not supported; only Mistral models without a sliding "
@@ -25,12 +25,14 @@ def mistral_model(hf: dict, source: str) -> dict:
     return {**decoder_fields(hf, source, "mistral"), **_biases(hf)}
 
 
-def llama_hf(mc) -> dict:
+def llama_hf(cfg) -> dict:
+    mc = cfg.model
     return {**decoder_hf_fields(mc), "model_type": "llama", "architectures": ["LlamaForCausalLM"],
             "attention_bias": mc.add_bias_linear, "mlp_bias": mc.mlp_has_bias}
 
 
-def mistral_hf(mc) -> dict:
+def mistral_hf(cfg) -> dict:
+    mc = cfg.model
     return {**decoder_hf_fields(mc), "model_type": "mistral", "architectures": ["MistralForCausalLM"],
             "sliding_window": None}
 

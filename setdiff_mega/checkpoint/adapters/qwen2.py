@@ -5,12 +5,13 @@ from __future__ import annotations
 from .base import Adapter, decoder_fields, decoder_hf_fields, refuse
 
 
-def qwen2_model(hf: dict, source: str) -> dict:
+def qwen2_model(hf: dict, source: str, shapes: dict) -> dict:
     refuse(bool(hf.get("use_sliding_window")), source, "use_sliding_window=true (local attention) is not supported")
     return {**decoder_fields(hf, source, "qwen2"), "add_qkv_bias": True}
 
 
-def qwen2_hf(mc) -> dict:
+def qwen2_hf(cfg) -> dict:
+    mc = cfg.model
     return {**decoder_hf_fields(mc), "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
             "use_sliding_window": False}
 

@@ -11,7 +11,7 @@ from setdiff_mega.errors import CheckpointError
 from .base import Adapter
 
 
-def setdlm_model(hf: dict, source: str) -> dict:
+def setdlm_model(hf: dict, source: str, shapes: dict) -> dict:
     if not hf.get("setdiff_mega"):
         raise CheckpointError(f"{source} lacks the 'setdiff_mega' training config; it was not written by "
                               f"tools/convert_checkpoint.py")
