@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     b.add_argument("--mask-token", default=None, help="a family's model without a MASK token: an existing token to "
                    "use as MASK (default: <|fim_middle|> for Qwen, <|reserved_special_token_0|> for Llama 3; else a "
                    "new token <|mask|> whose rows are the mean of the others)")
+    b.add_argument("--import-dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="a family's model: the precision its weights are stored in (auto: the checkpoint's own)")
     b.add_argument("overrides", nargs="*", help="a family's model: dotted config overrides (objective.S_max=16 ...)")
     b.add_argument("--overwrite", action="store_true",
                    help="replace a previous import at SAVE_DIR (never a training run's checkpoints)")
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
     else:
         overrides = ([f"objective.name={args.objective}"] if args.objective else []) + \
             ([f"objective.D={args.D}"] if args.D is not None else []) + list(args.overrides) + extra
-        out = families.import_model(args.hf_dir, args.save_dir, overrides, args.mask_token, overwrite=args.overwrite)
+        out = families.import_model(args.hf_dir, args.save_dir, overrides, args.mask_token, overwrite=args.overwrite,
+                                    dtype=args.import_dtype)
         print(f"imported {args.hf_dir} -> {out} (start training from it with train.init_from={args.save_dir}, "
               f"the same model.* fields and objective)")
     return 0

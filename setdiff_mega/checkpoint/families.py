@@ -2,9 +2,10 @@
 
 ``import_model(DIR, SAVE_DIR, overrides)``: ``config.json`` -> its adapter (:mod:`.adapters`) -> ModelConfig
 fields (the architecture; the user's overrides choose the objective and everything else) -> a single-process
-native model filled tensor by tensor from the directory's shards (:class:`.adapters.weights.HFWeights`, so
-the checkpoint is never held twice) -> a weights-only megatron-core distributed checkpoint at step 0,
-which loads into any TP / PP / CP layout. The vocabulary is the embedding's rows in the file (never
+native model, held in the checkpoint's own dtype (bf16 stays bf16), filled tensor by tensor from the
+directory's shards (:class:`.adapters.weights.HFWeights`, so the checkpoint is never held twice) -> a
+weights-only megatron-core distributed checkpoint at step 0, which loads into any TP / PP / CP layout
+and any precision. The vocabulary is the embedding's rows in the file (never
 ``vocab_size``); the native model pads it to a multiple of ``make_vocab_size_divisible_by`` with zero rows.
 
 The tokenizer is adopted from the directory (``tokenizer.json``; roles from ``tokenizer_config.json``:
@@ -26,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from setdiff_mega.build import model_for
 from setdiff_mega.config import ConfigError, load_config, validate
 from setdiff_mega.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+from setdiff_mega.model import build_model
 from setdiff_mega.outputs import check_output_dir, marked_by, staged_dir
 from setdiff_mega.parallel import initialize
 
@@ -107,9 +108,20 @@ def adopt_tokenizer(path: Path, adapter, mask_token: str | None, rows: int, raw:
     return tok, range(0) if isinstance(trained, int) else range(known, tok.vocab_size)
 
 
-def load_family(path: str | Path, overrides=(), mask_token: str | None = None):
+def storage_precision(raw: dict, dtype: str) -> str:
+    """The precision the imported weights are held in: ``dtype`` fp32 | bf16, or auto: the checkpoint's own
+    (``torch_dtype`` / ``dtype`` bfloat16 -> bf16, so a 7B import holds the model once, in its size;
+    anything else -> fp32, which holds fp16 exactly)."""
+    if dtype not in ("auto", "fp32", "bf16"):
+        raise CheckpointError(f"import dtype {dtype!r} is not one of auto, fp32, bf16")
+    if dtype != "auto":
+        return dtype
+    return "bf16" if str(raw.get("torch_dtype", raw.get("dtype"))) in ("bfloat16", "torch.bfloat16") else "fp32"
+
+
+def load_family(path: str | Path, overrides=(), mask_token: str | None = None, dtype: str = "fp32"):
     """(model, RunConfig, tokenizer, adapter) of a Hugging Face directory of a supported family, in this
-    (single) process."""
+    (single) process; the weights held in ``dtype`` (:func:`storage_precision`)."""
     p = Path(path)
     raw = read_config(p)
     source = f"'{p / 'config.json'}'"
@@ -134,7 +146,7 @@ def load_family(path: str | Path, overrides=(), mask_token: str | None = None):
     except ConfigError as e:
         raise CheckpointError(f"{source}: {e}") from None
     initialize(seed=cfg.train.seed)
-    model = model_for(cfg, cfg.model.vocab_size)
+    model = build_model(cfg.model, cfg.model.vocab_size, precision=storage_precision(raw, dtype), initialize=False)
     file_mc = dataclasses.replace(cfg.model, vocab_size=rows)
     _fill(model, weights, file_mc, adapter, p, new=new)
     return model.eval(), cfg, tok, adapter
@@ -157,14 +169,14 @@ def _fill(model, weights: HFWeights, file_mc, adapter, path: Path, new: range) -
 
 
 def import_model(path: str | Path, save_dir: str | Path, overrides=(), mask_token: str | None = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, dtype: str = "auto") -> Path:
     """A Hugging Face directory (any supported family, or the project's export) -> a weights-only native
     checkpoint under ``save_dir`` (returns its dir); the rules of :func:`convert.check_import_target`."""
     p, save_dir = Path(path), Path(save_dir)
     if hf.is_hf_export(p):
         return convert.import_export(p, save_dir, overwrite=overwrite)
     previous = convert.check_import_target(save_dir, p, overwrite)
-    model, cfg, tok, adapter = load_family(p, overrides, mask_token)
+    model, cfg, tok, adapter = load_family(p, overrides, mask_token, dtype)
     convert.remove_imports(previous, keep="step_0000000")
     return save_model_checkpoint(save_dir, 0, model, cfg, tok, state={"imported_from": str(p), "family": adapter.name})
 
@@ -223,4 +235,4 @@ def _write_family(tmp: Path, adapter, cfg, tok: Tokenizer, tensors: dict, dtype_
     hf.write_checksums(tmp)
 
 
-__all__ = ["import_model", "export_model", "load_family", "adopt_tokenizer", "read_config"]
+__all__ = ["import_model", "export_model", "load_family", "storage_precision", "adopt_tokenizer", "read_config"]

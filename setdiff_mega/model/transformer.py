@@ -60,8 +60,11 @@ ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximat
 
 
 def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
-                       sequence_parallel: bool = False, vp: int | None = None) -> TransformerConfig:
-    """megatron-core TransformerConfig from a :class:`setdiff_mega.config.ModelConfig`."""
+                       sequence_parallel: bool = False, vp: int | None = None,
+                       initialize: bool = True) -> TransformerConfig:
+    """megatron-core TransformerConfig from a :class:`setdiff_mega.config.ModelConfig`; ``initialize=False``
+    leaves the weights uninitialised (megatron-core's ``perform_initialization``: every one is about to be
+    loaded, and the fp32 master copies of the initialisation would cost memory)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     swiglu = mc.activation == "swiglu"
     return TransformerConfig(
@@ -71,7 +74,7 @@ def transformer_config(mc, *, precision: str = "fp32", tp: int = 1, pp: int = 1,
         init_method_std=mc.init_method_std, add_bias_linear=mc.add_bias_linear, add_qkv_bias=mc.add_qkv_bias,
         gated_linear_unit=swiglu, activation_func=ACTIVATIONS[mc.activation], qk_layernorm=mc.qk_layernorm,
         normalization=mc.normalization, layernorm_epsilon=mc.norm_eps,
-        use_cpu_initialization=not torch.cuda.is_available(),
+        use_cpu_initialization=not torch.cuda.is_available(), perform_initialization=initialize,
         params_dtype=dtype, bf16=precision == "bf16", pipeline_dtype=dtype,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel and tp > 1,
         virtual_pipeline_model_parallel_size=vp,
@@ -243,13 +246,15 @@ def model_chunks(model) -> list:
 
 
 def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bool | None = None,
-                post_process: bool | None = None, sequence_parallel: bool = False):
+                post_process: bool | None = None, sequence_parallel: bool = False, initialize: bool = True):
     """Build this rank's part of the model (its TP shard and PP stage, or its V chunks under interleaved
-    pipeline parallelism: a :class:`ModelChunks`); mcore's parallel state must be set."""
+    pipeline parallelism: a :class:`ModelChunks`); mcore's parallel state must be set. ``initialize=False``:
+    uninitialised weights, for a caller that loads every tensor next."""
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     vp = ps.get_virtual_pipeline_model_parallel_world_size()
-    cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp, sequence_parallel=sequence_parallel, vp=vp)
+    cfg = transformer_config(mc, precision=precision, tp=tp, pp=pp, sequence_parallel=sequence_parallel, vp=vp,
+                             initialize=initialize)
     sp = sequence_parallel and tp > 1
     spec, impl = layer_spec(mc.transformer_impl, mc.attention_backend, mc.normalization, sequence_parallel=sp,
                             fp8=mc.fp8, fp8_recipe=mc.fp8_recipe, qk_layernorm=mc.qk_layernorm,
