@@ -286,3 +286,26 @@ def test_a_setdlms_qwen3_release_imports_with_its_method(mcore, family, tmp_path
         ours = model(ids, torch.arange(11).expand(3, 11), keep)
         theirs = reference(ids, attention_mask=valid.long()).logits
     torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_the_import_keeps_a_bf16_checkpoint_in_bf16_and_training_loads_it_in_fp32(mcore, family, tmp_path):
+    """``--import-dtype auto``: a bf16 checkpoint is held (and saved) in bf16, the model held once; a
+    training run in fp32 loads it (every value exact)."""
+    import shutil
+
+    from setdiff_mega.checkpoint import families, load_model
+
+    name, path, reference = family
+    if name != "qwen3":
+        pytest.skip("one family is enough")
+    d = tmp_path / "bf16"
+    shutil.copytree(path, d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+    model, *_ = families.load_family(d, ["objective.name=ar"], dtype="auto")
+    assert {p.dtype for n, p in model.named_parameters() if "norm" not in n} == {torch.bfloat16}   # norms: fp32
+    ck = families.import_model(d, tmp_path / "native", ["objective.name=ar"])
+    fp32, *_ = load_model(ck)
+    w = fp32.decoder.layers[0].self_attention.linear_proj.weight
+    assert w.dtype == torch.float32
+    assert torch.equal(w, reference.model.layers[0].self_attn.o_proj.weight.to(torch.bfloat16).float())
