@@ -142,3 +142,14 @@ def test_export_to_the_dit_layout_and_back_is_bit_identical(mcore, tmp_path):
     assert config["noise_config"]["desired_block_size"] == 2 and config["mask_token_id"] == V - 1
     again, cfg, _, _ = families.load_family(out)                   # and it reads back with its method
     assert (cfg.objective.name, cfg.objective.D, cfg.objective.S_max) == ("setdlm", 2, 4)
+
+
+def test_a_folded_adaln_dit_is_not_exported_to_the_release_layout(mcore, tmp_path):
+    """Its LayerNorms have biases (the folded shifts), which the release layout has no tensor for."""
+    from setdiff_mega.checkpoint import CheckpointError, families
+
+    _release(tmp_path / "release", adaln=True)
+    ck = families.import_model(tmp_path / "release", tmp_path / "native")
+    with pytest.raises(CheckpointError, match="LayerNorm biases .* export it with to-hf"):
+        families.export_model(ck, tmp_path / "back")
+    assert not (tmp_path / "back").exists()

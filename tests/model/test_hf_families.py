@@ -181,6 +181,7 @@ def test_a_new_mask_token_gets_the_mean_rows(mcore, tmp_path):
     ("missing_shard", r"lists the shard '.*model-00002-of-.*', which is missing.*download the missing shards"),
     ("shape", r"tensor 'model.layers.0.self_attn.k_proj.weight' has shape .*the config's architecture needs"),
     ("tokenizer", r"tokenizer.json' has \d+ tokens, more than the 8 rows of the embedding: .*own tokenizer"),
+    ("truncated", r"model-00001-of-.*safetensors' is truncated or unreadable .*download or copy it again"),
 ])
 def test_bad_input_is_one_line_naming_the_file(mcore, family, tmp_path, damage, message):
     import shutil
@@ -203,6 +204,9 @@ def test_bad_input_is_one_line_naming_the_file(mcore, family, tmp_path, damage, 
         (d / "config.json").write_text(json.dumps(config))
     elif damage == "missing_shard":
         next(d.glob("model-00002-of-*.safetensors")).unlink()
+    elif damage == "truncated":
+        f = next(d.glob("model-00001-of-*.safetensors"))
+        f.write_bytes(f.read_bytes()[:100])
     else:
         index = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
         key = "model.layers.0.self_attn.k_proj.weight" if damage == "shape" else "model.embed_tokens.weight"
@@ -309,3 +313,30 @@ def test_the_import_keeps_a_bf16_checkpoint_in_bf16_and_training_loads_it_in_fp3
     w = fp32.decoder.layers[0].self_attention.linear_proj.weight
     assert w.dtype == torch.float32
     assert torch.equal(w, reference.model.layers[0].self_attn.o_proj.weight.to(torch.bfloat16).float())
+
+
+def test_a_pickle_that_holds_code_is_never_run(mcore, family, tmp_path):
+    """pytorch_model.bin is read with torch.load(weights_only=True): a pickle that would run code is one
+    line, and nothing runs."""
+    import pickle
+    import shutil
+
+    from setdiff_mega.checkpoint import CheckpointError, families
+
+    name, path, _ = family
+    if name != "qwen2":
+        pytest.skip("the pickled family")
+    d = tmp_path / "m"
+    shutil.copytree(path, d)
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    shard = d / "pytorch_model-00001-of-00002.bin"
+    for write in (lambda: torch.save({"x": Evil()}, shard), lambda: shard.write_bytes(pickle.dumps({"x": Evil()}))):
+        write()                                  # the zip format, and a legacy raw pickle
+        with pytest.raises(CheckpointError, match="pytorch_model-00001-of-00002.bin' holds more than tensors"):
+            families.load_family(d, ["objective.name=ar"])
+        assert not marker.exists()

@@ -144,6 +144,9 @@ def dit_hf(cfg) -> dict:
             mc.query_groups != mc.num_attention_heads or mc.rotary_percent != 1.0 or mc.activation != "gelu_tanh":
         raise CheckpointError("the DiT layout has full-width heads without GQA, RoPE on the whole head and a "
                               "GELU-tanh MLP; this model is not a DiT: export it with to-hf (the project's format)")
+    if mc.norm_bias:
+        raise CheckpointError("this DiT has LayerNorm biases (a legacy adaLN release with its modulation folded "
+                              "in), which the release layout cannot hold: export it with to-hf (the project's format)")
     opts = oc.options
     if oc.method.causal:
         raise CheckpointError("the DiT layout holds the diffusion releases (SetDLM, BD3LM, MDLM), not AR models")

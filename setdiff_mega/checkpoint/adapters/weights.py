@@ -24,6 +24,17 @@ from setdiff_mega.errors import CheckpointError
 LAYOUTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json", "pytorch_model.bin")
 
 
+def _load_pickle(f: Path) -> dict:
+    """A ``pytorch_model*.bin`` with ``weights_only`` (never code): memory-mapped when it is a zip-format
+    file (torch >= 1.6), read whole when it is a legacy one."""
+    try:
+        return torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap can only be used" not in str(e):
+            raise
+        return torch.load(str(f), map_location="cpu", weights_only=True)
+
+
 class HFWeights:
     """name -> tensor of a model directory (see the module docstring); ``shapes`` needs no tensor data."""
 
@@ -69,8 +80,7 @@ class HFWeights:
             return self._open[1]
         self._open = None                          # release the previous shard before mapping the next
         try:
-            handle = safe_open(str(f), "pt") if self.safetensors else torch.load(
-                str(f), map_location="cpu", weights_only=True, mmap=True)
+            handle = safe_open(str(f), "pt") if self.safetensors else _load_pickle(f)
         except (SafetensorError, OSError, RuntimeError, EOFError) as e:
             kind = "safetensors" if self.safetensors else "PyTorch"
             raise CheckpointError(f"'{f}' is truncated or unreadable (not a {kind} weights file: "
