@@ -178,7 +178,8 @@ def import_model(path: str | Path, save_dir: str | Path, overrides=(), mask_toke
     previous = convert.check_import_target(save_dir, p, overwrite)
     model, cfg, tok, adapter = load_family(p, overrides, mask_token, dtype)
     convert.remove_imports(previous, keep="step_0000000")
-    return save_model_checkpoint(save_dir, 0, model, cfg, tok, state={"imported_from": str(p), "family": adapter.name})
+    return save_model_checkpoint(save_dir, 0, model, cfg, tok, state={"imported_from": str(p), "family": adapter.name},
+                                 release=True)
 
 
 def _is_family_export(d: Path) -> bool:

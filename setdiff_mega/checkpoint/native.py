@@ -24,7 +24,7 @@ from setdiff_mega.parallel import initialize
 
 from . import hf
 from .io import CheckpointError, latest_checkpoint, prepare_staging, publish, resolve_checkpoint, staging_dir
-from .sharded import has_ema, load_sharded, save_sharded
+from .sharded import has_ema, load_sharded, save_releasing, save_sharded
 
 
 def _barrier() -> None:
@@ -178,10 +178,13 @@ class _write_errors:
 
 
 def save_model_checkpoint(save_dir: str | Path, step: int, model, config, tokenizer,
-                          state: dict | None = None, keep_last: int = 0) -> Path:
-    """Collective: a weights-only native checkpoint of ``model`` (published like a training checkpoint)."""
-    return staged_save(save_dir, step, lambda tmp: save_sharded(tmp / "dist", model), config, tokenizer,
-                       {"kind": "weights", **(state or {})}, keep_last)
+                          state: dict | None = None, keep_last: int = 0, release: bool = False) -> Path:
+    """Collective: a weights-only native checkpoint of ``model`` (published like a training checkpoint);
+    ``release``: the model is discarded afterwards, so its weights are released while they are written
+    (:func:`.sharded.save_releasing`: the save holds them once)."""
+    write = (lambda tmp: save_releasing(tmp / "dist", model)) if release else \
+        (lambda tmp: save_sharded(tmp / "dist", model))
+    return staged_save(save_dir, step, write, config, tokenizer, {"kind": "weights", **(state or {})}, keep_last)
 
 
 def load_model(path: str | Path, model_overrides: dict | None = None, weights: str | None = None):

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 from megatron.core import dist_checkpointing
-from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from megatron.core.dist_checkpointing.dict_utils import nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory, apply_factories
 from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map, optim_state_to_sharding_state
 from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
 from megatron.core.dist_checkpointing.validation import StrictHandling
@@ -158,6 +159,30 @@ def save_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = No
     return dist_checkpointing.save(ssd, str(path), async_sharded_save=asynchronous)
 
 
+def save_releasing(path: Path, model) -> None:
+    """Collective: :func:`save_sharded` of the weights of a model that is discarded afterwards (an import),
+    holding them once. megatron-core's writer clones every tensor that is a view of a larger storage, all
+    of them before it writes (``filesystem_async._clone_if_needed``), and its SwiGLU factory hands it each
+    ``linear_fc1`` as gate / up views: a second copy of every MLP input matrix. Here the factories are
+    built first, the views of one parameter cloned, then that parameter's storage released, one
+    parameter at a time. The model's weights are gone afterwards."""
+    path.mkdir(parents=True, exist_ok=True)
+    ssd = {"model": model.sharded_state_dict()}
+    apply_factories(ssd)
+    params = {p.untyped_storage().data_ptr(): p for p in model.parameters()}
+    views: dict = {}
+    for sh in nested_values(ssd):
+        t = sh.data if isinstance(sh, ShardedTensor) else None
+        if t is not None and t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            views.setdefault(t.untyped_storage().data_ptr(), []).append(sh)
+    for ptr, shards in views.items():
+        for sh in shards:
+            sh.data = sh.data.clone()
+        if ptr in params:
+            params[ptr].data = torch.empty(0, dtype=params[ptr].dtype)
+    dist_checkpointing.save(ssd, str(path))
+
+
 def load_sharded(path: Path, model, optimizer: torch.optim.Optimizer | None = None, weights: str = "raw") -> None:
     """Collective: fill this rank's shards of ``model`` (and ``optimizer``) from ``path``; ``weights="ema"``
     loads the checkpoint's EMA into the model instead of its raw weights."""
@@ -210,7 +235,7 @@ def load_ema(path: Path, ema) -> None:
     ema.load(loaded["ema"], leaves, ssd)
 
 
-__all__ = ["save_sharded", "load_sharded", "load_ema", "has_ema", "EMA_PREFIX", "start_writer_service",
-           "check_compatible",
+__all__ = ["save_sharded", "save_releasing", "load_sharded", "load_ema", "has_ema", "EMA_PREFIX",
+           "start_writer_service", "check_compatible",
            "init_optimizer_state",
            "optimizer_sharded_state_dict"]
