@@ -19,6 +19,8 @@ def user(tmp_path, data_dir):
     (u / "run" / "checkpoints" / "step_0000001" / "state.json").write_text("{}")
     (u / "export").mkdir()
     (u / "export" / "config.json").write_text(json.dumps({"model_type": "setdlm"}))
+    (u / "qwen").mkdir()                       # a Hugging Face family's model (issue 30's import)
+    (u / "qwen" / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
     shutil.copytree(data_dir, u / "data", ignore=shutil.ignore_patterns("cache"))
     (u / "data" / "raw.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(20)))
     (u / "prompts.txt").write_text("Question: 1 + 1?\n")
@@ -42,6 +44,10 @@ def _grid_at(u, out):
 CASES = {
     "to-hf": ("convert_checkpoint", lambda u, o: ["to-hf", u / "run", o], "run", ".", "stuff"),
     "from-hf": ("convert_checkpoint", lambda u, o: ["from-hf", u / "export", o], "export", ".", "stuff"),
+    "from-hf-family": ("convert_checkpoint", lambda u, o: ["from-hf", u / "qwen", o, "--objective", "setdlm"], "qwen",
+                       ".", "stuff"),
+    "to-hf-format-hf": ("convert_checkpoint", lambda u, o: ["to-hf", u / "run", o, "--format", "hf"], "run", ".",
+                        "stuff"),
     "preprocess": ("preprocess_data", lambda u, o: ["--input", u / "data/raw.jsonl", "--tokenizer",
                                                     u / "data/tokenizer.json", "--output-prefix", o, "--no-progress"],
                    "data/corpus", "data", "stuff"),
@@ -73,6 +79,8 @@ def test_a_writing_tool_pointed_at_its_input_a_parent_or_a_users_directory_refus
         assert rc == 2, (name, target, err[-2000:])
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, (name, target, err)
+        out = user / target
+        assert f"'{out}" in err or f"'{out.resolve()}" in err, (name, target, err)    # the output rule refused it
         kept(before, user)
 
 
