@@ -24,7 +24,6 @@ for _name in QUIET_LOGGERS:
     _logging.getLogger(_name).setLevel(_logging.ERROR)
 
 
-
 class _DropUnknownMLP(_logging.Filter):
     """megatron-core's TransformerLayer logs "Unknown MLP type" for any MLP class but its own; ours
     (``model.spec.BiasedMLP``, megatron-core's MLP with its own bias setting) takes the default arguments on

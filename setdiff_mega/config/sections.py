@@ -151,7 +151,6 @@ class RunConfig:
 # -------------------------------------------------------------------------------- validation
 
 
-
 def validate(cfg: RunConfig) -> RunConfig:
     """Every section's own checks (``<Section>.check``), then the layout across sections; raises a
     ConfigError naming the field and the fix."""
