@@ -159,8 +159,7 @@ def _fill(model, weights: HFWeights, file_mc, adapter, path: Path, new: range) -
     ignore = adapter.ignore + ((r"lm_head\.weight",) if file_mc.tie_embeddings else ())
     expected = layout.expected_shapes(state, file_mc, adapter.rules, exact_vocab=adapter.exact_vocab)
     layout.check_tensors(weights.shapes, expected, f"the weights in '{path}'", ignore)
-    order = {f: i for i, f in enumerate(dict.fromkeys(weights.files.values()))}
-    layout.fill_native(weights.get, state, file_mc, adapter.rules, rank=lambda n: order.get(weights.files.get(n), 0))
+    layout.fill_native(weights.get, state, file_mc, adapter.rules, rank=weights.shard_rank)
     weights.close()
     with torch.no_grad():
         for name, t in layout.tensors(state):

@@ -98,6 +98,27 @@ def _padded_batch():
     return ids, valid
 
 
+def _native_logits(model):
+    """The native model's logits on the padded batch: causal over the real tokens, positions 0..10."""
+    ids, valid = _padded_batch()
+    keep = torch.ones(11, 11, dtype=torch.bool).tril()[None] & valid[:, None, :]
+    with torch.no_grad():
+        return model(ids, torch.arange(11).expand(3, 11), keep)
+
+
+def _transformers_logits(reference):
+    ids, valid = _padded_batch()
+    with torch.no_grad():
+        return reference(ids, attention_mask=valid.long()).logits
+
+
+def _assert_same_logits(model, reference):
+    """The native model's logits equal transformers' on the real tokens of the padded batch (1e-5, fp32)."""
+    valid = _padded_batch()[1]
+    torch.testing.assert_close(_native_logits(model)[valid], _transformers_logits(reference)[valid],
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_imported_model_gives_transformers_logits_and_exports_back_bit_identically(mcore, family, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -107,12 +128,7 @@ def test_imported_model_gives_transformers_logits_and_exports_back_bit_identical
     name, path, reference = family
     model, cfg, tok, adapter = families.load_family(path, ["objective.name=ar"])
     assert adapter.name == name and cfg.model.family == name and model.vocab_size == V
-    ids, valid = _padded_batch()
-    keep = torch.ones(11, 11, dtype=torch.bool).tril()[None] & valid[:, None, :]
-    with torch.no_grad():
-        ours = model(ids, torch.arange(11).expand(3, 11), keep)
-        theirs = reference(ids, attention_mask=valid.long()).logits
-    torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5)
+    _assert_same_logits(model, reference)
 
     ck = families.import_model(path, tmp_path / "native", ["objective.name=ar"])
     out = families.export_model(ck, tmp_path / "back")
@@ -125,8 +141,8 @@ def test_imported_model_gives_transformers_logits_and_exports_back_bit_identical
     for k, v in original.items():
         assert torch.equal(back[k], v), k
     again = AutoModelForCausalLM.from_pretrained(str(out)).eval()       # plain transformers, no remote code
-    with torch.no_grad():
-        torch.testing.assert_close(again(ids, attention_mask=valid.long()).logits[valid], theirs[valid])
+    valid = _padded_batch()[1]
+    torch.testing.assert_close(_transformers_logits(again)[valid], _transformers_logits(reference)[valid])
 
 
 def test_the_projects_export_of_an_imported_model_gives_transformers_logits(mcore, family, tmp_path):
@@ -137,11 +153,9 @@ def test_the_projects_export_of_an_imported_model_gives_transformers_logits(mcor
     name, path, reference = family
     ck = families.import_model(path, tmp_path / "native", ["objective.name=ar"])
     exported = AutoModel.from_pretrained(str(convert.export(ck, tmp_path / "hf")), trust_remote_code=True).eval()
-    ids, valid = _padded_batch()
-    with torch.no_grad():
-        ours = exported(ids, attention_mask=valid.long()).logits
-        theirs = reference(ids, attention_mask=valid.long()).logits
-    torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5)
+    valid = _padded_batch()[1]
+    torch.testing.assert_close(_transformers_logits(exported)[valid], _transformers_logits(reference)[valid],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_mask_token_and_adopted_tokenizer(mcore, family):
@@ -253,9 +267,7 @@ def test_imported_model_gives_transformers_logits_under_tp_and_pp(mcore, family,
         pytest.skip("tied embeddings need the embedding and the head on one stage (PP > 1 is refused)")
     ck = families.import_model(path, tmp_path / "native", ["objective.name=ar"])
     out = run_ranks(_layout_logits, world=2, args=(ck, tp, pp))
-    ids, valid = _padded_batch()
-    with torch.no_grad():
-        theirs = reference(ids, attention_mask=valid.long()).logits
+    valid, theirs = _padded_batch()[1], _transformers_logits(reference)
     for r in ([0, 1] if pp == 1 else [1]):
         torch.testing.assert_close(out[r][valid], theirs[valid], rtol=1e-5, atol=1e-5)
 
@@ -284,12 +296,7 @@ def test_a_setdlms_qwen3_release_imports_with_its_method(mcore, family, tmp_path
     assert adapter.name == "setdlm-qwen3" and (cfg.objective.name, cfg.objective.D, cfg.objective.S_max) == \
         ("setdlm", 4, 8)
     assert (cfg.model.kv_channels, cfg.model.num_query_groups, cfg.model.qk_layernorm) == (32, 2, True)
-    ids, valid = _padded_batch()
-    keep = torch.ones(11, 11, dtype=torch.bool).tril()[None] & valid[:, None, :]
-    with torch.no_grad():
-        ours = model(ids, torch.arange(11).expand(3, 11), keep)
-        theirs = reference(ids, attention_mask=valid.long()).logits
-    torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5)
+    _assert_same_logits(model, reference)
 
 
 def test_the_import_keeps_a_bf16_checkpoint_in_bf16_and_training_loads_it_in_fp32(mcore, family, tmp_path):

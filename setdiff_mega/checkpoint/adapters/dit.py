@@ -88,7 +88,7 @@ class FoldedAdaLN:
     ``shapes`` like :class:`~.weights.HFWeights`, without the conditioning tensors."""
 
     def __init__(self, weights):
-        self.w, self.files = weights, weights.files
+        self.w, self.shard_rank = weights, weights.shard_rank
         c = self._condition()
         self.mod = {}
         for n in weights.shapes:

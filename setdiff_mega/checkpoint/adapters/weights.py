@@ -58,6 +58,7 @@ class HFWeights:
         if listed:
             raise CheckpointError(f"'{self.files[listed[0]]}' lacks tensor '{listed[0]}' that its index lists; the "
                                   f"download is incomplete: download the shard again")
+        self._ranks = {f: i for i, f in enumerate(dict.fromkeys(self.files.values()))}
         self.close()
 
     def _files(self, found: Path) -> dict:
@@ -114,10 +115,13 @@ class HFWeights:
         handle = self._handle(self.files[name])
         return handle.get_tensor(name) if self.safetensors else handle[name]
 
+    def shard_rank(self, name: str) -> int:
+        """The index of the shard that holds ``name`` (read tensors in this order: each shard mapped once)."""
+        return self._ranks.get(self.files.get(name), 0)
+
     def shard_order(self, names) -> list:
-        """``names`` sorted by the file that holds them (each shard mapped once)."""
-        order = {f: i for i, f in enumerate(dict.fromkeys(self.files.values()))}
-        return sorted(names, key=lambda n: order.get(self.files.get(n), 0))
+        """``names`` sorted by the shard that holds them."""
+        return sorted(names, key=self.shard_rank)
 
     def close(self) -> None:
         self._open = None
