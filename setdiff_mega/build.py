@@ -48,7 +48,7 @@ def vocab_for(cfg: RunConfig, tok: Tokenizer) -> int:
 def objective_for(cfg: RunConfig, tok: Tokenizer):
     """The objective of ``cfg.objective`` (its method's options) with the tokenizer's MASK / EOS ids."""
     return build_objective(cfg.objective.name, tok.mask, eos_id=tok.eos, options=cfg.objective.options,
-                           dense_masks=cfg.parallel.context_parallel_size == 1)
+                           dense_masks=cfg.parallel.context_parallel_size == 1, shift_logits=cfg.model.shift_logits)
 
 
 def model_for(cfg: RunConfig, vocab: int, *, sequence_parallel: bool = False):

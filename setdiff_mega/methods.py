@@ -100,11 +100,12 @@ class Method:
     def run_fields(self) -> tuple:
         return self.options.RUN_FIELDS
 
-    def positions(self, L: int) -> tuple[int, int]:
-        """(T positions the model processes, N positions that get logits) per L-token sample."""
+    def positions(self, L: int, shift_logits: bool = False) -> tuple[int, int]:
+        """(T positions the model processes, N positions that get logits) per L-token sample; with the AR
+        shift (``model.shift_logits``) every processed position gets logits."""
         if self.causal:
             return L - 1, L - 1
-        return self.streams * L, L
+        return self.streams * L, self.streams * L if shift_logits else L
 
     def make_options(self, values: dict | None = None) -> Options:
         """Its options from ``values`` (field -> already typed value); TypeError for an unknown field."""

@@ -205,6 +205,10 @@ def export_model(checkpoint: str | Path, out_dir: str | Path, dtype: str = "fp32
         raise CheckpointError(f"'{checkpoint}' was trained with objective {cfg.objective.name}: a {mc.family} model "
                               f"in transformers' layout decodes left to right only; export it in the project's "
                               f"format (to-hf without --format hf), which carries its sampler")
+    if mc.shift_logits and not cfg.objective.method.causal:
+        raise CheckpointError(f"'{checkpoint}' was trained with model.shift_logits, which the {mc.family} layout "
+                              f"cannot record (its readers take the logits unshifted); export it in the project's "
+                              f"format (to-hf without --format hf)")
     name, torch_dtype = convert.DTYPES[dtype]
     tensors = {k: v.to(dtype=torch_dtype, copy=True)      # tensors of their own: safetensors refuses shared storage
                for k, v in layout.native_to_hf(model.state_dict(), mc, adapter.rules, exact_vocab=True).items()}

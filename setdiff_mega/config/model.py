@@ -45,6 +45,8 @@ class ModelConfig:
     head_bias: bool = True                       # DiT head: untied, with bias, zero-initialised
     zero_init_head: bool = True
     tie_embeddings: bool = False
+    shift_logits: bool = False                   # the AR shift: a target reads its predecessor's row (method.md 13);
+                                                 # False = the reference (the row of the target's own position)
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     init_method_std: float = 0.02

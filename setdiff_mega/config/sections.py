@@ -255,6 +255,10 @@ def _check_context_parallel(cfg: RunConfig, cp: int) -> None:
     L, m = cfg.data.seq_length, cfg.model
     if cp < 1:
         raise ConfigError(f"parallel.context_parallel_size={cp} must be >= 1")
+    if m.shift_logits:
+        raise ConfigError(f"model.shift_logits reads each target's logits from its predecessor's row, which under "
+                          f"parallel.context_parallel_size={cp} may live on another rank: use CP=1 (or "
+                          f"model.shift_logits=false)")
     if L % (2 * cp):
         raise ConfigError(f"context parallelism cuts every stream into 2 x CP = {2 * cp} chunks: data.seq_length={L} "
                           f"must be a multiple of {2 * cp}")

@@ -18,7 +18,9 @@
   (or at L), positions absolute.
 
 AR and BD3LM keep cache + chunk <= L like SetDLM (:mod:`.context`); ``use_cache=False`` gives their
-uncached reference (the whole history recomputed with the visibility the cache implies).
+uncached reference (the whole history recomputed with the visibility the cache implies). A model with
+``shift_logits`` (method.md 13) is read with the AR shift of its training objective (:mod:`.shift`); AR
+decoding is shifted by nature and unchanged.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from .processors import LogitsPipeline
 from .runner import ChunkRunner
 from .sampling import commit_mask
 from .setdlm import context_budget
+from .shift import block_rows, view_rows
 
 
 class _Base:
@@ -37,6 +40,7 @@ class _Base:
         self.model, self.mask_id, self.pad_id, self.eos_id = model, mask_id, pad_id, eos_id
         self.cfg = config.validate()
         self.tokenizer = tokenizer
+        self.shift = bool(getattr(model, "shift_logits", False))
 
     def _start(self, canvas: Canvas):
         st = DecodeState(canvas, self.cfg, self.eos_id, self.mask_id, self.tokenizer)
@@ -87,6 +91,7 @@ class BD3LMSampler(_Base):
         runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache,
                              context_budget(self.model, cfg))
         cached_blocks = torch.zeros(B, dtype=torch.long, device=st.tokens.device)   # blocks [0, n) are cached
+        edge = None                      # shift_logits: the clean row of the current block's predecessor
         while True:
             live = st.live()
             if not live.any():
@@ -98,8 +103,11 @@ class BD3LMSampler(_Base):
             q_idx, q_ok, _ = pack(rows & in_block)
             q_tok = st.tokens.gather(1, q_idx).masked_fill(st.masked.gather(1, q_idx), self.mask_id)
             logits = runner.run(p_idx, p_ok, q_idx, q_ok, q_tokens=q_tok, pend_group=blk[p_idx],
-                                query_mask=q_ok[:, :, None] & q_ok[:, None, :])      # bidirectional block
+                                query_mask=q_ok[:, :, None] & q_ok[:, None, :],      # bidirectional block
+                                logits_rows="all" if self.shift else "queries")
             runner.persist()
+            if self.shift:
+                logits, edge = block_rows(logits, p_idx.shape[1], p_idx, p_ok, q_idx, edge)
             cached_blocks = torch.maximum(cached_blocks, cur)
             x, conf = choose(logits, q_idx, st)
             act = q_ok & st.masked.gather(1, q_idx)
@@ -148,6 +156,8 @@ class MDLMSampler(_Base):
             nfe += 1
             q_idx, q_ok, _ = pack(active)
             rel_q = (q_idx - win[:, :1]).clamp(min=0, max=width - 1)
+            if self.shift:
+                rel_q = view_rows(rel_q)
             x, conf = choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st)
             before = active.any(1) if st.criteria.enabled else None
             st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active, conf)

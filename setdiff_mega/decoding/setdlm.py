@@ -26,6 +26,9 @@ causally. The last step's commits are never cached. ``use_cache=False`` recomput
 each step with the visibility the cache would have (:mod:`.runner`): tests use it to prove the cache
 changes nothing. Rows of a batch commit different numbers of tokens per step; all bookkeeping is
 batched tensors (:func:`~setdiff_mega.decoding.base.pack`).
+
+A model with ``shift_logits`` (the AR head alignment, method.md 13) gets logits on the pending rows too: a
+masked position whose left neighbour is committed reads that neighbour's clean row (:mod:`.shift`).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
 from .processors import LogitsPipeline
 from .runner import ChunkRunner
 from .sampling import commit_mask
+from .shift import PredecessorRows
 
 
 def context_budget(model, cfg: GenerationConfig) -> int | None:
@@ -119,9 +123,13 @@ class SetDLMSampler:
         waiting = visible & ~prefill                     # prefix-only infill: the suffix, not cached yet
         has_waiting = bool(waiting.any())
         pend_idx, pend_ok, _ = pack(prefill)
+        shifted = PredecessorRows() if getattr(self.model, "shift_logits", False) else None
+        rows = "queries" if shifted is None else "all"
         if pend_idx.shape[1]:
-            runner.run(pend_idx, pend_ok, pend_idx[:, :0], pend_ok[:, :0])
+            out = runner.run(pend_idx, pend_ok, pend_idx[:, :0], pend_ok[:, :0], logits_rows=rows)
             runner.persist()
+            if shifted is not None:
+                shifted.add(pend_idx, pend_ok, out, st.masked)
         pend_idx, pend_ok = pend_idx[:, :0], pend_ok[:, :0]
         step = 0
         while True:
@@ -131,8 +139,12 @@ class SetDLMSampler:
             f = first_true(live)
             active = live & (st.pos[None] < (f + cfg.window)[:, None])
             q_idx, q_ok, _ = pack(active)
-            logits = runner.run(pend_idx, pend_ok, q_idx, q_ok)
+            logits = runner.run(pend_idx, pend_ok, q_idx, q_ok, logits_rows=rows)
             runner.persist()
+            if shifted is not None:
+                P = pend_idx.shape[1]
+                shifted.add(pend_idx, pend_ok, logits[:, :P], st.masked)
+                logits = shifted.lookup(q_idx, logits[:, P:])
             x, conf = choose(logits, q_idx, st)
             sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active, conf)
             if has_waiting:                              # l2r promotion of uncached context

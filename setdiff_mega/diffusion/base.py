@@ -11,6 +11,12 @@ and :meth:`Objective.loss` turns those logits into a scalar loss plus statistics
 live in their own modules (:mod:`.ar`, :mod:`.mdlm`, :mod:`.bd3lm`, :mod:`.setdlm`), each with its
 options and its registry record.
 
+Head alignment (``model.shift_logits``, method.md 13): by default the logit row of a target's own position
+predicts it (the reference). With the AR shift an objective sets ``logit_rows`` [B, N] (long): the row of the
+model's output (counted from ``logits_start``) that each target reads, its predecessor's where that row is
+leak-free; :meth:`ModelInputs.target_logits` gathers them, so the loss, the likelihoods and the benchmarks
+read logits one way.
+
 Losses (method.md sections 3 and 6): the MASK class is excluded (logit -inf) and log-softmax runs in
 fp32. ``normalization = "sequence"`` averages the per-token NLL over each sequence's targets, then over
 the batch (a sequence without targets contributes 0); ``"token"`` averages over all masked target tokens
@@ -46,6 +52,7 @@ class ModelInputs:
     extras: dict = field(default_factory=dict)  # perm, t, ... (for inspection and tests)
     attention_pattern: Optional[M.MaskPattern] = None   # the mask's structure (kernels may skip the mask)
     denominators: Optional[dict] = None   # a shard's full-sequence counts {rows [B], total, targets} (CP)
+    logit_rows: Optional[torch.Tensor] = None   # [B, N] long: the output row each target reads (shift_logits)
 
     def model_kwargs(self) -> dict:
         """Keyword arguments of the model's forward."""
@@ -55,6 +62,12 @@ class ModelInputs:
     @property
     def num_processed_tokens(self) -> int:
         return self.tokens.numel()
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's output [B, T - logits_start, V] -> the logits of each target [B, N, V]."""
+        if self.logit_rows is None:
+            return logits
+        return logits.gather(1, self.logit_rows[..., None].expand(*self.logit_rows.shape, logits.shape[-1]))
 
 
 def masked_token_nll(logits: torch.Tensor, targets: torch.Tensor, mask_id: int | None) -> torch.Tensor:
@@ -80,6 +93,7 @@ class Objective(abc.ABC):
 
     name: str = ""
     two_stream: bool = False
+    shift_logits: bool = False       # the AR shift (model.shift_logits): targets read :meth:`shifted_rows`
     normalization: str = "sequence"  # "sequence": per-sequence mean then batch mean; "token": global
     dense_masks: bool = True         # False: inputs carry the mask's pattern only (attention_mask None)
 
@@ -115,7 +129,7 @@ class Objective(abc.ABC):
 
     def loss(self, logits: torch.Tensor, inputs: ModelInputs):
         """Scalar loss and stats {nll_sum, num_tokens} (token-weighted sums for perplexity)."""
-        nll = masked_token_nll(logits, inputs.targets, self.mask_id)
+        nll = masked_token_nll(inputs.target_logits(logits), inputs.targets, self.mask_id)
         m = inputs.loss_mask.to(nll.dtype)
         w = m if inputs.weights is None else m * inputs.weights.to(nll.dtype)
         per_tok = nll * w
@@ -157,6 +171,7 @@ def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
                        attention_mask=mask, logits_start=first.logits_start,
                        targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
                        weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
+                       logit_rows=None if first.logit_rows is None else torch.cat([p.logit_rows for p in parts]),
                        extras=extras, attention_pattern=M.merge_patterns([p.attention_pattern for p in parts],
                                                                          [p.tokens.shape[0] for p in parts]))
 

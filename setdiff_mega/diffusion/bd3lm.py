@@ -1,6 +1,8 @@
 """BD3LM: block diffusion over the 2L input [x0 ; x_t]. One t per block of S tokens (every block with
 targets gets at least one MASK); positions [0..L-1] twice; the block-causal two-stream mask (block S); the
-logits of the noisy half; the loss as MDLM's over the noisy half. Options
+logits of the noisy half; the loss as MDLM's over the noisy half. With ``shift_logits`` (Fast-dLLM v2's
+alignment) the logits cover both halves and target p reads the noisy row of p - 1 inside its block, the
+clean row of p - 1 at a block's first position (which sees the earlier blocks only), its own row at p = 0. Options
 (:class:`BlockDiffusionOptions`): ``block_size`` (S, which identifies a run) and MDLM's; it decodes block
 by block with the finished blocks' K/V cached, by default in blocks of the training size.
 """
@@ -86,10 +88,18 @@ class BD3LMObjective(Objective):
         if self.loss_weighting == "elbo":
             tb = t.repeat_interleave(self.block_size, dim=1)
             weights = self.schedule.elbo_weight(tb).float()
+        start, rows = L, None
+        if self.shift_logits:
+            start, rows = 0, self.shifted_rows(L, dev).expand(B, L)
         return ModelInputs(tokens=torch.cat([tokens, xt], 1), position_ids=pos, attention_mask=mask,
-                           logits_start=L, targets=tokens, loss_mask=masked, weights=weights,
+                           logits_start=start, targets=tokens, loss_mask=masked, weights=weights,
                            extras={"t": t, "num_targets": target.sum(), "target_rows": target},
-                           attention_pattern=pattern)
+                           attention_pattern=pattern, logit_rows=rows)
+
+    def shifted_rows(self, L: int, dev) -> torch.Tensor:
+        """[L] the row of the 2L output each target position reads under the AR shift."""
+        p = torch.arange(L, device=dev)
+        return torch.where(p % self.block_size != 0, L + p - 1, torch.where(p > 0, p - 1, L + p))
 
 
 BD3LM = methods.register(methods.Method(

@@ -1,8 +1,9 @@
 """MDLM: masked diffusion over one stream. Each target token is MASK with probability t ~ U[eps, 1] (one t
 per row); the model sees x_t with bidirectional attention (T = L) and predicts every masked target; the
 loss averages the NLL over the batch's masked targets (``loss_weighting=elbo``: 1/t weights over all
-target tokens, the NELBO). Options (:class:`MaskedDiffusionOptions`, shared with BD3LM): ``loss_weighting``
-and ``t_eps``; it decodes on a fixed canvas in semi-autoregressive blocks of 32 (no KV cache).
+target tokens, the NELBO); with ``shift_logits`` target p > 0 reads row p - 1 (Dream's alignment). Options
+(:class:`MaskedDiffusionOptions`, shared with BD3LM): ``loss_weighting`` and ``t_eps``; it decodes on a
+fixed canvas in semi-autoregressive blocks of 32 (no KV cache).
 """
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ class MDLMObjective(Objective):
         weights = None
         if self.loss_weighting == "elbo":
             weights = self.schedule.elbo_weight(t)[:, None].float().expand(B, L)
+        rows = (torch.arange(L, device=dev) - 1).clamp(min=0).expand(B, L) if self.shift_logits else None
         return ModelInputs(tokens=xt, position_ids=torch.arange(L, device=dev).expand(B, L),
                            attention_mask=mask, logits_start=0, targets=tokens, loss_mask=masked,
                            weights=weights, extras={"t": t, "num_targets": target.sum(), "target_rows": target},
-                           attention_pattern=pattern)
+                           attention_pattern=pattern, logit_rows=rows)
 
 
 MDLM = methods.register(methods.Method(

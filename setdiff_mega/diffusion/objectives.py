@@ -8,6 +8,9 @@ Each method lives in its own module with its options and its registry record (:m
     MDLM      | L   | x_t (MASK w.p. t)    | 0..L-1          | bidirectional        | all; masked targets
     BD3LM     | 2L  | [x0 ; x_t] (t/block) | [0..L-1]*2      | block mask, size S   | noisy half
     SetDLM    | 2L  | [x0[perm] ; MASK..]  | [perm ; perm]   | static set-causal    | noisy half; no shift
+
+With ``model.shift_logits`` (method.md 13) the diffusion objectives take logits on every row and each target
+reads its predecessor's row where that is leak-free (``ModelInputs.logit_rows``); AR is unchanged.
 """
 from __future__ import annotations
 
@@ -37,16 +40,18 @@ def objective_options(name: str, fields: dict):
 
 
 def build_objective(name: str, mask_id: int, *, eos_id: int | None = None, dense_masks: bool = True,
-                    options=None, **fields) -> Objective:
+                    options=None, shift_logits: bool = False, **fields) -> Objective:
     """Factory by name through the method registry (:mod:`setdiff_mega.methods`): ``options`` (the method's
     Options) or ``fields`` (``objective.*`` values; each method takes the ones it has). ``dense_masks=False``:
-    the inputs carry the mask's pattern only (context parallelism builds each rank's rows from it)."""
+    the inputs carry the mask's pattern only (context parallelism builds each rank's rows from it);
+    ``shift_logits``: the AR head alignment (``model.shift_logits``, method.md 13)."""
     try:
         method = methods.get(name)
     except methods.MethodError:
         raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(methods.names())}") from None
     obj = method.build(options if options is not None else objective_options(name, fields), mask_id, eos_id)
     obj.dense_masks = bool(dense_masks)
+    obj.shift_logits = bool(shift_logits)
     return obj
 
 

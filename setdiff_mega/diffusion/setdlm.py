@@ -1,6 +1,9 @@
 """SetDLM: set diffusion, trained as an any-order autoregressive model over the staggered order prior on
 the 2L input [x0[perm] ; MASK...] under the static set-causal mask (in rank space), positions [perm ;
-perm], the noisy half's logits, no logit shift; the loss is the per-sequence mean NLL (method.md 3).
+perm], the noisy half's logits, no logit shift; the loss is the per-sequence mean NLL (method.md 3). With
+``shift_logits`` (method.md 13) the logits cover both halves and the target of rank r (position p) reads
+the clean row of p - 1 when rank(p - 1) < r (that row saw exactly the tokens ranked up to p - 1: with the
+identity order, the AR model's state), else its own noisy row L + r.
 Options (:class:`SetDLMOptions`): D, S_max (2D unless set), the schedule's k or b, ``keep_clean_bos``,
 ``eos_last`` and the fill-in-the-middle rows (not in the paper; method.md 12); D and S_max identify a run.
 It decodes sets inside a sliding window of W = D positions by default.
@@ -174,9 +177,20 @@ class SetDLMObjective(Objective):
         if self.keep_clean_bos and not training:   # eval: BOS is not scored (method.md P7)
             loss_mask = loss_mask.clone()
             loss_mask[:, 0] = False
+        rank = invert(perm)
+        start, rows = (0, self.shifted_rows(perm, rank)) if self.shift_logits else (L, None)
         return ModelInputs(tokens=torch.cat([x0p, xtp], 1), position_ids=perm.repeat(1, 2),
-                           attention_mask=mask, logits_start=L, targets=x0p, loss_mask=loss_mask,
-                           extras={"perm": perm, "rank": invert(perm)}, attention_pattern=pattern)
+                           attention_mask=mask, logits_start=start, targets=x0p, loss_mask=loss_mask,
+                           extras={"perm": perm, "rank": rank}, attention_pattern=pattern, logit_rows=rows)
+
+    @staticmethod
+    def shifted_rows(perm: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        """[B, L] the row of the 2L (rank-space) output the target of each rank reads under the AR shift."""
+        L = perm.shape[1]
+        pred = perm - 1                                        # the predecessor's position
+        pred_rank = rank.gather(1, pred.clamp(min=0))
+        r = torch.arange(L, device=perm.device)[None]
+        return torch.where((pred >= 0) & (pred_rank < r), pred_rank, L + r)
 
 
 SETDLM = methods.register(methods.Method(

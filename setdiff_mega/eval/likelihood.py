@@ -35,7 +35,8 @@ def elbo_objective(objective):
         return objective
     kw = {"block_size": objective.block_size} if hasattr(objective, "block_size") else {}
     t_eps = getattr(getattr(objective, "schedule", None), "eps", 1e-3)
-    return build_objective(objective.name, objective.mask_id, loss_weighting="elbo", t_eps=t_eps, **kw)
+    return build_objective(objective.name, objective.mask_id, loss_weighting="elbo", t_eps=t_eps,
+                           shift_logits=objective.shift_logits, **kw)
 
 
 @torch.no_grad()
@@ -61,7 +62,7 @@ def sequence_nll(model, objective, tokens: torch.Tensor, context: torch.Tensor |
                           padding=padding[i:i + 1])
             inp = inputs_for(obj, batch, seed, training=False)
             with (autocast() if autocast else contextlib.nullcontext()):
-                logits = model(**inp.model_kwargs())
+                logits = inp.target_logits(model(**inp.model_kwargs()))
             nll = masked_token_nll(logits, inp.targets, obj.mask_id).double()
             m = inp.loss_mask.double()
             w = m if inp.weights is None else m * inp.weights.double()

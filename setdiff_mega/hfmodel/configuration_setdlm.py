@@ -16,7 +16,7 @@ class SetDLMConfig(PretrainedConfig):
                  normalization="LayerNorm", norm_eps=1e-5, attention_bias=False, head_bias=True,
                  tie_word_embeddings=False, rope_theta=10000.0, rotary_percent=1.0,
                  max_position_embeddings=4096, method=None, setdiff_mega=None, head_dim=None, qk_norm=False,
-                 qkv_bias=None, mlp_bias=None, norm_bias=True, rotary_scaling=None, **kwargs):
+                 qkv_bias=None, mlp_bias=None, norm_bias=True, rotary_scaling=None, shift_logits=False, **kwargs):
         self.vocab_size = vocab_size                                   # embedding rows (padded)
         self.tokenizer_vocab_size = tokenizer_vocab_size or vocab_size  # logits are sliced to this
         self.hidden_size = hidden_size
@@ -34,6 +34,7 @@ class SetDLMConfig(PretrainedConfig):
         self.qkv_bias = attention_bias if qkv_bias is None else qkv_bias
         self.mlp_bias = attention_bias if mlp_bias is None else mlp_bias
         self.head_bias = head_bias
+        self.shift_logits = shift_logits        # the samplers read a target's logits from its predecessor's row
         self.rotary_scaling = rotary_scaling                           # None or {"rope_type": "llama3", ...}
         self.rope_theta = rope_theta
         self.rotary_percent = rotary_percent

@@ -2,7 +2,7 @@
 needs torch and transformers only).
 
 The samplers are setdiff-mega's own: ``base.py``, ``baselines.py``, ``cache.py``, ``context.py``,
-``processors.py``, ``runner.py``, ``sampling.py``, ``setdlm.py`` and ``stopping.py`` are copied verbatim
+``processors.py``, ``runner.py``, ``sampling.py``, ``setdlm.py``, ``shift.py`` and ``stopping.py`` are copied verbatim
 from ``setdiff_mega/decoding`` (where the training stack's native path imports them too) into every
 export, so the exported model and the training stack decode with one implementation (a test matrix
 requires identical greedy tokens). They run on the plain-PyTorch model through :class:`DecodeModel`, the
@@ -13,6 +13,7 @@ interface they are written against:
     model(tok, pos, keep, s)  tok / pos [B, T] long, keep [B, T, C + T] bool (True = may attend; C cache
                               slots then the chunk) -> logits [B, T - s, V]
     training_length           the context budget L (cache + chunk <= L; positions keep growing past it)
+    shift_logits              the model was trained with the AR head alignment (method.md 13)
 
 ``generate(model, input_ids, attention_mask=None, **options)``: each row's tokens (where the attention
 mask is 1; left or right padding) start with BOS (prepended when missing, as every training document
@@ -63,6 +64,7 @@ class DecodeModel:
     def __init__(self, model, context_length: int | None = None):
         self.model, c = model, model.config
         self.training_length = context_length or c.method.get("seq_length")
+        self.shift_logits = bool(getattr(c, "shift_logits", False))    # the AR head alignment (shift.py)
         self.vocab_size = c.tokenizer_vocab_size
         self._cache = None
         self._prepared = getattr(model, "_setdiff_prepared", None)     # reused across generate() calls

@@ -2,7 +2,7 @@
 
 Counted for one L-token sample, forward + backward (3x the forward), with T processed positions
 (AR: L - 1; MDLM: L; BD3LM and SetDLM: 2L) and N positions that need logits (AR, MDLM: T; BD3LM,
-SetDLM: the L noisy positions only, the head is sliced):
+SetDLM: the L noisy positions only, the head is sliced; with ``model.shift_logits``, all 2L):
 
     linear   = 6 * T * P_body                    P_body: parameters of the transformer layers
     head     = 6 * N * H * V_padded              (the embedding lookup is free)
@@ -24,10 +24,10 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800
                "B200": 2250.0, "GH200": 989.0}
 
 
-def processed_positions(objective: str, L: int) -> tuple[int, int]:
+def processed_positions(objective: str, L: int, shift_logits: bool = False) -> tuple[int, int]:
     """(T positions the model processes, N positions that get logits) per L-token sample (the method's
     registry record, :meth:`setdiff_mega.methods.Method.positions`)."""
-    return methods.get(objective).positions(L)
+    return methods.get(objective).positions(L, shift_logits)
 
 
 def body_parameters(mc) -> int:
@@ -48,7 +48,7 @@ def norm_parameters(mc, width: int) -> int:
 
 def flops_terms(mc, padded_vocab: int, objective: str, L: int) -> dict:
     """The linear, head and attention terms of :func:`flops_per_sample` (see the module docstring)."""
-    T, N = processed_positions(objective, L)
+    T, N = processed_positions(objective, L, mc.shift_logits)
     return {"linear": 6.0 * T * body_parameters(mc), "head": 6.0 * N * mc.hidden_size * padded_vocab,
             "attention": 12.0 * mc.num_layers * mc.hidden_size * T * T}
 

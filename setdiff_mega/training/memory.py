@@ -104,7 +104,7 @@ def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 
     ignores the config's recomputation; ``split=True`` returns (kept after the forward, recomputation
     workspace and other transient or resident buffers); ``pattern_block``: the block size of the
     objective's mask pattern (its options' ``pattern_block``)."""
-    T, N = processed_positions(objective, L)
+    T, N = processed_positions(objective, L, mc.shift_logits)
     streams = methods.get(objective).streams
     Ls = T // streams
     Ls_p = -(-Ls // (2 * cp)) * 2 * cp
@@ -155,7 +155,7 @@ def measure_config(cfg, vocab: int, seed: int = 0) -> int:
     tc, o = cfg.train, cfg.objective
     model = build_model(cfg.model, vocab, precision=tc.precision).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    obj = build_objective(o.name, vocab - 1, options=o.options)
+    obj = build_objective(o.name, vocab - 1, options=o.options, shift_logits=cfg.model.shift_logits)
     b, L = tc.micro_batch_size, cfg.data.seq_length
     tokens = torch.randint(0, vocab - 1, (b, L), generator=torch.Generator().manual_seed(seed))
     inp = inputs_for(obj, Batch(tokens, list(range(b))), seed=seed)

@@ -111,6 +111,19 @@ def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, o
     _assert_matches(ref, out)
 
 
+@pytest.mark.parametrize("tp,pp,objective", [(2, 1, "setdlm"), (1, 2, "bd3lm")])
+def test_shifted_training_matches_single_process(tiny_data, tmp_path, tp, pp, objective):
+    """The AR head alignment (model.shift_logits: logits on both streams, gathered per target) trains the same
+    under TP = 2 (vocabulary-sharded head) and PP = 2 (the loss on the last stage) as in one process."""
+    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
+    init, shift = tmp_path / "init", ("model.shift_logits=true",)
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init, 4, 0, False, shift)[0]
+    out = _run(tiny_data, tmp_path / "par", 2, tp, pp, objective, init, 4, 0, False, shift)
+    _assert_matches(ref, out)
+    plain = _run(tiny_data, tmp_path / "plain", 1, 1, 1, objective, init)[0]
+    assert plain["loss"][0] != pytest.approx(ref["loss"][0], rel=1e-4)       # the shift is trained
+
+
 def test_pipeline_training_with_the_setcausal_backend_matches_dense_single_process(tiny_data, tmp_path):
     """PP = 2 with the mask-free set-causal attention (the pattern travels through megatron-core's 1F1B
     schedule with each micro-batch) trains like one process with the dense-mask reference."""

@@ -3,7 +3,8 @@
 One matrix runs the native path (megatron-core model, setdiff_mega.inference) and the export's
 ``model.generate`` (plain PyTorch remote code) on the same checkpoints: SetDLM W in {1, 4} x tau in
 {0.5, 1e6} with a prompt, with BOS only and infilling, decoding past the training length (the crop);
-AR, BD3LM and MDLM; sampling, stop strings. Greedy (and seeded sampled) tokens must be identical. A
+AR, BD3LM and MDLM; each diffusion method also with the AR head alignment (``model.shift_logits``); sampling,
+stop strings. Greedy (and seeded sampled) tokens must be identical. A
 fresh interpreter in which ``setdiff_mega`` and ``megatron`` cannot be imported loads and decodes the
 export; bad export directories fail at load with one clear error.
 """
@@ -18,6 +19,8 @@ import torch
 
 L = 24                      # training length: 40 generated tokens run past it (the crop)
 METHODS = {"setdlm": ["objective.D=2"], "ar": [], "bd3lm": ["objective.block_size=4"], "mdlm": []}
+SHIFT = ["model.shift_logits=true"]       # the AR head alignment (method.md 13): every sampler reads it alike
+METHODS.update({f"{m}_shift": [f"objective.name={m}", *METHODS[m], *SHIFT] for m in ("setdlm", "bd3lm", "mdlm")})
 TEXTS = {"prompt": ["Question: what is 3 plus", "Once upon"], "bos_only": ["", ""],
          "infill": [("Question: what", "plus 4?", 5), ("Once", "time", 3)]}
 
@@ -45,7 +48,7 @@ def exports(mcore, tmp_path_factory, tokenizer):
         d = tmp_path_factory.mktemp(name)
         cfg = load_config(None, ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
                                  "model.zero_init_head=false", "model.init_method_std=0.3", f"data.seq_length={L}",
-                                 f"objective.name={name}", *extra])
+                                 f"objective.name={name.split('_')[0]}", *extra])
         torch.manual_seed(i)
         ck = save_model_checkpoint(d / "native", 3, build_model(cfg.model, tokenizer.vocab_size), cfg, tokenizer)
         model, objective, _, cfg = load_model(ck)
@@ -96,6 +99,8 @@ def hf_models(exports):
 CASES = ([("setdlm", kind, {"window": W, "tau": tau}) for W in (1, 4) for tau in (0.5, 1e6)
           for kind in TEXTS]
          + [(m, kind, {}) for m in ("ar", "bd3lm", "mdlm") for kind in TEXTS]
+         + [("setdlm_shift", kind, {"window": 4, "tau": 0.5}) for kind in TEXTS]
+         + [(m, kind, {}) for m in ("bd3lm_shift", "mdlm_shift") for kind in ("prompt", "infill")]
          + [("setdlm", "prompt", {"temperature": 1.0, "top_p": 0.9, "seed": 5, "window": 4, "tau": 0.7}),
             ("bd3lm", "prompt", {"temperature": 0.8, "seed": 2}),
             ("setdlm", "prompt", {"repetition_penalty": 1.3, "window": 2})])

@@ -158,6 +158,41 @@ def test_the_projects_export_of_an_imported_model_gives_transformers_logits(mcor
                                rtol=1e-5, atol=1e-5)
 
 
+def test_a_shifted_setdlm_of_an_imported_model_starts_from_its_next_token_log_probs(mcore, family):
+    """Imported AR -> SetDLM with D = 1 and ``model.shift_logits``: at step 0 with the identity order every
+    target's log-probabilities are transformers' next-token log-probabilities (the adaptation starts from the
+    pretrained model), and the SetDLM loss equals the AR loss on the same batch."""
+    import torch.nn.functional as F
+
+    from setdiff_mega.build import objective_for
+    from setdiff_mega.checkpoint import families
+    from setdiff_mega.diffusion import build_objective
+
+    name, path, reference = family
+    model, cfg, tok, _ = families.load_family(path, ["objective.name=setdlm", "objective.D=1",
+                                                     "model.shift_logits=true"])
+    objective = objective_for(cfg, tok)
+    ids, valid = _padded_batch()
+    context = torch.zeros_like(valid)
+    context[:, 0] = True                                        # the first token is given, as a BOS is
+    inp = objective.build_inputs(ids, context=context, padding=~valid, perm=torch.arange(11).expand(3, 11))
+    with torch.no_grad():
+        logits = inp.target_logits(model(**inp.model_kwargs())).float()
+        ref = _transformers_logits(reference).float()
+    ref[..., tok.mask] = float("-inf")                          # our losses exclude the MASK class
+    logits[..., tok.mask] = float("-inf")
+    scored = inp.loss_mask[:, 1:]
+    assert int(scored.sum()) == int(valid[:, 1:].sum())
+    ours = F.log_softmax(logits[:, 1:], -1)[scored]
+    expected = F.log_softmax(ref[:, :-1], -1)[scored]
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    ar = build_objective("ar", tok.mask, shift_logits=True)
+    ar_inp = ar.build_inputs(ids, context=context, padding=~valid)
+    with torch.no_grad():
+        torch.testing.assert_close(objective.loss(model(**inp.model_kwargs()), inp)[0],
+                                   ar.loss(model(**ar_inp.model_kwargs()), ar_inp)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_mask_token_and_adopted_tokenizer(mcore, family):
     from setdiff_mega.checkpoint import families
 
