@@ -59,15 +59,16 @@ ARCHITECTURE = SHAPES + ("family", "vocab_size", "norm_eps", "rotary_base", "rot
                          "rope_original_max_positions", "max_position_embeddings")
 
 
-def adopt_architecture(cfg) -> dict:
+def adopt_architecture(cfg, init_from: str | Path | None = None) -> dict:
     """With ``train.init_from`` and ``train.init_architecture`` (the default, like Megatron-LM's
     ``--use-checkpoint-args``), the run's model.* architecture fields become the checkpoint's (an imported
     Qwen3 or Llama needs no model.* overrides); the kernels, precision and recomputation stay the run's.
     Returns the fields that changed. Without it, a different shape is refused when the weights load
     (:func:`check_model_config`)."""
-    if not cfg.train.init_from or not cfg.train.init_architecture:
+    init_from = init_from or cfg.train.init_from        # the native checkpoint (hf:DIR resolved: hf_init)
+    if not init_from or not cfg.train.init_architecture:
         return {}
-    ck, _ = resolve_checkpoint(cfg.train.init_from)
+    ck, _ = resolve_checkpoint(init_from)
     saved = checkpoint_config(ck).model
     adopted = {f: getattr(saved, f) for f in ARCHITECTURE if getattr(cfg.model, f) != getattr(saved, f)}
     cfg.model = dataclasses.replace(cfg.model, **adopted)

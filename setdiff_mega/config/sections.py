@@ -78,7 +78,8 @@ class TrainConfig:
     resume_optimizer: bool = True                # false: resume weights + data position, fresh optimizer
     exit_on_signal: bool = True                  # SIGTERM / SIGUSR1: save at the end of the step and stop
     num_threads: Optional[int] = None            # torch intra-op threads (None = torch default)
-    init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout)
+    init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout); hf:DIR:
+                                                 # a Hugging Face model, imported once (checkpoint/hf_init.py)
     init_architecture: bool = True               # and its model.* architecture (Megatron's --use-checkpoint-args)
     zero_stage: int = 0                          # 0: project AdamW; 1/2/3: DeepSpeed ZeRO over the DP group
     peak_tflops: Optional[float] = None          # per-device dense bf16 peak for MFU (None: known GPUs only)

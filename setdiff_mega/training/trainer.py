@@ -39,6 +39,7 @@ from setdiff_mega.build import objective_for as objective_from_config
 from setdiff_mega.build import tokenizer_for as resolve_tokenizer
 from setdiff_mega.build import vocab_for as resolve_vocab
 from setdiff_mega.checkpoint import adopt_architecture, load_weights
+from setdiff_mega.checkpoint.hf_init import resolve_init
 from setdiff_mega.checkpoint.manager import Checkpointer, load_resume_weights
 from setdiff_mega.checkpoint.rundir import claim
 from setdiff_mega.config import ConfigError, RunConfig, to_dict, validate_layout
@@ -122,7 +123,8 @@ class Trainer:
             torch.set_num_threads(tc.num_threads)
         prefixes, _ = parse_blend(dc.path)
         infos = [check_dataset(p) for p in prefixes]      # clear errors before any expensive set-up
-        adopted = adopt_architecture(cfg)                  # train.init_from's model.* fields left at their defaults
+        self.init_path = resolve_init(cfg, self.log)       # train.init_from=hf:DIR: imported once (hf_init.py)
+        adopted = adopt_architecture(cfg, self.init_path)  # train.init_from's model.* fields left at their defaults
         self.tok = tok = resolve_tokenizer(cfg)
         self.vocab = resolve_vocab(cfg, tok)
         for p, info in zip(prefixes, infos):               # vocabulary, and the tokenizer the data was made with
@@ -170,7 +172,7 @@ class Trainer:
         if found is not None:
             load_resume_weights(found, model, cfg)          # before ZeRO partitions the weights
         elif tc.init_from:
-            ck = load_weights(model, tc.init_from, cfg.model)
+            ck = load_weights(model, self.init_path, cfg.model)
             self.log(f"initialised the weights from {ck}")
         model.train()
         self.backend = optimizer_backend(model, cfg)        # AdamW (+ DDP) or a DeepSpeed ZeRO engine

@@ -1,6 +1,7 @@
 """tools/convert_checkpoint.py with a Hugging Face family's model (a tiny random Qwen3 built with
 transformers): from-hf under an objective (the recorded config, the adopted tokenizer and MASK), generate
 from the import, to-hf --format hf of an AR import (plain transformers loads it), and the refusals."""
+import dataclasses
 import json
 
 import pytest
@@ -113,3 +114,46 @@ def test_training_starts_from_an_imported_model_with_its_architecture(qwen3_dir,
 
     model, _, _, saved = load_model(tmp_path / "run")
     assert (saved.model.family, saved.model.kv_channels, saved.model.tie_embeddings) == ("qwen3", 32, True)
+
+    # train.init_from=hf:DIR: the same run without the separate conversion (the import runs once, in a child
+    # process, into the run directory; a second start reuses it)
+    direct = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=f"hf:{qwen3_dir}",
+                                                                save_dir=str(tmp_path / "direct")))
+    lines = []
+    again = train(direct, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    assert [r["train/loss"] for r in again.history if "train/loss" in r] == \
+        [r["train/loss"] for r in res.history if "train/loss" in r]
+    assert sum("importing" in s for s in lines) == 1
+    lines = []
+    resumed = dataclasses.replace(direct, train=dataclasses.replace(direct.train, train_steps=3))
+    train(resumed, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    assert not any("importing" in s for s in lines) and len(list((tmp_path / "direct" / "init_from_hf").iterdir())) == 1
+
+
+def test_init_from_hf_errors_are_one_line(qwen3_dir, tmp_path, monkeypatch):
+    """A directory without config.json, a failing import (a model of no supported family), and another rank
+    that sees rank 0's failure note: one line each, naming the directory."""
+    import shutil
+
+    from setdiff_mega.checkpoint import CheckpointError
+    from setdiff_mega.checkpoint.hf_init import content_key, resolve_init
+    from setdiff_mega.config import load_config
+
+    def cfg(src):
+        return load_config(None, [f"train.init_from=hf:{src}", f"train.save_dir={tmp_path / 'run'}"])
+
+    with pytest.raises(CheckpointError, match=r"config.json' does not exist; name a local Hugging Face model"):
+        resolve_init(cfg(tmp_path / "nothing"))
+    bad = tmp_path / "gpt2"
+    shutil.copytree(qwen3_dir, bad)
+    raw = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**raw, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(CheckpointError, match=r"hf:.*gpt2: the import failed: .*'gpt2' .*is not a supported"):
+        resolve_init(cfg(bad), log=lambda *a: None)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(CheckpointError, match=r"the import failed: .*is not a supported"):
+        resolve_init(cfg(bad))                                      # rank 1 reads rank 0's note of this start
+    assert (tmp_path / "run" / "init_from_hf" / f"{content_key(bad, 'setdlm')}.failed").is_file()
+    with pytest.raises(CheckpointError, match=r"rank 0 did not finish importing into .* within 0 s"):
+        resolve_init(cfg(qwen3_dir), timeout=0)
