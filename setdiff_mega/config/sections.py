@@ -239,8 +239,6 @@ def validate_layout(cfg: RunConfig, world_size: int | None = None) -> None:
     if pp > 1 and cfg.train.zero_stage > 0:
         raise ConfigError(f"DeepSpeed ZeRO (train.zero_stage={cfg.train.zero_stage}) is not supported together with "
                           f"PP={pp} (megatron-core's pipeline schedule drives the model); use PP=1 or zero_stage=0")
-    if pp > 1 and m.tie_embeddings:
-        raise ConfigError(f"model.tie_embeddings needs the embedding and the head on one stage; PP={pp} splits them")
     if p.ddp_bucket_size < 0:
         raise ConfigError(f"parallel.ddp_bucket_size={p.ddp_bucket_size} must be >= 0 (0 = megatron-core's default)")
     cp = p.context_parallel_size

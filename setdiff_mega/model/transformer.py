@@ -17,8 +17,9 @@ needs the dense mask builds it, once per pattern (the local mcore attention gets
 * Body: mcore ``TransformerBlock`` built from the layer spec (:mod:`.spec`), pre-norm, final norm.
 * Head: a ``ColumnParallelLinear`` evaluated only on ``hidden[logits_start:]`` (the noisy half of a
   2L input needs logits, the clean half does not), untied, with bias and zero init by default (DiT
-  head), or tied to the embedding. The embedding and head are padded to a multiple of
-  ``make_vocab_size_divisible_by`` (x TP); logits are sliced back to the real vocabulary.
+  head), or tied to the embedding (under PP > 1 the last stage holds a synchronised copy: :mod:`.tied`).
+  The embedding and head are padded to a multiple of ``make_vocab_size_divisible_by`` (x TP); logits are
+  sliced back to the real vocabulary.
 
 Internally megatron-core works sequence-first ([T, B, H]) with masks in its own convention
 (True = masked out); the conversion happens here and nowhere else. ``pre_process`` /
@@ -47,6 +48,7 @@ from setdiff_mega import backends
 from .attention import SDPACoreAttention, lazy_mask
 from .rope import PerSampleRotary
 from .spec import Norm, block_spec, layer_spec
+from .tied import mark_stage_weights, sync_tied_copies, tie_checkpoint_entry
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
@@ -116,8 +118,6 @@ class SetDiffusionTransformer(MegatronModule):
         self.decoder = TransformerBlock(config=config, spec=spec, pre_process=pre_process,
                                         post_process=post_process, vp_stage=vp_stage)
         if post_process:
-            if tie_embeddings and not pre_process:
-                raise ValueError("tie_embeddings needs the embedding and the head on the same pipeline stage")
             init = (lambda w: torch.nn.init.zeros_(w)) if zero_init_head and not tie_embeddings \
                 else config.init_method
             # the head sees the full (gathered) sequence even under sequence parallelism
@@ -125,7 +125,8 @@ class SetDiffusionTransformer(MegatronModule):
             self.output_layer = tensor_parallel.ColumnParallelLinear(
                 config.hidden_size, self.padded_vocab_size, config=head_config, init_method=init,
                 bias=head_bias, skip_bias_add=False, gather_output=True,
-                skip_weight_param_allocation=tie_embeddings)
+                skip_weight_param_allocation=tie_embeddings and pre_process)   # PP > 1: the last stage's copy
+        mark_stage_weights(self)                                             # (tied.py)
 
     def set_input_tensor(self, input_tensor) -> None:
         """Pipeline stages > 0 receive their input here (mcore schedule protocol)."""
@@ -173,7 +174,7 @@ class SetDiffusionTransformer(MegatronModule):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [N, B, H] -> logits [B, N, V] over the real vocabulary."""
-        weight = self.embedding.word_embeddings.weight if self.tie_embeddings else None
+        weight = self.embedding.word_embeddings.weight if self.tie_embeddings and self.pre_process else None
         out, _ = self.output_layer(hidden, weight=weight)
         return out.transpose(0, 1)[..., : self.vocab_size]
 
@@ -201,12 +202,17 @@ class SetDiffusionTransformer(MegatronModule):
             for c in cores:
                 c.kv_cache = None
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """megatron-core's, with a last stage's copy of a tied embedding stored as its replica (tied.py)."""
+        ssd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        return tie_checkpoint_entry(self, ssd, prefix, metadata)
+
     def load_sharded_state(self, state: dict) -> None:
         """Inverse of ``sharded_state_dict()`` once a checkpoint has filled it in."""
         self.load_state_dict(state)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
+        n = sum(p.numel() for p in self.parameters() if not getattr(p, "shared", False))
         if exclude_embeddings and self.pre_process:
             n -= self.embedding.word_embeddings.weight.numel()
         return n
@@ -280,9 +286,10 @@ def build_model(mc, vocab_size: int, *, precision: str = "fp32", pre_process: bo
         model.attention_backend = mc.attention_backend
         return model.cuda() if torch.cuda.is_available() else model
 
-    if vp is None:
-        return chunk(None)
-    return ModelChunks([chunk(v) for v in range(vp)])
+    model = chunk(None) if vp is None else ModelChunks([chunk(v) for v in range(vp)])
+    if mc.tie_embeddings and pp > 1:
+        sync_tied_copies(model_chunks(model))          # the last stage's copy of the embedding := the embedding
+    return model
 
 
 __all__ = ["SetDiffusionTransformer", "ModelChunks", "model_chunks", "build_model", "transformer_config",

@@ -86,7 +86,7 @@ def rank_parameters(mc, padded_vocab: int, tp: int, pp: int) -> int:
     h, v = mc.hidden_size, padded_vocab
     body = body_parameters(mc) // pp
     embed = v * h
-    head = 0 if mc.tie_embeddings else v * h + (v if mc.head_bias else 0)
+    head = (0 if mc.tie_embeddings and pp == 1 else v * h) + (v if mc.head_bias else 0)  # PP: a tied copy
     final_norm = norm_parameters(mc, h)
     stages = [embed + head + final_norm] if pp == 1 else [embed, head + final_norm]
     return (body + max(stages)) // tp

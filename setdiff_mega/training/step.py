@@ -12,7 +12,8 @@
   its loss and statistics are this rank's part (they sum over the CP group), the backward uses loss x CP
   (megatron-core's schedule does the same), and logged losses / validation sums add the CP parts.
 * Clipping (:func:`clip_grad_norm`): the global L2 norm sums squared gradients over every TP / PP shard,
-  counting TP-replicated parameters (norms, row-parallel biases) once, so it equals the single-process norm.
+  counting TP-replicated parameters (norms, row-parallel biases) and a tied embedding's pipeline copy once,
+  so it equals the single-process norm.
 * Also the step-level helpers the trainer composes: :func:`evaluate` (layout-independent validation),
   :func:`zero_step` (one DeepSpeed step), :func:`mean_over_dp`, :func:`step_epoch`, :func:`autocast_context`.
 """
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
 
 from setdiff_mega import methods
 from setdiff_mega.compat import mcore_cpu
@@ -149,6 +151,12 @@ def _allreduce_grads(grads: list, group, size: int, average: bool) -> None:
         g.copy_(synced)
 
 
+def counted_once(p) -> bool:
+    """Whether a parameter counts in global sums (norms, sizes): not a TP replica, not a pipeline stage's copy
+    of a tied embedding (:mod:`setdiff_mega.model.tied`)."""
+    return param_is_not_tensor_parallel_duplicate(p) and param_is_not_shared(p)
+
+
 def tp_partial_grads(model) -> list:
     """Gradients that each TP rank holds only a part of: norm weights under sequence parallelism (their rank's
     sequence shard; megatron-core marks them ``param.sequence_parallel``) and q / k norms (their rank's heads;
@@ -167,7 +175,7 @@ def allreduce_tp_partial_grads(model) -> None:
 def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
     """Scale gradients so the global norm is at most ``max_norm``; returns the global norm (pre-clip)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    counted = [p.grad for p in model.parameters() if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
+    counted = [p.grad for p in model.parameters() if p.grad is not None and counted_once(p)]
     sq = torch.zeros(1, dtype=torch.float32)
     for g in counted:
         sq += g.detach().float().pow(2).sum().cpu()
@@ -257,8 +265,7 @@ def step_epoch(sample_index: int, n: int) -> int:
 def total_parameters(model) -> int:
     """Parameters of the whole model (all TP shards and PP stages, replicated ones counted once; under
     ZeRO-3 a partitioned parameter's full size is its ``ds_numel``)."""
-    n = torch.tensor([sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
-                          if param_is_not_tensor_parallel_duplicate(p))])
+    n = torch.tensor([sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if counted_once(p))])
     group = ps.get_model_parallel_group()
     if torch.distributed.get_world_size(group) > 1:
         torch.distributed.all_reduce(n, group=group)

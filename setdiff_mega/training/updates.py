@@ -26,6 +26,8 @@ from megatron.core import parallel_state as ps
 
 from setdiff_mega.checkpoint.io import CheckpointError
 from setdiff_mega.checkpoint.sharded import load_sharded, save_sharded
+from setdiff_mega.model.tied import allreduce_tied_grads, tied_weights
+from setdiff_mega.model.transformer import model_chunks
 from setdiff_mega.parallel.ddp import GradReducer
 from setdiff_mega.parallel.zero import import_deepspeed, zero_engine  # DeepSpeed itself: only when ZeRO runs
 
@@ -71,6 +73,7 @@ class AdamWBackend(OptimizerBackend):
         # norm gradients computed on a part of the sequence or of the heads: summed over the TP group
         self.partial_grads = pc.tensor_model_parallel_size > 1 and (pc.sequence_parallel or any(
             getattr(p, "tp_shared", False) for p in model.parameters()))
+        self.tied = tied_weights(model_chunks(model))   # PP > 1 with tied embeddings (model/tied.py)
         self.ddp = model
         if ps.get_data_parallel_world_size(with_context_parallel=True) > 1:
             # DP x CP ranks: the CP ranks of a replica hold the same weights and add up their gradients
@@ -83,6 +86,8 @@ class AdamWBackend(OptimizerBackend):
 
     def forward_backward(self, objective, micro, autocast):
         total = forward_backward(self.model, self.ddp, objective, micro, autocast)
+        if self.tied:                                   # a tied embedding's two pipeline stages: one gradient
+            allreduce_tied_grads(self.tied)
         if self.partial_grads:
             allreduce_tp_partial_grads(self.model)
         return total, clip_grad_norm(self.model, self.tc.clip_grad)

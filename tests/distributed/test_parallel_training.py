@@ -53,11 +53,11 @@ def _make_init(rank, world, data_dir, path, extra=()):
     return True
 
 
-def _weights(rank, world, path):
+def _weights(rank, world, path, kind="raw"):
     """The single-process state dict of a checkpoint written by any layout (resharded on load)."""
     from setdiff_mega.checkpoint import full_state_dict
 
-    return full_state_dict(path)
+    return full_state_dict(path, weights=kind)
 
 
 def _train(rank, world, data_dir, save_dir, tp, pp, objective, init, mbs=4, zero=0, sp=False, extra=()):
@@ -122,6 +122,26 @@ def test_shifted_training_matches_single_process(tiny_data, tmp_path, tp, pp, ob
     _assert_matches(ref, out)
     plain = _run(tiny_data, tmp_path / "plain", 1, 1, 1, objective, init)[0]
     assert plain["loss"][0] != pytest.approx(ref["loss"][0], rel=1e-4)       # the shift is trained
+
+
+@pytest.mark.parametrize("model,layout", [((), ()), (("train.ema_decay=0.9",), ()),
+                                          (("model.num_layers=4",),
+                                           ("parallel.virtual_pipeline_model_parallel_size=2",))])
+def test_tied_embeddings_across_pipeline_stages_match_single_process(tiny_data, tmp_path, model, layout):
+    """Qwen3-style tied embeddings under PP = 2, also interleaved (megatron-core's protocol: a synchronised copy
+    of the embedding on the last stage, gradients summed over the embedding group, the copy a checkpoint
+    replica): the same losses, gradient norms, parameter count and checkpoint (with its EMA) as one process."""
+    tied = ("model.tie_embeddings=true", *model)
+    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", tied))
+    init = tmp_path / "init"
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, tied)[0]
+    out = _run(tiny_data, tmp_path / "par", 2, 1, 2, "setdlm", init, 4, 0, False, (*tied, *layout))
+    _assert_matches(ref, out)
+    assert "output_layer.weight" not in ref["weights"]
+    if any("ema" in m for m in model):              # the EMA of the embedding and of its copy: one tensor
+        ema = [run_ranks(_weights, world=1, args=(d, "ema"))[0] for d in (tmp_path / "ref", tmp_path / "par")]
+        for k, v in ema[0].items():
+            torch.testing.assert_close(ema[1][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
 
 
 def test_pipeline_training_with_the_setcausal_backend_matches_dense_single_process(tiny_data, tmp_path):
@@ -193,6 +213,17 @@ def test_resume_from_a_middle_checkpoint_is_exact(tiny_data, tmp_path, zero):
     # the other optimizer kind refuses the state and names the switch
     other = run_ranks(_train_resume, world=2, args=(tiny_data, tmp_path / "other", 2 - zero, str(mid)))[0]
     assert "error" in other and "train.resume_optimizer=false" in other["error"]
+
+
+def test_resume_with_tied_embeddings_across_stages_is_exact(tiny_data, tmp_path):
+    """PP = 2 with tied embeddings: the last stage's copy and its AdamW moments come back from the embedding's
+    tensors (the copy is a checkpoint replica): steps 3-4 after a resume are bit for bit."""
+    extra = ("model.tie_embeddings=true", "parallel.pipeline_model_parallel_size=2")
+    full = run_ranks(_train_resume, world=2, args=(tiny_data, tmp_path / "full", 0, "none", STEPS, extra))
+    mid = tmp_path / "full" / "checkpoints" / "step_0000002"
+    resumed = run_ranks(_train_resume, world=2, args=(tiny_data, tmp_path / "resumed", 0, str(mid), STEPS, extra))
+    for r in (0, 1):
+        assert sorted(resumed[r]) == [3, 4] and {s: full[r][s] for s in (3, 4)} == resumed[r]
 
 
 def test_interleaved_pipeline_with_data_parallel_matches_single_process(tiny_data, tmp_path):
