@@ -26,12 +26,21 @@ class DataConfig:
     split: str = "96,2,2"                        # train, valid, test weights over documents
     seed: int = 1234
     cache_dir: Optional[str] = None              # None = <data dir>/cache
-    chunk_bos_eos: bool = False                  # wrap convention: force BOS first / EOS last in each sample
+    chunk_bos_eos: bool = False                  # wrap convention: force BOS first / EOS last in each pretraining
+                                                 # chunk (supervised samples keep their own)
     check_tokenizer: bool = True                 # refuse data whose manifest names another tokenizer
+    format: str = "pretrain"                     # pretrain (documents packed into L-token chunks) | sft
+                                                 # (conversations with a target mask: data/supervised.py)
+    sft_overlong: str = "truncate"               # sft: a conversation longer than L: truncate | drop | error
 
     def check(self) -> None:
         if self.seq_length < 2:
             raise ConfigError(f"data.seq_length={self.seq_length} must be >= 2")
+        if self.format not in ("pretrain", "sft"):
+            raise ConfigError(f"data.format={self.format!r} is not one of pretrain, sft")
+        if self.sft_overlong not in ("truncate", "drop", "error"):
+            raise ConfigError(f"data.sft_overlong={self.sft_overlong!r} is not one of truncate, drop, error")
+
         parts = self.split.replace("/", ",").split(",")
         try:
             weights = [float(x) for x in parts]

@@ -1,4 +1,5 @@
-"""Training batches from indexed data through megatron-core's GPTDataset (document packing).
+"""Training batches from indexed data through megatron-core's GPTDataset (document packing), or supervised
+conversations (``data.format=sft``: :mod:`.supervised`).
 
 ``build_splits`` builds train / valid / test ``GPTDataset`` objects with
 ``BlendedMegatronDatasetBuilder`` (documents split by ``data.split`` weights, packed into length-L
@@ -39,7 +40,8 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from .batch import batches
 from .blend import parse_blend
-from .indexed import DataError, check_dataset, sha256_file
+from .indexed import DataError, check_dataset, read_manifest, sha256_file
+from .supervised import build_sft_splits
 
 SPLITS = ("train", "valid", "test")
 
@@ -107,16 +109,22 @@ def index_cache(prefixes: list, base: str | Path, log=print) -> str:
 
 def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
                  num_samples: tuple[int, int, int], cache_dir: str | None = None, check_tokenizer: bool = True,
-                 needed: tuple = ("train", "valid"), log=print):
+                 needed: tuple = ("train", "valid"), log=print, fmt: str = "pretrain", overlong: str = "truncate"):
     """Return (train, valid, test) datasets (None for a weight-0 split, or one not ``needed`` and too small
     for a sample).
 
     ``prefix`` is one dataset prefix or a blend string; blends come back as megatron-core
     ``BlendedDataset`` objects that draw from each dataset in proportion to its weight. Each prefix is
     checked first (``check_dataset``): its vocabulary and, with ``check_tokenizer``, that it was made with
-    ``tokenizer``; then every ``needed`` split must hold one length-``seq_length`` sample.
+    ``tokenizer``; then every ``needed`` split must hold one length-``seq_length`` sample. ``fmt="sft"``:
+    supervised conversations instead (:func:`~setdiff_mega.data.supervised.build_sft_splits`, ``overlong``).
     """
+    if fmt == "sft":
+        return build_sft_splits(prefix, tokenizer, seq_length, split, seed, overlong, check_tokenizer, needed, log)
     prefixes, weights = parse_blend(prefix)
+    for p in prefixes:
+        if (read_manifest(p) or {}).get("kind") == "sft":
+            raise DataError(f"'{p}' is supervised data (conversations with a target mask): set data.format=sft")
     n_tokens = sum(check_dataset(p, tokenizer.vocab_size, tokenizer=tokenizer if check_tokenizer else None)
                    ["num_tokens"] for p in prefixes)
     skip = check_split_sizes(prefixes, split, seq_length, num_samples, needed)
@@ -150,8 +158,9 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
 
 
 def wrap_ids(data_cfg, tokenizer) -> tuple[int, int] | None:
-    """(BOS, EOS) forced onto every sample under ``data.chunk_bos_eos`` (the "wrap" convention), else None."""
-    return (tokenizer.bos, tokenizer.eos) if data_cfg.chunk_bos_eos else None
+    """(BOS, EOS) forced onto every pretraining chunk under ``data.chunk_bos_eos`` (the "wrap" convention), else
+    None (supervised conversations keep their own)."""
+    return (tokenizer.bos, tokenizer.eos) if data_cfg.chunk_bos_eos and data_cfg.format != "sft" else None
 
 
 __all__ = ["build_splits", "batches", "wrap_ids", "split_sizes", "check_split_sizes", "index_cache", "SPLITS"]

@@ -35,7 +35,6 @@ import numpy as np
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from tqdm import tqdm
 
-from .corpus import read_documents
 from .fast_encode import FastEncoder
 from .indexed import (
     MANIFEST_FORMAT,
@@ -48,7 +47,7 @@ from .indexed import (
     token_dtype,
     write_manifest,
 )
-from .records import document, line_of, utf8_error
+from .reader import read_records, read_unit
 from .tokenizer import Tokenizer
 
 
@@ -129,48 +128,6 @@ def plan_units(paths: list[str], unit_bytes: int = 8 << 20, unit_rows: int = 200
         else:
             units.append(WorkUnit(len(units), path, kind, 0, os.path.getsize(path), os.path.getsize(path)))
     return units
-
-
-def read_unit(unit: WorkUnit, keys: list[str]):
-    """Yield the documents of one work unit: strings, or lists of sentences (:mod:`.records`)."""
-    if unit.kind == "jsonl":
-        with open(unit.path, "rb") as f:
-            f.seek(unit.start)
-            data = f.read(unit.stop - unit.start)
-        for n, line in enumerate(data.split(b"\n")):
-            if not line.strip():
-                continue
-
-            def where(n=n) -> str:                     # the line in the file (computed on errors only)
-                return f"{unit.path}:{line_of(unit.path, unit.start) + n}"
-            try:
-                rec = json.loads(line)
-            except UnicodeDecodeError as e:
-                raise utf8_error(where(), line, e) from None
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where()}: not valid JSON ({e.msg} at column {e.colno})") from None
-            yield document(rec, keys, where)
-    elif unit.kind in ("parquet", "hfdisk"):
-        if unit.kind == "parquet":
-            import pyarrow.parquet as pq  # gated: parquet inputs only
-
-            table = pq.ParquetFile(unit.path).read_row_group(unit.start)
-            names, column = table.column_names, lambda k: table.column(k).to_pylist()
-            label, first_row = f"{unit.path} (row group {unit.start}, row", 0
-        else:
-            from datasets import load_from_disk  # gated: datasets directories only (slow to import)
-
-            part = load_from_disk(unit.path).select(range(unit.start, unit.stop))
-            names, column = part.column_names, lambda k: part[k]
-            label, first_row = f"{unit.path} (row", unit.start
-        cols = [c for c in keys if c not in names]
-        if cols:
-            raise DataError(f"{unit.path}: column '{cols[0]}' does not exist (columns: {', '.join(names)}); "
-                            f"pass the right --json-keys")
-        for i, row in enumerate(zip(*[column(k) for k in keys])):
-            yield document(dict(zip(keys, row)), keys, lambda i=i: f"{label} {first_row + i})")
-    else:
-        yield from read_documents(unit.path)
 
 
 def _pid_alive(pid: str) -> bool:
@@ -258,20 +215,24 @@ def _staging(out: Path) -> Path:
     return tmp
 
 
-def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int, progress: bool) -> tuple:
-    """Run :func:`encode_unit` over ``jobs`` (in a fork pool when workers > 1); -> (documents, tokens)."""
+def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int, progress: bool,
+                work=None, init=None, init_args: tuple = ()) -> tuple:
+    """Run ``work`` (:func:`encode_unit`) over ``jobs`` (in a fork pool when workers > 1), each worker set up by
+    ``init(*init_args, threads)`` (:func:`_init_worker(tokenizer_path, threads)`); -> (documents, tokens)."""
+    work, init = work or encode_unit, init or _init_worker
+    init_args = init_args or (tokenizer_path,)
     t0 = time.perf_counter()
     docs = toks = done_bytes = 0
     bar = tqdm(total=total_bytes or len(jobs), unit="B", unit_scale=True, desc="tokenize", disable=not progress)
     pool = None
     try:
         if workers <= 1:
-            _init_worker(tokenizer_path, max(1, os.cpu_count() or 1))
-            results = map(encode_unit, jobs)
+            init(*init_args, max(1, os.cpu_count() or 1))
+            results = map(work, jobs)
         else:
             # imported once here, before the fork, instead of once per worker (seconds each at start-up)
-            pool = get_context("fork").Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, 1))
-            results = pool.imap_unordered(encode_unit, jobs)
+            pool = get_context("fork").Pool(workers, initializer=init, initargs=(*init_args, 1))
+            results = pool.imap_unordered(work, jobs)
         for r in results:
             docs, toks, done_bytes = docs + r["docs"], toks + r["tokens"], done_bytes + r["bytes"]
             bar.update(r["bytes"] if total_bytes else 1)
@@ -288,19 +249,19 @@ def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int,
     return docs, toks
 
 
-def _merge_shards(tmp: Path, units: list, dtype, out: Path) -> None:
-    """The worker shards, in unit order, -> ``<out>.bin/.idx`` (renamed into place)."""
-    builder = IndexedDatasetBuilder(str(tmp / "merged.bin"), dtype=dtype)
+def _merge_shards(tmp: Path, units: list, dtype, out: Path, name: str = "shard") -> None:
+    """The worker shards ``<name>NNNNNN``, in unit order, -> ``<out>.bin/.idx`` (renamed into place)."""
+    builder = IndexedDatasetBuilder(str(tmp / f"{name}-merged.bin"), dtype=dtype)
     gc.freeze()          # add_index runs gc.collect() per shard; frozen objects make that cheap
     try:
         for u in units:
-            builder.add_index(str(tmp / f"shard{u.index:06d}"))
+            builder.add_index(str(tmp / f"{name}{u.index:06d}"))
     finally:
         gc.unfreeze()
-    builder.finalize(str(tmp / "merged.idx"))
+    builder.finalize(str(tmp / f"{name}-merged.idx"))
     manifest_path(out).unlink(missing_ok=True)
-    os.replace(tmp / "merged.bin", f"{out}.bin")
-    os.replace(tmp / "merged.idx", f"{out}.idx")
+    os.replace(tmp / f"{name}-merged.bin", f"{out}.bin")
+    os.replace(tmp / f"{name}-merged.idx", f"{out}.idx")
 
 
 def preprocess(inputs: list[str], output_prefix: str, tokenizer_path: str, *, json_keys=("text",),
@@ -395,4 +356,5 @@ def merge(prefixes: list[str], output_prefix: str, log=print, overwrite: bool = 
     return manifest
 
 
-__all__ = ["preprocess", "merge", "plan_units", "read_unit", "expand_inputs", "detect_kind", "WorkUnit"]
+__all__ = ["preprocess", "merge", "plan_units", "read_unit", "read_records", "expand_inputs", "detect_kind",
+           "WorkUnit"]

@@ -181,20 +181,22 @@ def row_generator(seed: int, sample_id: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed((int(seed) * 1_000_003 + int(sample_id)) % (2 ** 63))
 
 
-def inputs_for(objective: Objective, batch: Batch, seed: int, training: bool = True) -> ModelInputs:
+def inputs_for(objective: Objective, batch: Batch, seed, training: bool = True) -> ModelInputs:
     """The one way from a batch to model inputs (training, validation, likelihood, the memory estimate and
-    the benchmarks): row i's noise comes from :func:`row_generator` (seed, its sample id), so the inputs of a
-    sample do not depend on which rank, batch or step reads it (layout-independent training, exact
-    resumes); its context and padding reach the objective."""
+    the benchmarks): row i's noise comes from :func:`row_generator` (its seed, its sample id), so the inputs
+    of a sample do not depend on which rank, batch or step reads it (layout-independent training, exact
+    resumes); its context and padding reach the objective. ``seed``: one for every row, or a list of one
+    per row (training: the row's noise epoch, which can change inside a micro-batch that wraps around)."""
     if batch.document_ids is not None:
         raise ValueError(f"objective {objective.name!r} takes one document per row; this batch holds packed "
                          f"documents (document_ids): use unpacked samples")
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * batch.rows
     parts = []
     for i, sid in enumerate(batch.sample_ids):
         row = lambda t: None if t is None else t[i:i + 1]  # noqa: E731
         parts.append(objective.build_inputs(batch.tokens[i:i + 1], context=row(batch.context),
                                             padding=row(batch.padding),
-                                            generator=row_generator(seed, sid, batch.tokens.device),
+                                            generator=row_generator(seeds[i], sid, batch.tokens.device),
                                             training=training))
     return collate_inputs(parts)
 

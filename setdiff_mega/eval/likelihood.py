@@ -134,7 +134,8 @@ def split_nll(model, objective, tok, cfg, path: str | None = None, max_sequences
     n = max_sequences
     splits = dict(zip(("train", "valid", "test"), build_splits(path, tok, cfg.data.seq_length, cfg.data.split,
                                                                cfg.data.seed, (n, n, n), cfg.data.cache_dir,
-                                                               cfg.data.check_tokenizer, needed=(split,))))
+                                                               cfg.data.check_tokenizer, needed=(split,),
+                                                               fmt=cfg.data.format, overlong=cfg.data.sft_overlong)))
     data = splits[split]
     if data is None or len(data) == 0:
         raise ValueError(f"'{path}' has no {split} split (data.split={cfg.data.split}); pass --text")

@@ -5,7 +5,9 @@ Requests are strings or dicts:
 * ``"Question: ..."``                 plain prompt, continued for ``max_new_tokens`` tokens;
 * ``"A <|mask|><|mask|> B"``           infill: each ``<|mask|>`` is one position to fill;
 * ``{"prefix": ..., "suffix": ..., "span": m}``  infill of m tokens between prefix and suffix,
-  laid out as ``[BOS] prefix [MASK]*m suffix [EOS]`` (method.md 5.4).
+  laid out as ``[BOS] prefix [MASK]*m suffix [EOS]`` (method.md 5.4);
+* with a chat renderer (``chat=``, a fine-tuned model): a string is a user turn and ``{"messages": [...]}``
+  a conversation, rendered with the chat template and its generation prompt, as the training data was.
 
 Every request starts with BOS (as every training document does). The sampler follows the model's
 training objective: setdlm -> :class:`SetDLMSampler`, ar -> :class:`ARSampler`, bd3lm ->
@@ -24,14 +26,22 @@ import torch
 
 from setdiff_mega import methods
 from setdiff_mega.decoding.base import Canvas, GenerationConfig
-from setdiff_mega.errors import RequestError
+from setdiff_mega.errors import DataError, RequestError
 
 
-def encode_request(tokenizer, request, *, context: int | None = None) -> list[int]:
-    """Token ids of one request (BOS first; infill dicts get the full [BOS] p M*m s [EOS] layout)."""
+def encode_request(tokenizer, request, *, context: int | None = None, chat=None) -> list[int]:
+    """Token ids of one request (BOS first; infill dicts get the full [BOS] p M*m s [EOS] layout). ``chat``
+    (a :class:`~setdiff_mega.data.chat.ChatRenderer`): a string or ``{"messages": [...]}`` request is rendered
+    with the chat template and its generation prompt, as supervised training data is."""
+    if chat is not None and (isinstance(request, str) or (isinstance(request, dict) and "messages" in request)):
+        try:
+            ids = chat.prompt_ids(request)
+        except DataError as e:
+            raise RequestError(str(e)) from None
+        return _fits(ids, tokenizer, context)
     if isinstance(request, dict):
         if "prompt" in request:
-            return encode_request(tokenizer, request["prompt"], context=context)
+            return encode_request(tokenizer, request["prompt"], context=context, chat=chat)
         missing = [k for k in ("prefix", "suffix", "span") if k not in request]
         if missing:
             raise RequestError(f"infill request needs prefix, suffix and span (missing {missing})")
@@ -44,6 +54,10 @@ def encode_request(tokenizer, request, *, context: int | None = None) -> list[in
         ids = [tokenizer.bos] + tokenizer.encode(request)
     else:
         raise RequestError(f"a request is a string or a dict, got {type(request).__name__}")
+    return _fits(ids, tokenizer, context)
+
+
+def _fits(ids: list[int], tokenizer, context: int | None) -> list[int]:
     if context is not None:
         visible = sum(1 for t in ids if t != tokenizer.mask)
         if visible > context:
@@ -78,16 +92,16 @@ def check_vocab(model, tokenizer) -> None:
 
 
 def generate(model, tokenizer, method, requests: list, config: GenerationConfig,
-             context: int | None = None, batch_size: int = 8, progress=None) -> list[dict]:
+             context: int | None = None, batch_size: int = 8, progress=None, chat=None) -> list[dict]:
     """Decode ``requests`` in batches; returns one dict per request (text, tokens, nfe, speeds).
 
     ``method``: the objective (or its name); ``context``: the model's length L (the default
-    ``config.context_length``)."""
+    ``config.context_length``); ``chat``: render prompts with the chat template (:func:`encode_request`)."""
     check_vocab(model, tokenizer)
     model.eval()
     if config.context_length is None and context is not None:
         config = replace(config, context_length=int(context))
-    ids = [encode_request(tokenizer, r, context=context) for r in requests]
+    ids = [encode_request(tokenizer, r, context=context, chat=chat) for r in requests]
     sampler = build_sampler(method, model, tokenizer, config)
     results = []
     for s in range(0, len(ids), batch_size):

@@ -159,7 +159,7 @@ class Trainer:
         self.train_ds, self.valid_ds, _ = build_splits(
             dc.path, self.tok, dc.seq_length, dc.split, dc.seed,
             (tc.train_steps * self.samples_per_step, n_valid, n_valid), dc.cache_dir, dc.check_tokenizer,
-            log=self.log)
+            log=self.log, fmt=dc.format, overlong=dc.sft_overlong)
         if self.valid_ds is None or len(self.valid_ds) == 0:
             self.log("warning: no validation split (data.split gives it weight 0): validating on training samples")
             self.valid_ds = self.train_ds
@@ -229,8 +229,9 @@ class Trainer:
         self.watch.check()                             # the data files are the ones we started with
         for _ in range(tc.grad_accum_steps):
             batch = next(self.stream)
-            seed = self.noise_seed + step_epoch(batch.sample_index, len(self.train_ds))
-            micro.append(inputs_for(objective, batch, seed))
+            n = len(self.train_ds)                      # each row's noise epoch: its own stream position
+            seeds = [self.noise_seed + step_epoch(batch.sample_index + j, n) for j in range(batch.rows)]
+            micro.append(inputs_for(objective, batch, seeds))
             self.consumed += batch.rows * dp
             self.tok_window += batch.tokens.numel() * dp
             self.proc_window += batch.rows * self.proc_per_sample * dp
