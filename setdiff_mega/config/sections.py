@@ -40,7 +40,6 @@ class DataConfig:
             raise ConfigError(f"data.format={self.format!r} is not one of pretrain, sft")
         if self.sft_overlong not in ("truncate", "drop", "error"):
             raise ConfigError(f"data.sft_overlong={self.sft_overlong!r} is not one of truncate, drop, error")
-
         parts = self.split.replace("/", ",").split(",")
         try:
             weights = [float(x) for x in parts]
