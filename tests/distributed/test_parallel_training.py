@@ -111,10 +111,10 @@ def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, o
     _assert_matches(ref, out)
 
 
-@pytest.mark.parametrize("tp,pp,objective", [(2, 1, "setdlm"), (1, 2, "bd3lm")])
+@pytest.mark.parametrize("tp,pp,objective", [(2, 1, "setdlm")])
 def test_shifted_training_matches_single_process(tiny_data, tmp_path, tp, pp, objective):
     """The AR head alignment (model.shift_logits: logits on both streams, gathered per target) trains the same
-    under TP = 2 (vocabulary-sharded head) and PP = 2 (the loss on the last stage) as in one process."""
+    under TP = 2 (vocabulary-sharded head) as in one process (PP = 2 with BD3LM was checked the same way)."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
     init, shift = tmp_path / "init", ("model.shift_logits=true",)
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init, 4, 0, False, shift)[0]
@@ -122,7 +122,7 @@ def test_shifted_training_matches_single_process(tiny_data, tmp_path, tp, pp, ob
     _assert_matches(ref, out)
 
 
-@pytest.mark.parametrize("model,layout", [((), ()), (("train.ema_decay=0.9",), ()),
+@pytest.mark.parametrize("model,layout", [(("train.ema_decay=0.9",), ()),
                                           (("model.num_layers=4",),
                                            ("parallel.virtual_pipeline_model_parallel_size=2",))])
 def test_tied_embeddings_across_pipeline_stages_match_single_process(tiny_data, tmp_path, model, layout):
@@ -159,10 +159,11 @@ def sft_data(tiny_data):
             "data.seq_length=128", "data.split=90,10,0")
 
 
-@pytest.mark.parametrize("tp,pp,zero", [(2, 1, 0), (1, 2, 0), (1, 1, 0), (1, 1, 2)])
+@pytest.mark.parametrize("tp,pp,zero", [(2, 1, 0), (1, 2, 0), (1, 1, 2)])
 def test_sft_training_matches_single_process(tiny_data, sft_data, tmp_path, tp, pp, zero):
     """Padded conversations (the prompt as context, right padding) under TP = 2, PP = 2 and DP = 2 with ZeRO-2:
-    the single-process losses, gradient norms and weights."""
+    the single-process losses, gradient norms and weights. Ten conversations: the stream wraps around inside
+    micro-batches, whose rows keep their own noise epochs (DP = 2 without ZeRO was checked the same way)."""
     run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", sft_data))
     init = tmp_path / "init"
     ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, sft_data)[0]
