@@ -324,6 +324,10 @@ def merge(prefixes: list[str], output_prefix: str, log=print, overwrite: bool = 
                         overwrite)
     infos = [check_dataset(p, verify_hashes=True) for p in prefixes]
     manifests = [read_manifest(p) for p in prefixes]
+    sft = [p for p, m in zip(prefixes, manifests) if (m or {}).get("kind") == "sft"]
+    if sft:
+        raise DataError(f"'{sft[0]}' is supervised data (tokens and a target mask), which --merge does not join; "
+                        f"preprocess all the inputs into one dataset (--sft --input a.jsonl b.jsonl ...)")
     toks = {json.dumps((m or {}).get("tokenizer", {}).get("hash")) for m in manifests}
     if len(toks) > 1:
         raise DataError(f"cannot merge datasets made with different tokenizers ({', '.join(sorted(toks))})")

@@ -76,8 +76,8 @@ def build_sft_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: 
     if overlong not in OVERLONG:
         raise DataError(f"data.sft_overlong={overlong!r} is not one of {', '.join(OVERLONG)}")
     if len(str(prefix).split()) > 1:
-        raise DataError(f"data.path={prefix!r}: supervised data is read from one dataset (no blends); merge the "
-                        f"datasets with tools/preprocess_data.py --merge")
+        raise DataError(f"data.path={prefix!r}: supervised data is read from one dataset (no blends); preprocess "
+                        f"all the inputs into one (tools/preprocess_data.py --sft --input a.jsonl b.jsonl ...)")
     check_dataset(prefix, tokenizer.vocab_size, tokenizer=tokenizer if check_tokenizer else None)
     manifest = read_manifest(prefix) or {}
     if manifest.get("kind") != "sft" or not Path(f"{target_prefix(prefix)}.idx").is_file():

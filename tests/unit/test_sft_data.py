@@ -205,3 +205,19 @@ def test_a_chat_request_is_the_training_prompt(tok_path, thinking):
     assert r.prompt_ids("What is 2 plus 2?") == context
     assert encode_request(tok, {"messages": [{"role": "user", "content": "What is 2 plus 2?"}]}, chat=r) == context
     assert encode_request(tok, "What is 2 plus 2?") != context                 # without chat: the plain prompt
+
+
+def test_supervised_datasets_are_not_merged_or_blended(tok_path, tmp_path):
+    from setdiff_mega.data.indexed import DataError
+    from setdiff_mega.data.preprocess import merge
+    from setdiff_mega.data.sft import preprocess_sft
+    from setdiff_mega.data.supervised import build_sft_splits
+    from setdiff_mega.data.tokenizer import Tokenizer
+
+    src = _write(tmp_path / "chats.jsonl", RECORDS[:5])
+    out = tmp_path / "sft" / "corpus"
+    preprocess_sft([str(src)], str(out), str(tok_path), workers=1, progress=False, log=lambda *a: None)
+    with pytest.raises(DataError, match=r"is supervised data .*--merge does not join; preprocess all the inputs"):
+        merge([str(out), str(out)], str(tmp_path / "m" / "all"), log=lambda *a: None)
+    with pytest.raises(DataError, match=r"supervised data is read from one dataset \(no blends\)"):
+        build_sft_splits(f"0.5 {out} 0.5 {out}", Tokenizer.from_file(tok_path), 256, "1,0,0", 1)
