@@ -12,7 +12,8 @@ distributed checkpointing):
 sizes and modification times, and the import's options (the run's objective name): a later start of the run
 (or a resume) reuses the import, a changed directory gets a new one. Before any process group exists, the
 launcher's rank 0 imports and the other ranks wait for its checkpoint (or its one-line failure, which they
-raise too). The run's tokenizer must be the import's (the data is checked against it as usual): prepare
+raise too: a note ``<key>.failed-<time>-<pid>`` per failed attempt, never removed; a waiting rank reads only
+the notes of its own start). The run's tokenizer must be the import's (the data is checked against it as usual): prepare
 the data with the adopted tokenizer (``tools/convert_checkpoint.py from-hf`` writes it, or
 ``tools/train_tokenizer.py --from-tokenizer``).
 """
@@ -73,15 +74,16 @@ def _import(src: Path, out: Path, objective: str, failed: Path) -> None:
         lines = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()]
         message = lines[-1].removeprefix("error: ") if lines else f"exit status {proc.returncode}"
         message = f"train.init_from=hf:{src}: the import failed: {message}"
-        failed.write_text(json.dumps({"message": message, "time": time.time()}))
+        note = failed.parent / f"{failed.name}-{int(time.time() * 1e6)}-{os.getpid()}"   # this attempt's own
+        note.write_text(json.dumps({"message": message, "time": time.time()}))
         raise CheckpointError(message)
 
 
 def _wait(out: Path, failed: Path, started: float, timeout: float) -> None:
     """Other ranks: until rank 0's checkpoint is published, or its failure note (of this start) appears."""
     while latest_checkpoint(out) is None:
-        if failed.is_file():
-            note = json.loads(failed.read_text())
+        for f in sorted(failed.parent.glob(f"{failed.name}-*")):      # rank 0's notes; earlier attempts' are old
+            note = json.loads(f.read_text())
             if note.get("time", 0) >= started - 60:
                 raise CheckpointError(note["message"])
         if time.time() - started > timeout:
@@ -109,7 +111,6 @@ def resolve_init(cfg, log=print, timeout: float = WAIT_S) -> str | None:
     env = discover_launcher_env()
     if env is None or int(env["RANK"]) == 0:
         root.mkdir(parents=True, exist_ok=True)
-        failed.unlink(missing_ok=True)           # this run's own note of an earlier attempt
         log(f"importing {src} for train.init_from into {out} (once; later starts reuse it)")
         _import(src, out, cfg.objective.name, failed)
     else:

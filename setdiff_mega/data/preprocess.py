@@ -16,13 +16,14 @@ sequence per document, or one per sentence when the value is a list of sentences
 written as an empty document (no tokens, no sequence), as Megatron-LM's ``preprocess_data.py`` writes it,
 so with ``--no-bos`` the output is byte-identical to Megatron's on any corpus. Record rules and error
 messages (null / numbers refused, UTF-8, line numbers in the file): :mod:`.records`.
-Everything is written under ``<prefix>.tmp-<pid>/`` and renamed into place; the manifest is written last,
+Everything is written under ``<prefix>.tmp-<pid>-<n>/`` and renamed into place; the manifest is written last,
 so an interrupted run never leaves a dataset that looks complete.
 """
 from __future__ import annotations
 
 import gc
 import glob
+import itertools
 import json
 import os
 import shutil
@@ -130,16 +131,6 @@ def plan_units(paths: list[str], unit_bytes: int = 8 << 20, unit_rows: int = 200
     return units
 
 
-def _pid_alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _WORKER: dict = {}
 
 
@@ -205,14 +196,16 @@ def _shard_units(units: list, shard, paths, unit_bytes: int) -> list:
 
 
 def _staging(out: Path) -> Path:
-    """A fresh ``<out>.tmp-<pid>`` directory; leftovers of interrupted runs whose owner is gone are removed."""
+    """A fresh ``<out>.tmp-<pid>-<n>`` directory of this invocation (leftovers of interrupted runs are left
+    alone: this invocation did not create them)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f"{out.name}.tmp-*"):
-        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    return tmp
+    for n in itertools.count():
+        tmp = out.parent / f"{out.name}.tmp-{os.getpid()}-{n}"
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
 
 
 def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int, progress: bool,
@@ -249,8 +242,9 @@ def _encode_all(jobs: list, tokenizer_path: str, workers: int, total_bytes: int,
     return docs, toks
 
 
-def _merge_shards(tmp: Path, units: list, dtype, out: Path, name: str = "shard") -> None:
-    """The worker shards ``<name>NNNNNN``, in unit order, -> ``<out>.bin/.idx`` (renamed into place)."""
+def _merge_shards(tmp: Path, units: list, dtype, out: Path, name: str = "shard", manifest: bool = True) -> None:
+    """The worker shards ``<name>NNNNNN``, in unit order, -> ``<out>.bin/.idx`` (renamed into place; the old
+    manifest goes first, ``manifest=False``: ``out`` has none of its own, e.g. a supervised target mask)."""
     builder = IndexedDatasetBuilder(str(tmp / f"{name}-merged.bin"), dtype=dtype)
     gc.freeze()          # add_index runs gc.collect() per shard; frozen objects make that cheap
     try:
@@ -259,7 +253,8 @@ def _merge_shards(tmp: Path, units: list, dtype, out: Path, name: str = "shard")
     finally:
         gc.unfreeze()
     builder.finalize(str(tmp / f"{name}-merged.idx"))
-    manifest_path(out).unlink(missing_ok=True)
+    if manifest:
+        manifest_path(out).unlink(missing_ok=True)
     os.replace(tmp / f"{name}-merged.bin", f"{out}.bin")
     os.replace(tmp / f"{name}-merged.idx", f"{out}.idx")
 

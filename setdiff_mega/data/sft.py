@@ -10,7 +10,7 @@ conversation, one document to two indexed datasets with the same document length
 and the manifest (``kind: sft``: the tokenizer's hash, the template's hash and keyword arguments, the loss
 rule, the counts, every file's sha256). The work runs as pretraining preprocessing does
 (:mod:`.preprocess`: work units over a process pool, a shard pair per unit and per dataset, merged in input
-order, a progress bar); everything is written under ``<prefix>.tmp-<pid>/`` and renamed into place, the
+order, a progress bar); everything is written under ``<prefix>.tmp-<pid>-<n>/`` and renamed into place, the
 targets before the tokens and the manifest last, so an interrupted run never leaves a dataset that looks
 complete. A bad record stops the run with one line naming ``file:line`` and the fix.
 """
@@ -121,7 +121,7 @@ def preprocess_sft(inputs: list[str], output_prefix: str, tokenizer_path: str, *
                              work=encode_unit, init=_init_worker, init_args=(tokenizer_path, template, kwargs, loss_on))
         if counts[1] == 0:
             raise DataError(f"the inputs {paths} hold no supervised records")
-        _merge_shards(tmp, units, np.uint8, Path(target_prefix(out)), name="tgt")
+        _merge_shards(tmp, units, np.uint8, Path(target_prefix(out)), name="tgt", manifest=False)
         _merge_shards(tmp, units, token_dtype(tok.vocab_size), out, name="tok")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
