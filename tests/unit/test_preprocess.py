@@ -246,13 +246,18 @@ def test_fast_encoder_is_exact_and_falls_back(corpus):
     assert not FastEncoder(tok).enabled
 
 
-def test_stale_temp_dirs_of_dead_runs_are_removed_live_ones_kept(corpus, tmp_path):
+def test_other_invocations_staging_dirs_are_left_alone(corpus, tmp_path):
+    """Leftovers of interrupted runs (even under this process's own pid) were not created by this invocation:
+    they survive it untouched, and this run stages in a fresh directory it removes itself."""
     import os
 
-    dead = tmp_path / "d.tmp-999999999"
-    live = tmp_path / f"d.tmp-{os.getppid()}"
-    dead.mkdir()
-    live.mkdir()
+    dead = tmp_path / "d.tmp-999999999-0"
+    mine = tmp_path / f"d.tmp-{os.getpid()}-0"                # same pid, an earlier invocation's leftover
+    for d in (dead, mine):
+        d.mkdir()
+        (d / "keep.txt").write_text("not yours")
     preprocess([str(corpus / "in.jsonl")], str(tmp_path / "d"), str(corpus / "tok.json"), progress=False,
                log=lambda *a: None)
-    assert not dead.exists() and live.exists()
+    assert (dead / "keep.txt").read_text() == "not yours" and (mine / "keep.txt").read_text() == "not yours"
+    assert sorted(p.name for p in tmp_path.glob("d.tmp-*")) == sorted([dead.name, mine.name])
+    assert (tmp_path / "d.bin").exists() and (tmp_path / "d.idx").exists()
