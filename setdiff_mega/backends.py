@@ -11,6 +11,8 @@ benchmarks all read the records):
                     block size from the structure alone (no dense T x T mask)
     context_parallel  it gathers keys / values over the CP group (every ``SDPACoreAttention`` subclass)
     kv_cache        it decodes through the samplers' KV cache (``SetDiffusionTransformer.use_cache``)
+    packed_documents  it keeps packed documents apart (``MaskPattern.documents``: the dense mask has them; a
+                    structured kernel must read them): ``data.packing`` needs it
     cpu_backward    it can train on CPU (FlexAttention has no CPU backward)
     fp8             it runs under the FP8 linears (the linears are the spec's; attention stays bf16)
     kernel          "module:function" of its bare attention ``fn(q, k, v, pattern)``, for the kernel
@@ -48,6 +50,7 @@ class AttentionBackend:
     native: Callable = lambda kind, block: False
     context_parallel: bool = True
     kv_cache: bool = True
+    packed_documents: bool = True
     cpu_backward: bool = True
     fp8: bool = True
     kernel: str | None = None

@@ -32,6 +32,8 @@ class DataConfig:
     format: str = "pretrain"                     # pretrain (documents packed into L-token chunks) | sft
                                                  # (conversations with a target mask: data/supervised.py)
     sft_overlong: str = "truncate"               # sft: a conversation longer than L: truncate | drop | error
+    packing: bool = False                        # sft: several conversations per L-token sample (first-fit by
+                                                 # length, none split; attention and order per conversation)
 
     def check(self) -> None:
         if self.seq_length < 2:
@@ -40,6 +42,9 @@ class DataConfig:
             raise ConfigError(f"data.format={self.format!r} is not one of pretrain, sft")
         if self.sft_overlong not in ("truncate", "drop", "error"):
             raise ConfigError(f"data.sft_overlong={self.sft_overlong!r} is not one of truncate, drop, error")
+        if self.packing and self.format != "sft":
+            raise ConfigError("data.packing packs supervised conversations (data.format=sft); pretraining data is "
+                              "already cut into full L-token chunks: remove data.packing")
         parts = self.split.replace("/", ",").split(",")
         try:
             weights = [float(x) for x in parts]
@@ -175,6 +180,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     cfg.model.check(cfg.parallel.tensor_model_parallel_size)
     cfg.train.check()
     cfg.logging.check()
+    if cfg.data.packing and not backends.get(cfg.model.attention_backend).packed_documents:
+        able = ", ".join(n for n in backends.names() if backends.get(n).packed_documents)
+        raise ConfigError(f"data.packing needs a core attention that keeps each packed conversation to itself "
+                          f"(model.attention_backend={able}); model.attention_backend={cfg.model.attention_backend} "
+                          f"does not: use one of them, or data.packing=false")
     validate_layout(cfg)
     return cfg
 
@@ -266,6 +276,10 @@ def _check_context_parallel(cfg: RunConfig, cp: int) -> None:
         raise ConfigError(f"model.shift_logits reads each target's logits from its predecessor's row, which under "
                           f"parallel.context_parallel_size={cp} may live on another rank: use CP=1 (or "
                           f"model.shift_logits=false)")
+    if cfg.data.packing:
+        raise ConfigError(f"packed samples keep every conversation's attention and order to itself, which "
+                          f"parallel.context_parallel_size={cp} cuts into chunks over ranks: use data.packing=false "
+                          f"(padded conversations) with CP, or CP=1")
     if L % (2 * cp):
         raise ConfigError(f"context parallelism cuts every stream into 2 x CP = {2 * cp} chunks: data.seq_length={L} "
                           f"must be a multiple of {2 * cp}")

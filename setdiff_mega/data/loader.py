@@ -109,7 +109,8 @@ def index_cache(prefixes: list, base: str | Path, log=print) -> str:
 
 def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
                  num_samples: tuple[int, int, int], cache_dir: str | None = None, check_tokenizer: bool = True,
-                 needed: tuple = ("train", "valid"), log=print, fmt: str = "pretrain", overlong: str = "truncate"):
+                 needed: tuple = ("train", "valid"), log=print, fmt: str = "pretrain", overlong: str = "truncate",
+                 packing: bool = False):
     """Return (train, valid, test) datasets (None for a weight-0 split, or one not ``needed`` and too small
     for a sample).
 
@@ -117,10 +118,12 @@ def build_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int,
     ``BlendedDataset`` objects that draw from each dataset in proportion to its weight. Each prefix is
     checked first (``check_dataset``): its vocabulary and, with ``check_tokenizer``, that it was made with
     ``tokenizer``; then every ``needed`` split must hold one length-``seq_length`` sample. ``fmt="sft"``:
-    supervised conversations instead (:func:`~setdiff_mega.data.supervised.build_sft_splits`, ``overlong``).
+    supervised conversations instead (:func:`~setdiff_mega.data.supervised.build_sft_splits`, ``overlong``,
+    ``packing``).
     """
     if fmt == "sft":
-        return build_sft_splits(prefix, tokenizer, seq_length, split, seed, overlong, check_tokenizer, needed, log)
+        return build_sft_splits(prefix, tokenizer, seq_length, split, seed, overlong, check_tokenizer, needed, log,
+                                packing)
     prefixes, weights = parse_blend(prefix)
     for p in prefixes:
         if (read_manifest(p) or {}).get("kind") == "sft":

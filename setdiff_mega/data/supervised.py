@@ -8,6 +8,7 @@ Sample i of a split is conversation ``docs[i]`` of a dataset written by :mod:`.s
                         pinned first in a diffusion order, never in the loss
     padding  [L] bool   the positions past its end (never attended, never scored)
 
+With ``data.packing`` the split's conversations are packed several to a row instead (:mod:`.packing`).
 Conversations longer than L follow ``data.sft_overlong``: ``truncate`` keeps the first L tokens (one whose
 first L tokens hold no target is dropped: it could teach nothing), ``drop`` leaves them out, ``error`` stops
 with the first one's index and length. Splits: ``data.split`` weights over the conversations in file order
@@ -25,6 +26,7 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from .indexed import DataError, check_dataset, read_manifest
+from .packing import PackedConversations
 from .sft import target_prefix
 
 OVERLONG = ("truncate", "drop", "error")
@@ -41,10 +43,18 @@ class PaddedConversations:
     def __len__(self) -> int:
         return len(self.docs)
 
-    def __getitem__(self, i: int) -> dict:
+    def lengths(self) -> np.ndarray:
+        """[n] the samples' conversation lengths (at most L: the truncated ones count L)."""
+        return np.minimum(np.asarray(self.tokens.sequence_lengths)[self.docs], self.L)
+
+    def conversation(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample i's conversation (its first L tokens): (token ids [n] int64, target mask [n] bool)."""
         d = int(self.docs[i])
-        ids = np.asarray(self.tokens[d][: self.L], dtype=np.int64)
-        tgt = np.asarray(self.targets[d][: self.L], dtype=bool)
+        return (np.asarray(self.tokens[d][: self.L], dtype=np.int64),
+                np.asarray(self.targets[d][: self.L], dtype=bool))
+
+    def __getitem__(self, i: int) -> dict:
+        ids, tgt = self.conversation(i)
         n = ids.size
         tokens = np.full(self.L, self.pad, dtype=np.int64)
         tokens[:n] = ids
@@ -71,8 +81,10 @@ def _usable(prefix, lengths: np.ndarray, L: int, overlong: str) -> np.ndarray:
 
 
 def build_sft_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: int, overlong: str = "truncate",
-                     check_tokenizer: bool = True, needed: tuple = ("train", "valid"), log=print):
-    """(train, valid, test) :class:`PaddedConversations` (None for a weight-0 split) of one supervised dataset."""
+                     check_tokenizer: bool = True, needed: tuple = ("train", "valid"), log=print,
+                     packing: bool = False):
+    """(train, valid, test) :class:`PaddedConversations` (None for a weight-0 split) of one supervised dataset;
+    with ``packing``, :class:`~.packing.PackedConversations` of them."""
     if overlong not in OVERLONG:
         raise DataError(f"data.sft_overlong={overlong!r} is not one of {', '.join(OVERLONG)}")
     if len(str(prefix).split()) > 1:
@@ -103,7 +115,11 @@ def build_sft_splits(prefix: str, tokenizer, seq_length: int, split: str, seed: 
             raise DataError(f"the {name} split of '{prefix}' (data.split={split!r}) holds no usable conversation of "
                             f"its {n}; use more data or give the {name} split more weight")
         docs = np.random.default_rng([seed, k]).permutation(docs)
-        out.append(PaddedConversations(prefix, docs, seq_length, tokenizer.pad) if docs.size else None)
+        padded = PaddedConversations(prefix, docs, seq_length, tokenizer.pad) if docs.size else None
+        out.append(PackedConversations(padded, seed + k) if padded is not None and packing else padded)
+    if packing and out[0] is not None:
+        log(f"packing: {len(out[0].lengths)} train conversations in {len(out[0])} samples of {seq_length} tokens "
+            f"({100 * out[0].fill():.1f}% tokens, {100 * (1 - out[0].fill()):.1f}% padding)")
     return tuple(out)
 
 

@@ -1,5 +1,5 @@
-"""The objective interface every method implements, its model inputs, the loss, and the one function from
-a :class:`~setdiff_mega.data.batch.Batch` to model inputs (:func:`inputs_for`).
+"""The objective interface every method implements, its model inputs and the loss (the one way from a
+:class:`~setdiff_mega.data.batch.Batch` to model inputs is :func:`setdiff_mega.diffusion.inputs.inputs_for`).
 
 Input batch: clean tokens x [B, L] (long), optional ``context`` [B, L] (bool, prompt tokens: never in
 the loss) and ``padding`` [B, L] (bool, right padding). ``target = ~context & ~padding``.
@@ -19,7 +19,11 @@ read logits one way.
 
 Losses (method.md sections 3 and 6): the MASK class is excluded (logit -inf) and log-softmax runs in
 fp32. ``normalization = "sequence"`` averages the per-token NLL over each sequence's targets, then over
-the batch (a sequence without targets contributes 0); ``"token"`` averages over all masked target tokens
+the batch (a sequence without targets contributes 0); in packed rows (``groups`` [B, N]: the document of each
+target slot, -1 none) each document is a sequence, and the sum of the documents' means is divided by
+``documents`` (the documents a micro-batch stands for: the trainer sets the global batch's count / (micro-batches
+x DP), so the loss does not depend on how documents fall into packs, micro-batches or ranks; default: the
+micro-batch's own count); ``"token"`` averages over all masked target tokens
 in the batch, and with per-token ``weights`` (the 1/t ELBO weights) divides by the number of target
 tokens instead (the NELBO). Every loss also reports ``nll_sum`` and ``num_tokens`` so evaluation can
 compute token-weighted perplexities.
@@ -27,13 +31,12 @@ compute token-weighted perplexities.
 from __future__ import annotations
 
 import abc
+import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
-
-from setdiff_mega.data.batch import Batch
 
 from . import masks as M
 
@@ -53,6 +56,8 @@ class ModelInputs:
     attention_pattern: Optional[M.MaskPattern] = None   # the mask's structure (kernels may skip the mask)
     denominators: Optional[dict] = None   # a shard's full-sequence counts {rows [B], total, targets} (CP)
     logit_rows: Optional[torch.Tensor] = None   # [B, N] long: the output row each target reads (shift_logits)
+    groups: Optional[torch.Tensor] = None       # [B, N] long: packed rows, the document of each target slot (-1)
+    documents: Optional[float] = None           # "sequence" loss: the documents it divides by (module docstring)
 
     def model_kwargs(self) -> dict:
         """Keyword arguments of the model's forward."""
@@ -96,6 +101,7 @@ class Objective(abc.ABC):
     shift_logits: bool = False       # the AR shift (model.shift_logits): targets read :meth:`shifted_rows`
     normalization: str = "sequence"  # "sequence": per-sequence mean then batch mean; "token": global
     dense_masks: bool = True         # False: inputs carry the mask's pattern only (attention_mask None)
+    position_extras: tuple = ()      # extras [B, N] that hold positions (packing offsets them: .packing)
 
     def __init__(self, mask_id: int, loss_weighting: str = "unweighted", eos_id: int | None = None):
         self.mask_id = int(mask_id)
@@ -104,6 +110,17 @@ class Objective(abc.ABC):
             raise ValueError(f"loss_weighting must be 'unweighted' or 'elbo', got {loss_weighting!r}")
         self.loss_weighting = loss_weighting
         self._static: dict = {}
+
+    def patterns_only(self) -> "Objective":
+        """This objective with ``dense_masks`` off (its inputs carry the mask's pattern only), sharing its caches:
+        what the documents of a packed row are built with (their masks are never used)."""
+        if not self.dense_masks:
+            return self
+        if self._static.get("patterns_only") is None:
+            twin = copy.copy(self)
+            twin.dense_masks = False
+            self._static["patterns_only"] = twin
+        return self._static["patterns_only"]
 
     def _cached(self, key, fn):
         if key not in self._static:
@@ -134,9 +151,11 @@ class Objective(abc.ABC):
         w = m if inputs.weights is None else m * inputs.weights.to(nll.dtype)
         per_tok = nll * w
         den = inputs.denominators or {}        # a context-parallel shard divides by the full sequence's counts
-        if self.normalization == "sequence":
+        if self.normalization == "sequence" and inputs.groups is not None:
+            loss = document_means(per_tok, m, inputs.groups).sum() / document_count(inputs)
+        elif self.normalization == "sequence":
             per_seq = per_tok.sum(-1) / den.get("rows", m.sum(-1)).clamp(min=1.0)
-            loss = per_seq.mean()
+            loss = per_seq.sum() / inputs.documents if inputs.documents is not None else per_seq.mean()
         elif inputs.weights is not None:  # NELBO: weighted masked NLL over all target tokens
             loss = per_tok.sum() / den.get("targets", inputs.extras["num_targets"]).clamp(min=1)
         else:
@@ -146,6 +165,25 @@ class Objective(abc.ABC):
             count = inputs.extras["num_targets"].to(count.dtype)   # NELBO is per target token
         stats = {"nll_sum": per_tok.detach().sum(), "num_tokens": count}
         return loss, stats
+
+
+def document_means(values: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Per document of ``groups`` [B, N] (ids >= 0; -1 is no document): sum of ``values`` / sum of ``weights``
+    ([B, N] each) -> [D] in the order of :func:`torch.unique` (a document without weight gives 0)."""
+    ids, inv = torch.unique(groups, return_inverse=True)
+    keep = ids >= 0
+    sums = torch.zeros(ids.numel(), dtype=values.dtype, device=values.device).index_add(0, inv.flatten(),
+                                                                                        values.flatten())
+    counts = torch.zeros(ids.numel(), dtype=weights.dtype, device=weights.device).index_add(0, inv.flatten(),
+                                                                                            weights.flatten())
+    return (sums / counts.clamp(min=1.0))[keep]
+
+
+def document_count(inputs: ModelInputs) -> float:
+    """The documents a packed micro-batch's "sequence" loss divides by (module docstring)."""
+    if inputs.documents is not None:
+        return inputs.documents
+    return max(int((torch.unique(inputs.groups) >= 0).sum()), 1)
 
 
 def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
@@ -172,40 +210,10 @@ def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
                        targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
                        weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
                        logit_rows=None if first.logit_rows is None else torch.cat([p.logit_rows for p in parts]),
+                       groups=None if first.groups is None else torch.cat([p.groups for p in parts]),
                        extras=extras, attention_pattern=M.merge_patterns([p.attention_pattern for p in parts],
                                                                          [p.tokens.shape[0] for p in parts]))
 
 
-def row_generator(seed: int, sample_id: int, device) -> torch.Generator:
-    """The noise generator of one row: seeded by (seed, the row's sample id) only."""
-    return torch.Generator(device=device).manual_seed((int(seed) * 1_000_003 + int(sample_id)) % (2 ** 63))
-
-
-def inputs_for(objective: Objective, batch: Batch, seed, training: bool = True) -> ModelInputs:
-    """The one way from a batch to model inputs (training, validation, likelihood, the memory estimate and
-    the benchmarks): row i's noise comes from :func:`row_generator` (its seed, its sample id), so the inputs
-    of a sample do not depend on which rank, batch or step reads it (layout-independent training, exact
-    resumes); its context and padding reach the objective. ``seed``: one for every row, or a list of one
-    per row (training: the row's noise epoch, which can change inside a micro-batch that wraps around)."""
-    if batch.document_ids is not None:
-        raise ValueError(f"objective {objective.name!r} takes one document per row; this batch holds packed "
-                         f"documents (document_ids): use unpacked samples")
-    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * batch.rows
-    parts = []
-    for i, sid in enumerate(batch.sample_ids):
-        row = lambda t: None if t is None else t[i:i + 1]  # noqa: E731
-        parts.append(objective.build_inputs(batch.tokens[i:i + 1], context=row(batch.context),
-                                            padding=row(batch.padding),
-                                            generator=row_generator(seeds[i], sid, batch.tokens.device),
-                                            training=training))
-    return collate_inputs(parts)
-
-
-def build_inputs_per_sample(objective: Objective, tokens: torch.Tensor, sample_ids, seed: int,
-                            training: bool = True) -> ModelInputs:
-    """:func:`inputs_for` of plain token rows (no context, no padding)."""
-    return inputs_for(objective, Batch(tokens, list(sample_ids)), seed, training)
-
-
-__all__ = ["ModelInputs", "Objective", "masked_token_nll", "collate_inputs", "inputs_for", "row_generator",
-           "build_inputs_per_sample", "batch_masks"]
+__all__ = ["ModelInputs", "Objective", "masked_token_nll", "collate_inputs", "batch_masks", "document_means",
+           "document_count"]

@@ -28,6 +28,14 @@ A pattern can also be a *view* (:meth:`MaskPattern.view`): queries at positions 
 positions ``cols`` [T_k] of the full T-position pattern, as a context-parallel rank sees it (its own rows,
 the keys it gathered in the CP group's order). The view's dense mask is [1|B, T_q, T_k], built from
 :meth:`MaskPattern.allowed` on the index pairs: the full T x T mask is never built.
+
+Packed documents (:meth:`MaskPattern.with_documents`): ``documents`` [B, T] long gives each position's document
+(-1 on padding); a query attends only to keys of its own document, and the block structure of a two-stream
+pattern is counted from the document's start (``local`` [B, T]: the position's slot within its document), so
+a packed row of documents d_1..d_m has exactly the mask of each d_i alone, right-padded. Every stream holds
+the documents in the same slots, one after another (in rank space too: an order never leaves its document):
+
+    allowed(b, q, k) = structure(local[b, q], local[b, k], streams of q, k) & documents[b, q] == documents[b, k]
 """
 from __future__ import annotations
 
@@ -91,6 +99,20 @@ def with_key_padding(mask: torch.Tensor, valid: torch.Tensor | None) -> torch.Te
     return (mask & valid[:, None, :]) | (eye & ~valid[:, :, None])
 
 
+def document_runs(documents: torch.Tensor) -> list[tuple[int, int, int]]:
+    """[(id, start, end)] of the documents of one packed row [n] (ids >= 0, each one run, then only -1)."""
+    n = documents.numel()
+    new = torch.ones(n, dtype=torch.bool, device=documents.device)
+    new[1:] = documents[1:] != documents[:-1]
+    starts = torch.nonzero(new)[:, 0].tolist()
+    ids = documents[starts].tolist()
+    runs = [(d, s, e) for d, s, e in zip(ids, starts, starts[1:] + [n]) if d >= 0]
+    if len({d for d, _, _ in runs}) != len(runs) or -1 in ids[:-1] or not runs:
+        raise ValueError(f"a packed row must hold each document as one run of positions, the padding (-1) last; "
+                         f"got runs {list(zip(ids, starts, starts[1:] + [n]))}")
+    return runs
+
+
 PATTERN_KINDS = ("causal", "full", "two_stream")
 
 
@@ -107,6 +129,8 @@ class MaskPattern:
     * ``rows`` [T_q] / ``cols`` [T_k] (optional, long): a view, queries and keys at these positions of the
       T-position pattern (None: every position in order).
 
+    * ``documents`` / ``local`` [B, T] (optional, long): packed documents (module docstring).
+
     ``cache`` holds what kernels derive from the pattern (a FlexAttention block mask, checks), so a
     pattern built once per shape is analysed once, whatever the number of layers and steps.
     """
@@ -118,6 +142,8 @@ class MaskPattern:
     cache: dict = field(default_factory=dict, repr=False)
     rows: Optional[torch.Tensor] = None
     cols: Optional[torch.Tensor] = None
+    documents: Optional[torch.Tensor] = None
+    local: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.kind not in PATTERN_KINDS:
@@ -135,6 +161,17 @@ class MaskPattern:
         return self.rows is not None or self.cols is not None
 
     @property
+    def plain_causal(self) -> bool:
+        """Causal over the whole input: no padding, no documents, not a view (SDPA's mask-free causal kernel)."""
+        return self.kind == "causal" and not self.is_view and self.key_valid is None and self.documents is None
+
+    @property
+    def batch_size(self):
+        """Rows of the per-sample parts (padding, documents), or None for a pattern shared by every row."""
+        per_row = self.key_valid if self.key_valid is not None else self.documents
+        return None if per_row is None else per_row.shape[0]
+
+    @property
     def num_queries(self) -> int:
         return self.length if self.rows is None else int(self.rows.numel())
 
@@ -148,7 +185,31 @@ class MaskPattern:
             return self
         if self.is_view:
             raise ValueError("add key padding to the full pattern, then take the view")
-        return MaskPattern(self.kind, self.length, self.block_size, key_valid.bool())
+        return MaskPattern(self.kind, self.length, self.block_size, key_valid.bool(), documents=self.documents,
+                           local=self.local)
+
+    def with_documents(self, documents: torch.Tensor) -> "MaskPattern":
+        """The same structure restricted to packed documents ``documents`` [B, T] (long, -1 on padding; each
+        document one run of slots per stream, at the same slots in every stream)."""
+        if self.is_view:
+            raise ValueError("packed documents and views (context parallelism) do not combine")
+        docs = documents.long()
+        streams = 2 if self.kind == "two_stream" else 1
+        per = docs.view(docs.shape[0], streams, -1)
+        slot = torch.arange(per.shape[-1], device=docs.device).expand_as(per)
+        new = torch.ones_like(per, dtype=torch.bool)
+        new[..., 1:] = per[..., 1:] != per[..., :-1]
+        start = torch.where(new, slot, torch.zeros_like(slot)).cummax(-1).values    # the slot its run starts at
+        local = (slot - start).view_as(docs)
+        return MaskPattern(self.kind, self.length, self.block_size, self.key_valid, documents=docs, local=local)
+
+    def document_slots(self) -> list[list[tuple[int, int]]]:
+        """Packed rows: per row, the [start, end) slots of its documents in a stream (the same in every stream;
+        cached)."""
+        if "document_slots" not in self.cache:
+            per = self.documents.view(self.documents.shape[0], 2 if self.kind == "two_stream" else 1, -1)[:, 0]
+            self.cache["document_slots"] = [[(s, e) for _, s, e in document_runs(row)] for row in per.cpu()]
+        return self.cache["document_slots"]
 
     def view(self, rows: torch.Tensor, cols: torch.Tensor) -> "MaskPattern":
         """Queries at positions ``rows``, keys at ``cols`` (long tensors) of this full pattern."""
@@ -166,16 +227,24 @@ class MaskPattern:
         k = torch.arange(self.length, device=device) if self.cols is None else self.cols.to(device)
         return q, k
 
-    def allowed(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Structure only (no padding), for broadcastable integer index tensors q, k."""
+    def allowed(self, q: torch.Tensor, k: torch.Tensor, lq=None, lk=None) -> torch.Tensor:
+        """Structure only (no padding, no documents), for broadcastable integer index tensors q, k; ``lq`` /
+        ``lk``: the slots the two-stream blocks are counted in (default: the slot in the stream)."""
         if self.kind == "causal":
             return k <= q
         if self.kind == "full":
             return (q >= 0) & (k >= 0)
         L, S = self.length // 2, self.block_size
         qc, kc = q < L, k < L
-        bq, bk = (q % L) // S, (k % L) // S
+        bq = (q % L if lq is None else lq) // S
+        bk = (k % L if lk is None else lk) // S
         return (qc & kc & (bk <= bq)) | (~qc & kc & (bk < bq)) | (~qc & ~kc & (bk == bq))
+
+    def _allowed_in_documents(self, b, q, k, docs=None, local=None) -> torch.Tensor:
+        """Structure restricted to packed documents, for broadcastable batch / query / key index tensors."""
+        docs = self.documents if docs is None else docs
+        local = self.local if local is None else local
+        return self.allowed(q, k, local[b, q], local[b, k]) & (docs[b, q] == docs[b, k])
 
     def mask_mod(self):
         """FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of the whole pattern, padding included."""
@@ -186,7 +255,8 @@ class MaskPattern:
                 q_idx = rows[q_idx]
             if cols is not None:
                 kv_idx = cols[kv_idx]
-            ok = self.allowed(q_idx, kv_idx)
+            ok = self.allowed(q_idx, kv_idx) if self.documents is None else \
+                self._allowed_in_documents(b, q_idx, kv_idx)
             if valid is None:
                 return ok
             return (ok & valid[b, kv_idx]) | ((q_idx == kv_idx) & ~valid[b, q_idx])
@@ -203,6 +273,12 @@ class MaskPattern:
             valid = self.key_valid.to(m.device)
             return (m & valid[:, None, k]) | ((q[:, None] == k[None, :]) & ~valid[:, q, None])
         T = self.length
+        if self.documents is not None:
+            b = torch.arange(self.documents.shape[0], device=device)[:, None, None]
+            idx = torch.arange(T, device=device)
+            m = self._allowed_in_documents(b, idx[None, :, None], idx[None, None, :], self.documents.to(device),
+                                           self.local.to(device))
+            return m if self.key_valid is None else with_key_padding(m, self.key_valid.to(device))
         if self.kind == "causal":
             m = causal_mask(T, device)
         elif self.kind == "full":
@@ -230,15 +306,22 @@ def merge_patterns(patterns: list, batch_sizes: list[int]) -> Optional[MaskPatte
                                                                                 first.block_size)
                             for p in patterns):
         return None
-    if all(p is first for p in patterns) and first.key_valid is None:
+    packed = [p.documents is not None for p in patterns]
+    if any(packed) and not all(packed):
+        return None                              # packed and unpacked rows: no shared structure
+    if all(p is first for p in patterns) and first.key_valid is None and not any(packed):
         return first
-    if all(p.key_valid is None for p in patterns):
-        return MaskPattern(first.kind, first.length, first.block_size)
-    rows = [p.key_valid if p.key_valid is not None else torch.ones(n, p.length, dtype=torch.bool)
-            for p, n in zip(patterns, batch_sizes)]
-    dev = next(p.key_valid.device for p in patterns if p.key_valid is not None)
-    return first.with_padding(torch.cat([r.to(dev) for r in rows], 0))
+    merged = MaskPattern(first.kind, first.length, first.block_size)
+    if any(p.key_valid is not None for p in patterns):
+        rows = [p.key_valid if p.key_valid is not None else torch.ones(n, p.length, dtype=torch.bool)
+                for p, n in zip(patterns, batch_sizes)]
+        dev = next(p.key_valid.device for p in patterns if p.key_valid is not None)
+        merged = merged.with_padding(torch.cat([r.to(dev) for r in rows], 0))
+    if any(packed):
+        merged = merged.with_documents(torch.cat([p.documents.expand(n, -1) for p, n in zip(patterns, batch_sizes)]))
+    return merged
 
 
-__all__ = ["MaskPattern", "merge_patterns", "causal_mask", "bidirectional_mask", "block_diffusion_mask",
+__all__ = ["MaskPattern", "merge_patterns", "document_runs", "causal_mask", "bidirectional_mask",
+           "block_diffusion_mask",
            "setcausal_mask", "setcausal_mask_from_ranks", "with_key_padding"]

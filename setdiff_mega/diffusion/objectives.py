@@ -1,7 +1,8 @@
 """AR, MDLM, BD3LM and SetDLM as one family: the built-in objectives and the factory by name.
 
 Each method lives in its own module with its options and its registry record (:mod:`.ar`, :mod:`.mdlm`,
-:mod:`.bd3lm`, :mod:`.setdlm`); the interface, the inputs and the loss are in :mod:`.base`. Layouts:
+:mod:`.bd3lm`, :mod:`.setdlm`); the interface, the inputs and the loss are in :mod:`.base`, batches -> inputs
+in :mod:`.inputs` (packed rows: :mod:`.packing`). Layouts:
 
     objective | T   | tokens               | positions       | mask                 | logits on
     AR        | L-1 | x[:, :-1]            | 0..L-2          | causal               | all; predict x[:, 1:]
@@ -17,16 +18,9 @@ from __future__ import annotations
 from setdiff_mega import methods
 
 from .ar import ARObjective
-from .base import (
-    ModelInputs,
-    Objective,
-    build_inputs_per_sample,
-    collate_inputs,
-    inputs_for,
-    masked_token_nll,
-    row_generator,
-)
+from .base import ModelInputs, Objective, collate_inputs, masked_token_nll
 from .bd3lm import BD3LMObjective
+from .inputs import build_inputs_per_sample, inputs_for, row_generator
 from .mdlm import MDLMObjective
 from .setdlm import SetDLMObjective
 

@@ -96,6 +96,7 @@ class SetDLMObjective(Objective):
 
     name = "setdlm"
     two_stream = True
+    position_extras = ("perm", "rank")
 
     def __init__(self, mask_id: int, D: int, S_max: int | None = None, k: float | None = None,
                  b: float | None = None, keep_clean_bos: bool = False, eos_last: bool = False,

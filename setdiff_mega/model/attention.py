@@ -81,8 +81,8 @@ class SDPACoreAttention(MegatronModule):
 
     def attend(self, q, k, v, attention_mask, pattern):
         """q [b, h, s, d], k / v [b, g, s, d], mcore mask (True = masked out) -> [b, h, s, d]."""
-        causal = attention_mask is None or (pattern is not None and pattern.kind == "causal" and not pattern.is_view
-                                            and pattern.key_valid is None and pattern.length == q.shape[2])
+        causal = attention_mask is None or (pattern is not None and pattern.plain_causal
+                                            and pattern.length == q.shape[2])
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if causal else allowed_mask(attention_mask), dropout_p=self.active_dropout,
             is_causal=causal, scale=self.softmax_scale, enable_gqa=self.heads != self.groups)

@@ -34,8 +34,8 @@ def block_mask_for(pattern, device: torch.device):
     """The FlexAttention BlockMask of ``pattern`` on ``device`` (built once, cached on the pattern)."""
     key = ("flex_block_mask", str(device))
     if key not in pattern.cache:
-        B = None if pattern.key_valid is None else pattern.key_valid.shape[0]
-        for name in ("key_valid", "rows", "cols"):       # what the mask_mod indexes lives on the device
+        B = pattern.batch_size
+        for name in ("key_valid", "rows", "cols", "documents", "local"):    # what mask_mod indexes: on the device
             t = getattr(pattern, name)
             if t is not None and t.device != device:
                 setattr(pattern, name, t.to(device))

@@ -23,7 +23,9 @@ p_r = exp(s_r - lse_n[r]), dS_r = p_r (<dO_r, v_n[r]> - <dO_r, out_n[r]>), dq_n 
 dk_n[r] = dS_r * scale * q_n[r], dv_n[r] = p_r dO_r.
 
 Pinned context and right padding need no mask here: pinned tokens take the first ranks, padding the last,
-so a real token's row never reaches a padding key; padding rows produce finite values nobody reads.
+so a real token's row never reaches a padding key; padding rows produce finite values nobody reads. Packed rows
+(the pattern's ``documents``) run the decomposition once per document, over its own slots of both streams
+(:func:`document_setcausal_attention`): an order never leaves its document, so each is a set-causal sequence.
 The kernels are PyTorch's fused flash attention: on CPU ``aten._scaled_dot_product_flash_attention_for_cpu``
 (any float dtype), on CUDA ``aten._scaled_dot_product_flash_attention`` (bf16 / fp16, head dim <= 256 and a
 multiple of 8), each with its backward; the halves are passed as strided views (no copies), and the merge
@@ -171,6 +173,24 @@ def setcausal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     return SetCausalAttention.apply(q, k, v, scale)
 
 
+def document_setcausal_attention(q, k, v, pattern, scale: float | None = None) -> torch.Tensor:
+    """Set-causal attention of packed rows (``pattern.documents``): each document's slots [s, e) of both streams
+    are a set-causal 2n sequence of their own (an order never leaves its document), run through
+    :func:`setcausal_attention`; the padding tail's rows keep themselves (out = v, as under the dense mask)."""
+    L = q.shape[2] // 2
+    out = []
+    for b, runs in enumerate(pattern.document_slots()):
+        clean, noisy = [], []
+        for s, e in runs:
+            two = [torch.cat([t[b:b + 1, :, s:e], t[b:b + 1, :, L + s:L + e]], 2) for t in (q, k, v)]
+            o = setcausal_attention(*two, scale)
+            clean.append(o[:, :, :e - s])
+            noisy.append(o[:, :, e - s:])
+        end = runs[-1][1]
+        out.append(torch.cat(clean + [v[b:b + 1, :, end:L]] + noisy + [v[b:b + 1, :, L + end:]], 2))
+    return torch.cat(out, 0)
+
+
 def _setcausal_rows(rows: torch.Tensor, L: int) -> torch.Tensor:
     """The set-causal mask (True = allowed) of query positions ``rows`` against all 2L keys [len(rows), 2L]."""
     q, k = rows[:, None], torch.arange(2 * L, device=rows.device)[None, :]
@@ -238,6 +258,8 @@ class SetCausalCoreAttention(SDPACoreAttention):
         if not kernel_verified(str(q.device), q.dtype, q.shape[-1]):
             return super().attend(q, k, v, attention_mask, pattern)
         k, v = expand_groups(k, q.shape[1]), expand_groups(v, q.shape[1])
+        if pattern.documents is not None:   # packed rows: one decomposition per document
+            return document_setcausal_attention(q, k, v, pattern, self.softmax_scale)
         if pattern.is_view:          # a CP rank's chunks: keys back in position order, then the segment plan
             order, plan = self.view_plan(pattern, q.device)
             scale = 1.0 / math.sqrt(q.shape[-1]) if self.softmax_scale is None else float(self.softmax_scale)
@@ -269,5 +291,5 @@ class SetCausalCoreAttention(SDPACoreAttention):
         return pattern.cache["decomposable"]
 
 
-__all__ = ["setcausal_attention", "pattern_attention", "setcausal_attention_math", "SetCausalAttention",
-           "SetCausalCoreAttention", "kernel_supported", "kernel_verified"]
+__all__ = ["setcausal_attention", "document_setcausal_attention", "pattern_attention", "setcausal_attention_math",
+           "SetCausalAttention", "SetCausalCoreAttention", "kernel_supported", "kernel_verified"]

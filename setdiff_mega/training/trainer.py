@@ -159,7 +159,7 @@ class Trainer:
         self.train_ds, self.valid_ds, _ = build_splits(
             dc.path, self.tok, dc.seq_length, dc.split, dc.seed,
             (tc.train_steps * self.samples_per_step, n_valid, n_valid), dc.cache_dir, dc.check_tokenizer,
-            log=self.log, fmt=dc.format, overlong=dc.sft_overlong)
+            log=self.log, fmt=dc.format, overlong=dc.sft_overlong, packing=dc.packing)
         if self.valid_ds is None or len(self.valid_ds) == 0:
             self.log("warning: no validation split (data.split gives it weight 0): validating on training samples")
             self.valid_ds = self.train_ds
@@ -227,11 +227,13 @@ class Trainer:
         self.backend.zero_grad()
         micro = []
         self.watch.check()                             # the data files are the ones we started with
+        docs = self.documents_per_micro_batch()
         for _ in range(tc.grad_accum_steps):
             batch = next(self.stream)
             n = len(self.train_ds)                      # each row's noise epoch: its own stream position
             seeds = [self.noise_seed + step_epoch(batch.sample_index + j, n) for j in range(batch.rows)]
             micro.append(inputs_for(objective, batch, seeds))
+            micro[-1].documents = docs
             self.consumed += batch.rows * dp
             self.tok_window += batch.tokens.numel() * dp
             self.proc_window += batch.rows * self.proc_per_sample * dp
@@ -244,6 +246,17 @@ class Trainer:
         else:
             self.backend.discard()
         return total, gnorm, lr
+
+    def documents_per_micro_batch(self) -> float | None:
+        """Packed samples: the documents of this step's global batch / (micro-batches x DP), what every
+        micro-batch's per-document loss divides by (the mean over the global batch's documents, however they
+        fall into packs, micro-batches and ranks); None for one document per sample."""
+        count = getattr(self.train_ds, "documents", None)
+        if count is None:
+            return None
+        n = len(self.train_ds)
+        total = sum(count((self.consumed + j) % n) for j in range(self.samples_per_step))
+        return total / (self.cfg.train.grad_accum_steps * self.dp)
 
     def validate(self) -> dict:
         return evaluate(self.model, self.objective, self.valid_ds, self.cfg, max(self.cfg.train.eval_iters, 1),

@@ -159,16 +159,19 @@ def sft_data(tiny_data):
             "data.seq_length=128", "data.split=90,10,0")
 
 
-@pytest.mark.parametrize("tp,pp,zero", [(2, 1, 0), (1, 2, 0), (1, 1, 2)])
-def test_sft_training_matches_single_process(tiny_data, sft_data, tmp_path, tp, pp, zero):
-    """Padded conversations (the prompt as context, right padding) under TP = 2, PP = 2 and DP = 2 with ZeRO-2:
-    the single-process losses, gradient norms and weights. Ten conversations: the stream wraps around inside
-    micro-batches, whose rows keep their own noise epochs (DP = 2 without ZeRO was checked the same way)."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", sft_data))
+@pytest.mark.parametrize("tp,pp,zero,packing", [(2, 1, 0, False), (1, 2, 0, False), (1, 1, 2, False),
+                                                (2, 1, 0, True), (1, 2, 0, True), (1, 1, 2, True), (1, 1, 0, True)])
+def test_sft_training_matches_single_process(tiny_data, sft_data, tmp_path, tp, pp, zero, packing):
+    """Padded conversations (the prompt as context, right padding) or packed ones (several per sample, each
+    with its own attention, order and positions) under TP = 2, PP = 2, DP = 2 and DP = 2 with ZeRO-2: the
+    single-process losses, gradient norms and weights. Packed under DP the ranks' micro-batches hold different
+    numbers of conversations: each divides by the global batch's count, so the mean over conversations is one
+    process's. Padded: the stream wraps around inside micro-batches, whose rows keep their own noise epochs."""
+    data = (*sft_data, "data.packing=true", "data.seq_length=320") if packing else sft_data  # 2-3 per sample
+    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", data))
     init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, sft_data)[0]
-    out = _run(tiny_data, tmp_path / "par", 2, tp, pp, "setdlm", init, 2 if tp * pp == 1 else 4, zero, False,
-               sft_data)
+    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, data)[0]
+    out = _run(tiny_data, tmp_path / "par", 2, tp, pp, "setdlm", init, 2 if tp * pp == 1 else 4, zero, False, data)
     _assert_matches(ref, out)
 
 

@@ -1,6 +1,7 @@
 """Supervised fine-tuning end to end on tiny data: the embedded math problems as prompt / response records ->
 ``tools/preprocess_data.py --sft`` -> training with ``data.format=sft`` (the prompt as context) under SetDLM
-and AR, with validation on held-out conversations; bad records and a pretraining dataset are one line."""
+and AR, padded and packed (data.packing), with validation on held-out conversations; bad records and a
+pretraining dataset are one line."""
 import json
 
 import pytest
@@ -21,19 +22,22 @@ def sft_data(data_dir, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("objective", ["setdlm", "ar"])
-def test_training_on_conversations(sft_data, data_dir, tmp_path, objective):
+@pytest.mark.parametrize("objective,L,packing", [("setdlm", 128, False), ("ar", 128, False), ("setdlm", 384, True)])
+def test_training_on_conversations(sft_data, data_dir, tmp_path, objective, L, packing):
     from setdiff_mega.config import load_config
     from setdiff_mega.training import train
 
     opts = [o for o in TINY if not o.startswith("data.seq_length")]
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml", [
-        *opts, "data.seq_length=128", f"data.path={sft_data / 'sft' / 'math'}", "data.format=sft",
+        *opts, f"data.seq_length={L}", f"data.path={sft_data / 'sft' / 'math'}", "data.format=sft",
         f"data.tokenizer={data_dir / 'tokenizer.json'}", "data.split=90,10,0", "train.train_steps=4",
-        f"objective.name={objective}", f"train.save_dir={tmp_path / 'run'}"])
-    res = train(cfg, log=lambda *a, **k: None)
+        f"objective.name={objective}", f"train.save_dir={tmp_path / 'run'}", f"data.packing={packing}"])
+    notes = []
+    res = train(cfg, log=lambda *a, **k: notes.append(" ".join(map(str, a))))
     losses = [r["train/loss"] for r in res.history if "train/loss" in r]
     assert res.final_step == 4 and all(0 < v < 20 for v in losses) and res.final_val_loss > 0
+    packed = [n for n in notes if n.startswith("packing: ")]
+    assert len(packed) == packing and (not packing or " train conversations in " in packed[0])
 
 
 def test_bad_input_is_one_line(sft_data, data_dir, tmp_path):

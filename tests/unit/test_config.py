@@ -97,7 +97,25 @@ def test_world_size_must_be_a_multiple_of_tp_cp_pp():
     (["train.async_save=true", "train.zero_stage=2"], r"use train.async_save=false"),
     (["model.recompute_granularity=full", "model.recompute_method=block", "model.recompute_num_layers=3",
       "parallel.pipeline_model_parallel_size=2"], r"each model chunk, which has 2: choose at most 2"),
+    (["data.packing=true"], r"data.packing packs supervised conversations \(data.format=sft\)"),
+    (["data.packing=true", "data.format=sft", "parallel.context_parallel_size=2"],
+     r"parallel.context_parallel_size=2 cuts into chunks over ranks: use data.packing=false"),
 ])
 def test_parallel_feature_conflicts(overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config(ROOT / "configs/tiny_cpu.yaml", overrides)
+
+
+def test_packing_needs_a_core_attention_that_keeps_documents_apart():
+    from setdiff_mega import backends
+
+    backends.register(backends.AttentionBackend("blind", backends.SDPA.core, "ignores documents",
+                                                packed_documents=False))
+    try:
+        load_config(ROOT / "configs/tiny_cpu.yaml", ["model.attention_backend=blind"])
+        with pytest.raises(ConfigError, match=r"data.packing needs a core attention .*\(model.attention_backend=sdpa, "
+                                              r"flex, setcausal, local\); model.attention_backend=blind does not"):
+            load_config(ROOT / "configs/tiny_cpu.yaml", ["model.attention_backend=blind", "data.packing=true",
+                                                         "data.format=sft"])
+    finally:
+        backends.unregister("blind")

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 # Qwen3's behaviour: <|im_start|> / <|im_end|> turns, an empty think block in the generation prompt when
 # enable_thinking is false, and on the assistant turns after the last user message only (earlier turns lose it)
@@ -221,3 +222,58 @@ def test_supervised_datasets_are_not_merged_or_blended(tok_path, tmp_path):
         merge([str(out), str(out)], str(tmp_path / "m" / "all"), log=lambda *a: None)
     with pytest.raises(DataError, match=r"supervised data is read from one dataset \(no blends\)"):
         build_sft_splits(f"0.5 {out} 0.5 {out}", Tokenizer.from_file(tok_path), 256, "1,0,0", 1)
+
+
+def test_first_fit_decreasing_places_each_length_in_the_first_bin_with_room():
+    from setdiff_mega.data.packing import first_fit_decreasing
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 60, size=500)
+    bins = first_fit_decreasing(lengths, 64)
+    assert sorted(i for b in bins for i in b) == list(range(500))               # every one, once
+    loads = [int(lengths[b].sum()) for b in bins]
+    assert max(loads) <= 64 and len(bins) <= 11 / 9 * (lengths.sum() / 64) + 1 + 1
+    # replay: each length, longest first, went to the first bin that had room at that moment
+    room, where = [], {i: k for k, b in enumerate(bins) for i in b}
+    for i in np.argsort(-lengths, kind="stable"):
+        first = next((k for k, r in enumerate(room) if r >= lengths[i]), len(room))
+        assert where[i] == first
+        if first == len(room):
+            room.append(64)
+        room[first] -= lengths[i]
+    assert first_fit_decreasing([5, 3, 5, 2], 8) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match=r"lengths must be in \[1, 8\]"):
+        first_fit_decreasing([9], 8)
+
+
+def test_packed_samples_hold_the_padded_conversations_with_their_sample_ids(tok_path, tmp_path):
+    from setdiff_mega.data.batch import batches
+    from setdiff_mega.data.sft import preprocess_sft
+    from setdiff_mega.data.supervised import build_sft_splits
+    from setdiff_mega.data.tokenizer import Tokenizer
+    from setdiff_mega.diffusion.packing import document_runs
+
+    src = _write(tmp_path / "chats.jsonl", RECORDS)
+    out = tmp_path / "sft" / "corpus"
+    preprocess_sft([str(src)], str(out), str(tok_path), workers=1, progress=False, log=lambda *a: None)
+    tok = Tokenizer.from_file(tok_path)
+    padded = build_sft_splits(str(out), tok, 256, "80,20,0", 1, log=lambda *a: None)[0]
+    notes = []
+    packed = build_sft_splits(str(out), tok, 256, "80,20,0", 1, log=notes.append, packing=True)[0]
+    assert len(packed) <= len(padded) / 2 and "32 train conversations in 16 samples" in notes[-1]
+    assert sum(packed.documents(i) for i in range(len(packed))) == len(padded) == 32
+    assert 0.7 < packed.fill() <= 1.0
+    seen = []
+    b = next(batches(packed, len(packed)))
+    for row in range(b.rows):
+        runs = document_runs(b.document_ids[row])
+        assert len(runs) == packed.documents(row)
+        for j, s, e in runs:                         # conversation j of the packed row is padded sample j
+            ref = padded[j]
+            n = int((~ref["padding"]).sum())
+            assert e - s == n and (b.tokens[row, s:e] == torch.as_tensor(ref["tokens"][:n])).all()
+            assert (b.context[row, s:e] == torch.as_tensor(ref["context"][:n])).all()
+            seen.append(j)
+        end = runs[-1][2]
+        assert b.padding[row, end:].all() and not b.padding[row, :end].any() and (b.tokens[row, end:] == tok.pad).all()
+    assert sorted(seen) == list(range(32))
