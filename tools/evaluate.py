@@ -12,7 +12,10 @@ checkpoint's split and seed) or ``--text FILE`` (.txt: one document per line; .j
 documents chunked to L like training data). Tasks (setdiff_mega/eval/tasks.py, docs/tasks.md): math and
 arithmetic exact match, story and quest infilling (exact match, ROUGE-L, and the left-context-only
 variant), with tokens/s and NFE,
-decoded with the shared decoding flags (--tau, --window, --preset, ...: tools/generate.py --help).
+decoded with the shared decoding flags (--tau, --window, --preset, ...: tools/generate.py --help). ``--chat``
+(a model fine-tuned on conversations): the math tasks are asked as the paper's GSM8K user turn (its
+step-by-step instruction + the question) rendered with the checkpoint's chat template, and scored on the
+last \boxed{} (``--preset gsm8k`` stops there).
 Prints a one-line summary; ``--out`` writes everything as JSON.
 """
 import argparse
@@ -27,7 +30,12 @@ from setdiff_mega.cli import run_cli
 from setdiff_mega.eval import likelihood, tasks
 from setdiff_mega.eval.likelihood import split_nll
 from setdiff_mega.inference.engine import decoding_model
-from setdiff_mega.inference.options import add_generation_arguments, config_from_args
+from setdiff_mega.inference.options import (
+    add_chat_arguments,
+    add_generation_arguments,
+    chat_from_args,
+    config_from_args,
+)
 from setdiff_mega.outputs import check_output_file, write_file_atomic
 
 
@@ -66,12 +74,14 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--weights", choices=("ema", "raw"), default=None,
                    help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
+    add_chat_arguments(p)
     add_generation_arguments(p, max_new_tokens=96)
     args = p.parse_args(argv)
     args.seed = 0 if args.seed is None else args.seed
     texts, task_rows = check_inputs(args)          # before any work: evaluations that would score nothing
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
+    args.chat_renderer = chat_from_args(tok, args)
     L = cfg.data.seq_length
     report = {"checkpoint": str(args.checkpoint), "weights": model.weights_kind, "objective": objective.name,
               "seq_length": L}
@@ -140,11 +150,12 @@ def run_tasks(model, tok, objective, gc, L, args, rows: dict) -> dict:
     newer = {n: rows[n] for n in ("arith", "quests") if n in rows}
     total = len(math_rows) + 2 * len(story_rows) + len(newer.get("arith", [])) + 2 * len(newer.get("quests", []))
     bar = tqdm(total=total, desc="tasks", unit="ex", file=sys.stderr)
+    chat = args.chat_renderer
     report["math"] = tasks.math_accuracy(model, tok, objective, math_rows, gc, L, args.batch_size,
-                                         progress=bar.update)
+                                         progress=bar.update, chat=chat)
     if "arith" in newer:
         report["arith"] = tasks.math_accuracy(model, tok, objective, newer["arith"], gc, L, args.batch_size,
-                                              progress=bar.update)
+                                              progress=bar.update, chat=chat)
     for key, rows, task in (("infill", story_rows, "stories"), ("quest_infill", newer.get("quests"), "quests")):
         if rows is None:
             continue

@@ -30,10 +30,15 @@ from tqdm import tqdm
 
 from setdiff_mega.checkpoint import load_model
 from setdiff_mega.cli import run_cli
-from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.inference import RequestError, encode_request, generate
 from setdiff_mega.inference.engine import decoding_model
-from setdiff_mega.inference.options import add_generation_arguments, config_from_args, generation_config
+from setdiff_mega.inference.options import (
+    add_chat_arguments,
+    add_generation_arguments,
+    chat_from_args,
+    config_from_args,
+    generation_config,
+)
 from setdiff_mega.outputs import check_output_file, write_file_atomic
 
 
@@ -88,18 +93,6 @@ def read_requests(args) -> list:
     return reqs
 
 
-def chat_renderer(tok, args) -> ChatRenderer:
-    """--chat: the checkpoint tokenizer's chat template with --chat-template-kwargs."""
-    try:
-        kwargs = json.loads(args.chat_template_kwargs)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--chat-template-kwargs is not a JSON object ({e.msg})") from None
-    if tok.chat_template is None:
-        raise ValueError("--chat: the checkpoint's tokenizer has no chat template (a model imported with one, or "
-                         "fine-tuned on conversations, keeps it); send plain prompts")
-    return ChatRenderer(tok, tok.chat_template, kwargs)
-
-
 def demo_unconditional_config(objective_cfg, seq_length: int, args):
     """The reference's OWT protocol (BOS prompt, nucleus 0.95, repetition 1.05, one token per step, EOS and
     low-confidence stops only after a minimum length) scaled to the demo: min_new_tokens = max_new_tokens / 3
@@ -125,11 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--weights", choices=("ema", "raw"), default=None,
                    help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
-    p.add_argument("--chat", action="store_true", help="render prompts with the checkpoint tokenizer's chat template "
-                   "and its generation prompt (a model fine-tuned on conversations; JSONL lines may be "
-                   "{\"messages\": [...]})")
-    p.add_argument("--chat-template-kwargs", default="{}", help="--chat: JSON keyword arguments of the template, "
-                   "e.g. '{\"enable_thinking\": false}' (as the data was preprocessed)")
+    add_chat_arguments(p)
     add_generation_arguments(p)
     args = p.parse_args(argv)
     if args.batch_size < 1:
@@ -146,7 +135,7 @@ def main(argv=None) -> int:
     else:
         requests = read_requests(args)
     gc = config_from_args(args, cfg.objective, L)
-    chat = chat_renderer(tok, args) if args.chat else None
+    chat = chat_from_args(tok, args)
     bar = tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr,
                disable=len(requests) <= args.batch_size)
     if args.demo:              # the unconditional sample follows the reference's OWT protocol

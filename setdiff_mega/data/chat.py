@@ -89,6 +89,23 @@ class ChatRenderer:
                                                bos_token=t.token(t.bos), eos_token=t.token(t.eos),
                                                pad_token=t.token(t.pad))
 
+    @classmethod
+    def of(cls, tokenizer, template_kwargs="{}") -> "ChatRenderer":
+        """Generation prompts of a checkpoint: its tokenizer's chat template with ``template_kwargs`` (a dict or
+        its JSON text, e.g. Qwen3's ``{"enable_thinking": false}``); one-line errors when either is unusable."""
+        kwargs = template_kwargs
+        if isinstance(kwargs, str):
+            try:
+                kwargs = json.loads(kwargs)
+            except json.JSONDecodeError as e:
+                raise DataError(f"chat template kwargs {template_kwargs!r} are not JSON ({e.msg})") from None
+        if not isinstance(kwargs, dict):
+            raise DataError(f"chat template kwargs must be a JSON object, got {template_kwargs!r}")
+        if tokenizer.chat_template is None:
+            raise DataError("the checkpoint's tokenizer has no chat template (a model imported with one, or "
+                            "fine-tuned on conversations, keeps it): send plain prompts")
+        return cls(tokenizer, tokenizer.chat_template, kwargs)
+
     def _render(self, msgs, generation: bool, where) -> str:
         try:
             return self._hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation,
@@ -123,6 +140,10 @@ class ChatRenderer:
         """A generation request rendered like training data: a string is one user turn, ``{"messages": [...]}``
         or a list of messages the conversation so far; the template's generation prompt follows (BOS first
         unless the template writes it)."""
+        return self.context_ids(self.render_prompt(request))
+
+    def render_prompt(self, request) -> str:
+        """The text of a generation request (:meth:`prompt_ids`' rendering, before tokenization)."""
         if self.template is None:
             raise DataError("chat prompts need a chat template: the checkpoint's tokenizer has none (pass one, "
                             "or send plain prompts)")
@@ -133,7 +154,11 @@ class ChatRenderer:
                 for m in msgs):
             raise DataError(f"a chat request is a string or a list of {{role, content}} messages with roles "
                             f"{', '.join(ROLES)}")
-        ids = self.tok.encode(self._render(msgs, True, lambda: "chat request"))
+        return self._render(msgs, True, lambda: "chat request")
+
+    def context_ids(self, text: str) -> list[int]:
+        """Token ids of rendered text as training data lays it out: BOS first unless the template wrote it."""
+        ids = self.tok.encode(text)
         return ids if ids[:1] == [self.tok.bos] or not self.prepend_bos else [self.tok.bos] + ids
 
     def encode(self, record, where) -> tuple[np.ndarray, np.ndarray]:

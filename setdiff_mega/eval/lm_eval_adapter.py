@@ -22,17 +22,27 @@ starts with BOS and is cut from the left so that c + y fits the model's length L
   keeps its last L - 1 tokens and generation may run past L. ``engine=auto`` (the default) decodes with the
   plain-PyTorch twin of an unsharded model (identical tokens, faster); scores always use the native model.
 
+Chat models (lm-eval's ``--apply_chat_template``): ``apply_chat_template(messages)`` renders the harness's chat
+history with the checkpoint tokenizer's template and its generation prompt, exactly as supervised training data
+and ``tools/generate.py --chat`` render prompts (:class:`~setdiff_mega.data.chat.ChatRenderer`;
+``model_args`` ``enable_thinking=true|false`` or ``chat_template_kwargs=<JSON>`` pass the template's keyword
+arguments), and requests whose context starts with the rendered text are tokenized as training data is (BOS
+first unless the template writes it; the context's ids are used as they are, never re-encoded from a cut
+string). ``tokenizer_name`` fingerprints the template and its arguments for the harness's caches.
+
 The harness is an optional extra (``pip install -e .[eval]``); this module imports it lazily.
 """
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import replace
 
 import torch
 
 from setdiff_mega import methods
 from setdiff_mega.checkpoint import load_model
+from setdiff_mega.data.chat import ChatRenderer, template_hash
 from setdiff_mega.inference import generate
 from setdiff_mega.inference.engine import decoding_model
 from setdiff_mega.inference.options import generation_config
@@ -52,8 +62,15 @@ class SetDiffLMCore:
     """Scoring and generation on a loaded checkpoint, independent of the harness's classes."""
 
     def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64, batch_size: int = 8,
-                 preset: str | None = None, weights: str | None = None, engine: str = "auto", **generation):
+                 preset: str | None = None, weights: str | None = None, engine: str = "auto",
+                 chat_template_kwargs=None, **generation):
         self.model, self.objective, self.tok, self.cfg = load_model(checkpoint, weights=weights)
+        thinking = generation.pop("enable_thinking", None)
+        kwargs = json.loads(chat_template_kwargs) if isinstance(chat_template_kwargs, str) else \
+            dict(chat_template_kwargs or {})
+        if thinking is not None:
+            kwargs["enable_thinking"] = str(thinking).lower() in ("1", "true", "yes")
+        self.chat_kwargs, self._chat = kwargs, None
         self.decoder = decoding_model(self.model, self.cfg, self.tok, engine)     # generation; scores: native
         self.L = self.cfg.data.seq_length
         self.orders, self.seed = int(orders), int(seed)
@@ -75,10 +92,33 @@ class SetDiffLMCore:
                          samples=self.orders, seed=self.seed, greedy=True)
         return -float(r["nll"][0]), bool(r["greedy"][0])
 
+    @property
+    def chat(self) -> ChatRenderer:
+        """The checkpoint's chat renderer (built on first use; a one-line error without a template)."""
+        if self._chat is None:
+            self._chat = ChatRenderer.of(self.tok, self.chat_kwargs)
+        return self._chat
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The harness's chat history as the training data renders it (with the generation prompt)."""
+        if not add_generation_prompt:
+            raise ValueError("the setdiff adapter renders chat prompts with the generation prompt only (an "
+                             "assistant prefill is not supported)")
+        return self.chat.render_prompt(messages)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"setdiff-{self.tok.hash}-{template_hash(self.tok.chat_template, self.chat_kwargs)}"
+
+    def context_ids(self, text: str) -> list[int]:
+        """A request's context as token ids: BOS first (unless the text, e.g. a chat template's, starts with it)."""
+        ids = self.tok.encode(text)
+        return ids if ids[:1] == [self.tok.bos] else [self.tok.bos, *ids]
+
     def loglikelihood(self, pairs: list[tuple[str, str]]) -> list[tuple[float, bool]]:
         out = []
         for c, y in pairs:                    # the same noise for every request: scores are comparable
-            out.append(self._score([self.tok.bos, *self.tok.encode(c)], self.tok.encode(y)))
+            out.append(self._score(self.context_ids(c), self.tok.encode(y)))
         return out
 
     def loglikelihood_rolling(self, texts: list[str]) -> list[float]:
@@ -98,10 +138,10 @@ class SetDiffLMCore:
             until = [until] if isinstance(until, str) else list(until)
             gc = replace(self.generation, max_new_tokens=int(kw.get("max_gen_toks", self.max_gen_toks)),
                          stop_strings=tuple(self.generation.stop_strings) + tuple(until))
-            ids = self.tok.encode(ctx)
-            if len(ids) > self.L - 1:                 # keep the end of a long context (BOS + L - 1 tokens)
-                ctx = self.tok.decode(ids[-(self.L - 1):])
-            text = generate(self.decoder, self.tok, self.objective, [ctx], gc, context=self.L,
+            ids = self.context_ids(ctx)
+            if len(ids) > self.L:                     # keep the end of a long context (BOS + L - 1 tokens)
+                ids = [self.tok.bos, *ids[-(self.L - 1):]]
+            text = generate(self.decoder, self.tok, self.objective, [{"input_ids": ids}], gc, context=self.L,
                             batch_size=1)[0]["text"]
             for s in until:
                 if s and s in text:
@@ -124,10 +164,21 @@ def make_lm_class():
 
         def __init__(self, checkpoint: str, orders: int = 1, seed: int = 0, max_gen_toks: int = 64,
                      batch_size: int = 8, preset=None, weights=None, max_batch_size=None, device=None, dtype=None,
-                     engine: str = "auto", **generation):
+                     engine: str = "auto", chat_template_kwargs=None, **generation):
             super().__init__()
             self.core = SetDiffLMCore(checkpoint, int(orders), int(seed), int(max_gen_toks), int(batch_size),
-                                      preset, weights, str(engine), **{k: str(v) for k, v in generation.items()})
+                                      preset, weights, str(engine), chat_template_kwargs,
+                                      **{k: str(v) for k, v in generation.items()})
+
+        def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+            return self.core.apply_chat_template(chat_history, add_generation_prompt)
+
+        @property
+        def tokenizer_name(self) -> str:
+            return self.core.tokenizer_name
+
+        def chat_template(self, chat_template=False):
+            return self.core.tok.chat_template or "" if chat_template else None
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             return self.core.loglikelihood([r.args for r in requests])

@@ -1,7 +1,10 @@
 """The embedded tasks: math exact match and story infilling, decoded with a model's own sampler.
 
-* math (``tasks/math.jsonl``): prompt ``"Question: {question}\\nAnswer:"``; the answer is the number after
-  the last ``####`` of the generation (or, without one, its last number); exact match against ``answer``.
+* math (``tasks/math.jsonl``): prompt ``"Question: {question}\\nAnswer:"``; the answer is the content of the
+  last ``\\boxed{...}`` of the generation, else the number after its last ``####``, else its last number; exact
+  match against ``answer``. With a chat renderer (a model fine-tuned on conversations) the prompt is instead the
+  reference's GSM8K user turn, :data:`GSM8K_INSTRUCTION` + question, rendered with the chat template and its
+  generation prompt (method.md 7: the paper's GSM8K evaluation).
   ``step_accuracy``: the fraction of the generated arithmetic steps ``a op b = c`` that are correct;
   ``copy_accuracy``: the fraction of solutions whose first number is the question's first number (the
   worked solution starts from it: copying it is the first thing the task asks of a model).
@@ -26,10 +29,29 @@ from pathlib import Path
 from setdiff_mega.inference import generate
 
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
 
 
 def extract_answer(text: str) -> str | None:
-    """The number after the last '####', else the last number in the text; commas removed."""
+    """The last ``\\boxed{}``'s number (the GSM8K protocol), else the number after the last '####', else the
+    last number in the text; commas removed."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        nums = _NUM.findall(boxed)
+        return nums[-1].replace(",", "").rstrip(".") if nums else None
     tail = text.rsplit("####", 1)[1] if "####" in text else text
     nums = _NUM.findall(tail)
     if not nums:
@@ -107,9 +129,15 @@ def _speed(results: list[dict]) -> dict:
 
 
 def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
-                  progress=None) -> dict:
-    prompts = [(r, f"Question: {r['question']}\nAnswer:") for r in rows]
-    kept = [(r, q) for r, q in prompts if len(tok.encode(q)) + 2 <= context]    # BOS + at least one new token
+                  progress=None, chat=None) -> dict:
+    """Exact match of the extracted answer (module docstring); ``chat``: a ChatRenderer for chat prompts."""
+    if chat is None:
+        prompts = [(r, f"Question: {r['question']}\nAnswer:") for r in rows]
+        ids = [[tok.bos] + tok.encode(q) for _, q in prompts]
+    else:
+        prompts = [(r, GSM8K_INSTRUCTION + r["question"]) for r in rows]
+        ids = [chat.prompt_ids(q) for _, q in prompts]
+    kept = [(r, {"input_ids": t}) for (r, _), t in zip(prompts, ids) if len(t) + 1 <= context]   # + a new token
     if progress and len(kept) < len(rows):
         progress(len(rows) - len(kept))
     rows, reqs = [r for r, _ in kept], [q for _, q in kept]
@@ -166,4 +194,5 @@ def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_s
             "examples": [{"reference": ref, "generated": p} for ref, p in list(zip(refs, preds))[:3]]}
 
 
-__all__ = ["extract_answer", "equation_counts", "rouge_l", "load_task", "math_accuracy", "story_infill", "INFILL_TASKS"]
+__all__ = ["GSM8K_INSTRUCTION", "last_boxed", "extract_answer", "equation_counts", "rouge_l", "load_task",
+           "math_accuracy", "story_infill", "INFILL_TASKS"]

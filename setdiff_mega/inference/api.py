@@ -7,7 +7,8 @@ Requests are strings or dicts:
 * ``{"prefix": ..., "suffix": ..., "span": m}``  infill of m tokens between prefix and suffix,
   laid out as ``[BOS] prefix [MASK]*m suffix [EOS]`` (method.md 5.4);
 * with a chat renderer (``chat=``, a fine-tuned model): a string is a user turn and ``{"messages": [...]}``
-  a conversation, rendered with the chat template and its generation prompt, as the training data was.
+  a conversation, rendered with the chat template and its generation prompt, as the training data was;
+* ``{"input_ids": [...]}``             token ids, used as given (BOS first: the caller's business).
 
 Every request starts with BOS (as every training document does). The sampler follows the model's
 training objective: setdlm -> :class:`SetDLMSampler`, ar -> :class:`ARSampler`, bd3lm ->
@@ -40,6 +41,12 @@ def encode_request(tokenizer, request, *, context: int | None = None, chat=None)
             raise RequestError(str(e)) from None
         return _fits(ids, tokenizer, context)
     if isinstance(request, dict):
+        if "input_ids" in request:
+            ids = request["input_ids"]
+            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and 0 <= t < tokenizer.vocab_size
+                                                                   for t in ids):
+                raise RequestError(f"input_ids must be a non-empty list of token ids in [0, {tokenizer.vocab_size})")
+            return _fits(list(ids), tokenizer, context)
         if "prompt" in request:
             return encode_request(tokenizer, request["prompt"], context=context, chat=chat)
         missing = [k for k in ("prefix", "suffix", "span") if k not in request]

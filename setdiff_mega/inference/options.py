@@ -17,6 +17,7 @@ import argparse
 from dataclasses import replace
 
 from setdiff_mega import methods
+from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.decoding.base import GenerationConfig
 
 # the paper's protocols (method.md 7); "window_per_D" scales the checkpoint's D
@@ -48,6 +49,20 @@ _FLAGS = [  # (option, type, help)
     ("stop_entropy", float, "stop when the entropy of the last --stop-entropy-window tokens is lower"),
     ("stop_entropy_window", int, "window of --stop-entropy"), ("seed", int, "sampling seed"),
 ]
+
+
+def add_chat_arguments(p: argparse.ArgumentParser) -> None:
+    """``--chat`` and ``--chat-template-kwargs`` (tools/generate.py, tools/evaluate.py)."""
+    p.add_argument("--chat", action="store_true", help="render prompts with the checkpoint tokenizer's chat template "
+                   "and its generation prompt (a model fine-tuned on conversations; JSONL lines may be "
+                   "{\"messages\": [...]})")
+    p.add_argument("--chat-template-kwargs", default="{}", help="--chat: JSON keyword arguments of the template, "
+                   "e.g. '{\"enable_thinking\": false}' (as the data was preprocessed)")
+
+
+def chat_from_args(tok, args):
+    """The :class:`~setdiff_mega.data.chat.ChatRenderer` of ``--chat`` (None without it)."""
+    return ChatRenderer.of(tok, args.chat_template_kwargs) if args.chat else None
 
 
 def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
@@ -101,4 +116,5 @@ def config_from_args(args, objective_cfg, seq_length: int) -> GenerationConfig:
     return generation_config(objective_cfg, seq_length, args.preset, {**over, **flags})
 
 
-__all__ = ["PRESETS", "add_generation_arguments", "generation_config", "config_from_args"]
+__all__ = ["PRESETS", "add_generation_arguments", "generation_config", "config_from_args", "add_chat_arguments",
+           "chat_from_args"]

@@ -98,6 +98,57 @@ metric_list:
     assert len(text) == 1 and "\n" not in text[0]
 
 
+def test_lm_eval_chat_template_path_renders_prompts_as_training_data(trained, tmp_path):
+    """lm-eval's --apply_chat_template: the harness's chat history goes through the checkpoint's chat template
+    (the adapter's apply_chat_template), and the context tokens are the supervised data's prompt tokens."""
+    pytest.importorskip("lm_eval")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from setdiff_mega.data.chat import ChatRenderer
+    from setdiff_mega.eval.lm_eval_adapter import SetDiffLM
+
+    from ..unit.test_sft_data import QWEN3_STYLE
+
+    save, objective = trained
+    if objective != "setdlm":
+        pytest.skip("the chat path does not depend on the objective")
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in
+                            [("Sam has 3 apples and buys 2. How many?", "5"), ("What is 4 plus 4?", "8")]))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tiny_gen.yaml").write_text(f"""task: setdiff_tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["<|im_end|>"]
+  max_gen_toks: 6
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+""")
+    model = SetDiffLM(checkpoint=str(save), enable_thinking="false")
+    model.core.tok.chat_template = QWEN3_STYLE              # as a model fine-tuned on conversations keeps it
+    seen, real = [], model.core.generate_until
+    model.core.generate_until = lambda reqs: seen.extend(reqs) or real(reqs)
+    res = lm_eval.simple_evaluate(model=model, tasks=["setdiff_tiny_gen"], apply_chat_template=True,
+                                  task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
+    assert "exact_match,none" in res["results"]["setdiff_tiny_gen"] and len(seen) == 2
+    renderer = ChatRenderer(model.core.tok, QWEN3_STYLE, {"enable_thinking": False})
+    for ctx, _ in seen:
+        question = ctx.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        assert ctx == renderer.render_prompt(question) and ctx.endswith("</think>\n\n")
+        assert model.core.context_ids(ctx) == renderer.prompt_ids(question)
+    assert model.tokenizer_name.startswith(f"setdiff-{model.core.tok.hash}-")
+
+
 def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     save, _ = trained_run
     out = tmp_path / "e.json"
@@ -113,6 +164,8 @@ def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     assert rep["arith"]["n"] + rep["arith"]["skipped_too_long"] == 3                     # the newer tasks too
     assert rep["quest_infill"]["task"] == "quest_infill" and rep["quest_infill_left_only"]["n"] + \
         rep["quest_infill_left_only"]["skipped_too_long"] == 3
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--chat"])
+    assert r.returncode == 2 and "tokenizer has no chat template" in r.stderr and r.stderr.strip().count("\n") == 0
     r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--text", "/nonexistent.txt", "--no-tasks"])
     assert r.returncode == 2 and "'/nonexistent.txt' does not exist" in r.stderr
     r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--tasks", str(tmp_path / "none")])

@@ -206,6 +206,37 @@ def test_a_chat_request_is_the_training_prompt(tok_path, thinking):
     assert r.prompt_ids("What is 2 plus 2?") == context
     assert encode_request(tok, {"messages": [{"role": "user", "content": "What is 2 plus 2?"}]}, chat=r) == context
     assert encode_request(tok, "What is 2 plus 2?") != context                 # without chat: the plain prompt
+    assert encode_request(tok, {"input_ids": context}) == context                # token ids pass as given
+
+
+def test_chat_prompts_of_a_checkpoint_and_their_errors(tok_path):
+    from setdiff_mega.data.chat import ChatRenderer
+    from setdiff_mega.data.indexed import DataError
+    from setdiff_mega.data.tokenizer import Tokenizer
+    from setdiff_mega.inference import RequestError, encode_request
+
+    tok = Tokenizer.from_file(tok_path)
+    r = ChatRenderer.of(tok, '{"enable_thinking": false}')
+    text = r.render_prompt("What is 2 plus 2?")
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and "What is 2 plus 2?" in text
+    assert r.context_ids(text) == r.prompt_ids("What is 2 plus 2?") == [tok.bos] + tok.encode(text)
+    for kwargs, message in [("{bad", r"are not JSON"), ("[1]", r"must be a JSON object")]:
+        with pytest.raises(DataError, match=message):
+            ChatRenderer.of(tok, kwargs)
+    tok.chat_template = None
+    with pytest.raises(DataError, match=r"has no chat template .*send plain prompts"):
+        ChatRenderer.of(tok)
+    with pytest.raises(RequestError, match=r"input_ids must be a non-empty list of token ids"):
+        encode_request(tok, {"input_ids": [tok.vocab_size]})
+
+
+def test_answers_are_read_from_the_last_box_then_the_hashes():
+    from setdiff_mega.eval.tasks import extract_answer, last_boxed
+
+    assert extract_answer("so $\\boxed{12}$ wait, no: $\\boxed{1,234}$.") == "1234"
+    assert last_boxed("x \\boxed{\\frac{1}{2}} y") == "\\frac{1}{2}"
+    assert extract_answer("Answer: 3 + 4 = 7\n#### 7") == "7" and extract_answer("it is 5 then 6") == "6"
+    assert extract_answer("\\boxed{no number}") is None and extract_answer("\\boxed{3") == "3"
 
 
 def test_supervised_datasets_are_not_merged_or_blended(tok_path, tmp_path):
