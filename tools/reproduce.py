@@ -4,6 +4,7 @@
     python tools/reproduce.py                        # default budget: <= 90 min on 2 CPU cores
     python tools/reproduce.py --budget 10 --out runs/reproduce_gpu --report docs/results_gpu.md
     python tools/reproduce.py --toy --data D/corpus --tasks D/tasks --out /tmp/r --report /tmp/r/results.md
+    python tools/reproduce.py --adapt                # the AR-to-SetDLM recipe (setdiff_mega/eval/adapt.py)
 
 Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
 option at one size and token budget (>= 2 seeds for AR, BD3LM S = 4, SetDLM D = 4), and with --study the
@@ -12,6 +13,12 @@ per step (tau sweep; W in {D, 2D}), quest and story infilling, and the likelihoo
 weights; checks the claims and writes the report section of --report and the files under --assets.
 Trained models under --out are reused on re-runs (--out and --assets must be new or this tool's earlier
 output; none of the outputs may be or hold an input). See setdiff_mega/eval/reproduce.py.
+
+--adapt runs the paper's adaptation recipe instead: a Qwen3-architecture AR model pretrained on the embedded
+corpus, exported in Qwen3's layout and imported back, fine-tuned on chat-formatted arithmetic solutions as AR,
+MDLM, BD3LM (S = 4) and SetDLM (D = 2, 4), and the same models from scratch; accuracy against tokens/s on
+held-out problems asked as chat prompts (its own report section and --assets, default docs/results/adapt;
+models under --out/adapt).
 """
 import argparse
 import shlex
@@ -21,6 +28,7 @@ from pathlib import Path
 from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config
 from setdiff_mega.data.blend import parse_blend
+from setdiff_mega.eval import adapt as A
 from setdiff_mega.eval import reproduce as R
 from setdiff_mega.outputs import check_output_file, claim_output_dir, either, holds_only, marked_by
 
@@ -34,12 +42,14 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default="data/embedded/tasks")
     p.add_argument("--toy", action="store_true", help="a seconds-sized run with the full report structure")
     p.add_argument("--study", action="store_true", help="also train and report the head study (zero vs normal head)")
+    p.add_argument("--adapt", action="store_true", help="the AR-to-SetDLM adaptation recipe instead")
     p.add_argument("--data", default=None, help="dataset prefix (default: the base config's)")
     p.add_argument("--engine", default="auto", choices=["auto", "plain", "native"],
                    help="decoding engine (auto: the plain-PyTorch inference model for unsharded checkpoints)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides for every model")
     args = p.parse_args(argv)
-
+    if args.adapt:
+        return adapt(args, p, argv)
     if args.toy:
         if not args.data:
             p.error("--toy needs --data PREFIX (a prepared corpus)")
@@ -63,10 +73,35 @@ def main(argv=None) -> int:
     return 0
 
 
+def adapt(args, p, argv) -> int:
+    """--adapt: the recipe of setdiff_mega/eval/adapt.py, its report section and assets."""
+    out = str(Path(args.out) / "adapt")
+    if args.toy:
+        if not args.data:
+            p.error("--toy needs --data PREFIX (a prepared corpus)")
+        ac = A.toy_config(out, args.data, args.tasks)
+    else:
+        ac = A.AdaptConfig(out_dir=out, tasks=args.tasks, data=args.data).scaled(args.budget)
+    ac.overrides += list(args.overrides)
+    ac.engine = args.engine
+    assets = args.assets or str(Path(args.report).parent / "results" / "adapt")
+    claim_outputs(args, ac, assets)
+    prefix = parse_blend(ac.data or load_config(ac.base_config, ac.overrides).data.path)[0][0]
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
+    res = A.run(ac, command.strip(), args.report, assets, str(Path(prefix).parent / "tokenizer.json"))
+    for c in res["claims"]:
+        print(f"[{'holds' if c['holds'] else 'FAILS'}] {c['claim']}: {c['value']}")
+    print(f"wrote {args.report} and {assets}/ in {res['meta']['wall_s'] / 60:.1f} min "
+          f"(from scratch {res['meta']['from_scratch_s'] / 60:.1f} min)")
+    return 0
+
+
 def claim_outputs(args, rc, assets: str) -> None:
     """--out (trained models, reused on re-runs) and --assets continue this tool's earlier output or are new;
     --report is a file whose reproduction section is replaced; none of them may be or hold an input."""
-    data = next((o.split("=", 1)[1] for o in reversed(rc.overrides) if o.startswith("data.path=")), None)
+    data = getattr(rc, "data", None) or next((o.split("=", 1)[1] for o in reversed(rc.overrides)
+                                              if o.startswith("data.path=")), None)
     prefixes = parse_blend(data or load_config(rc.base_config, []).data.path)[0]
     inputs = [rc.tasks, *(f"{p}{ext}" for p in prefixes for ext in (".bin", ".idx"))]
     tool = "reproduce"

@@ -196,6 +196,8 @@ def export_model(checkpoint: str | Path, out_dir: str | Path, dtype: str = "fp32
     check_output_dir(out_dir, [checkpoint], flag="out_dir", tool=TO_HF_FAMILY, overwrite=overwrite,
                      owned=_is_family_export)
     model, _, tok, cfg = load_model(checkpoint)
+    if cfg.model.vocab_size is None:          # trained here with the family's architecture: the tokenizer's vocab
+        cfg.model = dataclasses.replace(cfg.model, vocab_size=model.vocab_size)
     mc = cfg.model
     adapter = adapters.get(mc.family) if mc.family else None
     if adapter is None or adapter.to_hf is None:

@@ -142,6 +142,12 @@ def _arith_problem(rng: random.Random) -> dict:
     return {"task": "arith", "text": text, "question": question, "solution": sol, "answer": str(value)}
 
 
+def arith_problems(n: int, seed: int) -> list[dict]:
+    """``n`` arithmetic problems (:func:`_arith_problem`) from a stream of their own (seed ``seed``)."""
+    rng = random.Random(seed)
+    return [_arith_problem(rng) for _ in range(n)]
+
+
 def _quest(rng: random.Random) -> dict:
     name, place, role = rng.choice(NAMES), rng.choice(PLACES), rng.choice(ROLES)
     g = rng.randrange(len(GOALS))
@@ -239,4 +245,5 @@ def write_jsonl(docs: list[dict], path: str | Path) -> None:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
 
-__all__ = ["embedded_corpus", "corpus_counts", "split_heldout", "read_documents", "write_jsonl", "CORPUS_VERSION"]
+__all__ = ["embedded_corpus", "corpus_counts", "split_heldout", "read_documents", "write_jsonl", "CORPUS_VERSION",
+           "arith_problems"]

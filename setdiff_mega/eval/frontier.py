@@ -111,13 +111,14 @@ def settings(m: dict, taus: list) -> list[dict]:
 
 
 def math_points(m: dict, loaded: tuple, rows: list[dict], taus: list, max_new_tokens: int, batch_size: int,
-                progress=None) -> list[dict]:
-    """``loaded``: (model, objective, tokenizer, config) from :func:`setdiff_mega.checkpoint.load_model`."""
+                progress=None, chat=None) -> list[dict]:
+    """``loaded``: (model, objective, tokenizer, config) from :func:`setdiff_mega.checkpoint.load_model`;
+    ``chat``: ask as chat prompts (:func:`~.tasks.math_accuracy`)."""
     model, objective, tok, cfg = loaded
     L, out = cfg.data.seq_length, []
     for s in settings(m, taus):
         gc = generation_config(cfg.objective, L, None, {"max_new_tokens": max_new_tokens, **s})
-        r = math_accuracy(model, tok, objective, rows, gc, L, batch_size)
+        r = math_accuracy(model, tok, objective, rows, gc, L, batch_size, chat=chat)
         out.append({"method": method_label(m), "tag": method_tag(m), **m, "window": s.get("window"),
                     "tau": s["tau"], "weights": model.weights_kind, "accuracy": r["accuracy"],
                     "step_accuracy": r["step_accuracy"], "copy_accuracy": r["copy_accuracy"],

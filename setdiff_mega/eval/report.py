@@ -226,16 +226,22 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
 
 def write_report(results: dict, files: dict, path: Path) -> Path:
     """Replace (or append) the reproduction section of ``path``."""
+    rel = os.path.relpath(files["dir"], Path(path).parent)
+    return replace_section(Path(path), BEGIN, END, "\n".join(report_lines(results, files, rel)))
+
+
+def replace_section(path: Path, begin: str, end: str, section: str) -> Path:
+    """Put ``section`` (which starts with ``begin`` and ends with ``end``) in place of the file's section between
+    those markers, or append it; the rest of the file is kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    rel = os.path.relpath(files["dir"], path.parent)
-    section = "\n".join(report_lines(results, files, rel))
     text = path.read_text() if path.is_file() else "# Measured results\n"
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
     return path
 
 
-__all__ = ["training_rows", "machine_meta", "write_assets", "write_report", "report_lines", "BEGIN", "END"]
+__all__ = ["training_rows", "machine_meta", "write_assets", "write_report", "report_lines", "replace_section",
+           "BEGIN", "END"]

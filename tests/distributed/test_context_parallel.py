@@ -6,8 +6,8 @@ import pytest
 
 from setdiff_mega.config import ConfigError
 
-from .harness import run_ranks
-from .test_parallel_training import _assert_matches, _config, _make_init, _run, tiny_data  # noqa: F401
+from .harness import run_ranks  # noqa: F401  (conftest runs modules that use the harness first)
+from .test_parallel_training import _assert_matches, _config, _init, _ref, _run, tiny_data  # noqa: F401
 
 
 def _cp(n):
@@ -18,10 +18,9 @@ def _cp(n):
 def test_context_parallel_training_matches_single_process(tiny_data, tmp_path, objective, backend):  # noqa: F811
     """SetDLM with the set-causal decomposition (each rank's chunks against the gathered keys, no mask), the
     others with the dense-mask rows; the SetDLM runs with the dense mask are the TP / PP / DP tests below."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
+    init = _init(tiny_data)
     be = (f"model.attention_backend={backend}",)
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init, 4, 0, False, be)[0]
+    ref = _ref(tiny_data, 1, 1, objective, init, 4, 0, False, be)
     out = _run(tiny_data, tmp_path / "cp", 2, 1, 1, objective, init, 4, 0, False, (*_cp(2), *be))
     _assert_matches(ref, out)
     if backend == "setcausal":              # the CP ranks took the segment path, the reference the two-call one
@@ -31,9 +30,8 @@ def test_context_parallel_training_matches_single_process(tiny_data, tmp_path, o
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
 def test_context_parallel_with_tensor_or_pipeline_parallel(tiny_data, tmp_path, tp, pp):  # noqa: F811
     """CP = 2 x TP = 2 and CP = 2 x PP = 2 on four ranks."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init)
     out = _run(tiny_data, tmp_path / "cptp", 4, tp, pp, "setdlm", init, 4, 0, False, _cp(2))
     _assert_matches(ref, out)
 
@@ -43,9 +41,8 @@ def test_context_parallel_with_tensor_or_pipeline_parallel(tiny_data, tmp_path, 
 def test_context_parallel_with_zero_or_sequence_parallel(tiny_data, tmp_path, extra, world):  # noqa: F811
     """CP = 2 with DeepSpeed ZeRO-2 (partitions over the DP x CP ranks) and CP = 2 x TP = 2 with sequence
     parallelism (the TP ranks split each CP rank's positions)."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init)
     tp, sp = (2, True) if "parallel.sequence_parallel=true" in extra else (1, False)
     zero = 2 if "train.zero_stage=2" in extra else 0
     out = _run(tiny_data, tmp_path / "cpx", world, tp, 1, "setdlm", init, 4, zero, sp, _cp(2))
@@ -54,9 +51,8 @@ def test_context_parallel_with_zero_or_sequence_parallel(tiny_data, tmp_path, ex
 
 def test_context_parallel_with_data_parallel(tiny_data, tmp_path):  # noqa: F811
     """CP = 2 x DP = 2: gradients averaged over the four ranks, the CP parts added."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]      # per-sequence loss: DP-exact
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init)      # per-sequence loss: DP-exact
     out = _run(tiny_data, tmp_path / "cpdp", 4, 1, 1, "setdlm", init, 2, 0, False, _cp(2))
     _assert_matches(ref, out)
 

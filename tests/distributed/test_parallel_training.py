@@ -86,6 +86,28 @@ def _run(tiny_data, save_dir, world, *args):
     return out
 
 
+_CACHE: dict = {}            # the same initial weights / single-process run serve every test that asks for them
+
+
+def _init(tiny_data, extra=()):
+    """The saved initial checkpoint of ``extra`` (made once per module: every test starts from the same one)."""
+    key = ("init", str(tiny_data), tuple(extra))
+    if key not in _CACHE:
+        path = tiny_data / "inits" / str(len(_CACHE))
+        run_ranks(_make_init, world=1, args=(tiny_data, path, tuple(extra)))
+        _CACHE[key] = path
+    return _CACHE[key]
+
+
+def _ref(tiny_data, *args):
+    """The single-process run of ``args`` (``_train``'s arguments after the save directory), run once."""
+    key = ("ref", str(tiny_data), *map(str, args))
+    if key not in _CACHE:
+        path = tiny_data / "refs" / str(len(_CACHE))
+        _CACHE[key] = {**_run(tiny_data, path, 1, *args)[0], "dir": path}
+    return _CACHE[key]
+
+
 def _assert_matches(ref, out, val=True):
     """Every rank logged the single-process losses / gradient norms (global norm across shards), the same
     validation loss and parameter count, and the checkpoint holds the single-process weights."""
@@ -103,9 +125,8 @@ def _assert_matches(ref, out, val=True):
 @pytest.mark.parametrize("tp,pp,objective", [(2, 1, "setdlm"), (1, 2, "setdlm"), (2, 1, "bd3lm"), (1, 1, "setdlm")])
 def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, objective):
     """(1, 1) on two ranks is DP = 2 with half the micro-batch: the same global batch and noise as DP = 1."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init)[0]
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, objective, init)
     mbs = 2 if tp * pp == 1 else 4
     out = _run(tiny_data, tmp_path / "par", 2, tp, pp, objective, init, mbs)
     _assert_matches(ref, out)
@@ -115,9 +136,8 @@ def test_parallel_training_matches_single_process(tiny_data, tmp_path, tp, pp, o
 def test_shifted_training_matches_single_process(tiny_data, tmp_path, tp, pp, objective):
     """The AR head alignment (model.shift_logits: logits on both streams, gathered per target) trains the same
     under TP = 2 (vocabulary-sharded head) as in one process (PP = 2 with BD3LM was checked the same way)."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init, shift = tmp_path / "init", ("model.shift_logits=true",)
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init, 4, 0, False, shift)[0]
+    init, shift = _init(tiny_data), ("model.shift_logits=true",)
+    ref = _ref(tiny_data, 1, 1, objective, init, 4, 0, False, shift)
     out = _run(tiny_data, tmp_path / "par", 2, tp, pp, objective, init, 4, 0, False, shift)
     _assert_matches(ref, out)
 
@@ -130,14 +150,13 @@ def test_tied_embeddings_across_pipeline_stages_match_single_process(tiny_data, 
     of the embedding on the last stage, gradients summed over the embedding group, the copy a checkpoint
     replica): the same losses, gradient norms, parameter count and checkpoint (with its EMA) as one process."""
     tied = ("model.tie_embeddings=true", *model)
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", tied))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, tied)[0]
+    init = _init(tiny_data, tied)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init, 4, 0, False, tied)
     out = _run(tiny_data, tmp_path / "par", 2, 1, 2, "setdlm", init, 4, 0, False, (*tied, *layout))
     _assert_matches(ref, out)
     assert "output_layer.weight" not in ref["weights"]
     if any("ema" in m for m in model):              # the EMA of the embedding and of its copy: one tensor
-        ema = [run_ranks(_weights, world=1, args=(d, "ema"))[0] for d in (tmp_path / "ref", tmp_path / "par")]
+        ema = [run_ranks(_weights, world=1, args=(d, "ema"))[0] for d in (ref["dir"], tmp_path / "par")]
         for k, v in ema[0].items():
             torch.testing.assert_close(ema[1][k], v, rtol=1e-3, atol=ATOL_WEIGHTS, msg=k)
 
@@ -168,9 +187,8 @@ def test_sft_training_matches_single_process(tiny_data, sft_data, tmp_path, tp, 
     numbers of conversations: each divides by the global batch's count, so the mean over conversations is one
     process's. Padded: the stream wraps around inside micro-batches, whose rows keep their own noise epochs."""
     data = (*sft_data, "data.packing=true", "data.seq_length=320") if packing else sft_data  # 2-3 per sample
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", data))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, data)[0]
+    init = _init(tiny_data, data)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init, 4, 0, False, data)
     out = _run(tiny_data, tmp_path / "par", 2, tp, pp, "setdlm", init, 2 if tp * pp == 1 else 4, zero, False, data)
     _assert_matches(ref, out)
 
@@ -178,9 +196,8 @@ def test_sft_training_matches_single_process(tiny_data, sft_data, tmp_path, tp, 
 def test_pipeline_training_with_the_setcausal_backend_matches_dense_single_process(tiny_data, tmp_path):
     """PP = 2 with the mask-free set-causal attention (the pattern travels through megatron-core's 1F1B
     schedule with each micro-batch) trains like one process with the dense-mask reference."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init)
     out = _run(tiny_data, tmp_path / "par", 2, 1, 2, "setdlm", init, 4, 0, False,
                ("model.attention_backend=setcausal",))
     _assert_matches(ref, out)
@@ -191,9 +208,8 @@ def test_pipeline_training_with_the_setcausal_backend_matches_dense_single_proce
 def test_zero_data_parallel_matches_single_process(tiny_data, tmp_path, zero):
     """DP = 2 with DeepSpeed ZeRO (optimizer states / gradients / parameters sharded) after the steps has the
     parameters of DP = 1 with the project's AdamW and the same global batch."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init)
     out = _run(tiny_data, tmp_path / "zero", 2, 1, 1, "setdlm", init, 2, zero)
     _assert_matches(ref, out, val=False)
 
@@ -201,18 +217,16 @@ def test_zero_data_parallel_matches_single_process(tiny_data, tmp_path, zero):
 @pytest.mark.parametrize("objective", ["setdlm", "mdlm"])
 def test_sequence_parallel_training_matches_single_process(tiny_data, tmp_path, objective):
     """TP = 2 with sequence parallelism (norms on sequence shards, their gradients summed over TP)."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, objective, init)[0]
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, objective, init)
     out = _run(tiny_data, tmp_path / "sp", 2, 2, 1, objective, init, 4, 0, True)
     _assert_matches(ref, out)
 
 
 def test_tensor_and_data_parallel_together(tiny_data, tmp_path):
     """TP = 2 x DP = 2 on four ranks: the logged loss is the data-parallel mean (not scaled by TP)."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init)[0]
+    init = _init(tiny_data)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init)
     out = _run(tiny_data, tmp_path / "tpdp", 4, 2, 1, "setdlm", init, 2)
     _assert_matches(ref, out)
 
@@ -263,9 +277,8 @@ def test_interleaved_pipeline_with_data_parallel_matches_single_process(tiny_dat
     reduction started by the schedule and overlapped), reproduces single-process training; its checkpoint
     (per-chunk shards with global layer indices) reads back as the single-process model."""
     layers = ["model.num_layers=4"]
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init", layers))
-    init = tmp_path / "init"
-    ref = _run(tiny_data, tmp_path / "ref", 1, 1, 1, "setdlm", init, 4, 0, False, layers)[0]
+    init = _init(tiny_data, layers)
+    ref = _ref(tiny_data, 1, 1, "setdlm", init, 4, 0, False, layers)
     out = _run(tiny_data, tmp_path / "vp", 4, 1, 2, "setdlm", init, 2, 0, False,
                layers + ["parallel.virtual_pipeline_model_parallel_size=2", "parallel.ddp_bucket_size=2000"])
     _assert_matches(ref, out)
@@ -284,14 +297,15 @@ EMA = ("train.ema_decay=0.7",)
 def test_ema_matches_single_process(tiny_data, tmp_path, tp, pp, zero):
     """The EMA of the weights (updated after every step on each rank's own shards / ZeRO-3 partitions, saved
     sharded like the weights) read back as one process equals the single-process EMA."""
-    run_ranks(_make_init, world=1, args=(tiny_data, tmp_path / "init"))
-    init = tmp_path / "init"
-    run_ranks(_train, world=1, args=(tiny_data, tmp_path / "ref", 1, 1, "setdlm", init, 4, 0, False, EMA))
+    init = _init(tiny_data)
+    if ("ema", str(tiny_data)) not in _CACHE:          # one single-process run for every layout
+        run_ranks(_train, world=1, args=(tiny_data, tiny_data / "ema_ref", 1, 1, "setdlm", init, 4, 0, False, EMA))
+        _CACHE["ema", str(tiny_data)] = [run_ranks(f, world=1, args=(tiny_data / "ema_ref",))[0]
+                                         for f in (_ema_weights, _weights)]
+    ref, raw = _CACHE["ema", str(tiny_data)]
     mbs = 2 if tp * pp == 1 else 4
     run_ranks(_train, world=2, args=(tiny_data, tmp_path / "par", tp, pp, "setdlm", init, mbs, zero, False, EMA))
-    ref = run_ranks(_ema_weights, world=1, args=(tmp_path / "ref",))[0]
     out = run_ranks(_ema_weights, world=1, args=(tmp_path / "par",))[0]
-    raw = run_ranks(_weights, world=1, args=(tmp_path / "ref",))[0]
     assert set(ref) == set(out)
     assert any(not torch.equal(ref[k], raw[k]) for k in ref)            # the EMA is not the raw weights
     for k, v in ref.items():

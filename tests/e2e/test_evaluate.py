@@ -164,7 +164,8 @@ def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     assert rep["arith"]["n"] + rep["arith"]["skipped_too_long"] == 3                     # the newer tasks too
     assert rep["quest_infill"]["task"] == "quest_infill" and rep["quest_infill_left_only"]["n"] + \
         rep["quest_infill_left_only"]["skipped_too_long"] == 3
-    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--chat"])
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--chat", "--tasks",
+                  str(data_dir / "tasks")])
     assert r.returncode == 2 and "tokenizer has no chat template" in r.stderr and r.stderr.strip().count("\n") == 0
     r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--text", "/nonexistent.txt", "--no-tasks"])
     assert r.returncode == 2 and "'/nonexistent.txt' does not exist" in r.stderr

@@ -3,6 +3,8 @@ into an existing results file (the rest kept), the CSVs and plots present. Struc
 import csv
 import json
 
+import yaml
+
 from .conftest import _run
 
 
@@ -48,3 +50,35 @@ def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
     assert agg[0]["seeds"] == 2 and agg[0]["accuracy_sd"] is not None        # two seeds: mean and spread
     r2 = _run(args)                                                           # trained models are reused
     assert r2.returncode == 0 and "training " not in r2.stdout + r2.stderr, r2.stdout[-2000:]
+
+
+def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(data_dir, tmp_path):
+    """--adapt at toy size: the Qwen3-architecture AR model is pretrained, exported in Qwen3's layout (with the
+    chat template) and imported back by the fine-tune; the chat set holds no held-out problem; the fine-tunes from
+    AR and from scratch are evaluated on chat prompts; the section, CSVs and plots are written."""
+    out, report = tmp_path / "run", tmp_path / "docs" / "results.md"
+    args = ["tools/reproduce.py", "--adapt", "--toy", "--data", str(data_dir / "corpus"), "--tasks",
+            str(data_dir / "tasks"), "--out", str(out), "--report", str(report)]
+    r = _run(args)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    text, assets = report.read_text(), report.parent / "results" / "adapt"
+    for section in ("## Adapting a pretrained AR model", "### Training", "### Best accuracy per model",
+                    "### Every point", "* Command: `python tools/reproduce.py --adapt --toy"):
+        assert section in text, section
+    for name in ("adapt_points", "adapt_training"):
+        assert list(csv.DictReader(open(assets / f"{name}.csv"))), name
+    assert all((assets / f"adapt_{n}.png").stat().st_size > 1000 for n in ("frontier", "curves"))
+    export = out / "adapt" / "qwen3_export"
+    assert json.loads((export / "config.json").read_text())["model_type"] == "qwen3"
+    assert "Assistant:" in json.loads((export / "tokenizer_config.json").read_text())["chat_template"]
+    held = {json.loads(x)["question"] for x in (data_dir / "tasks" / "arith.jsonl").read_text().splitlines()}
+    chats = [json.loads(x) for x in (out / "adapt" / "sft" / "arith_chat.jsonl").read_text().splitlines()]
+    assert len(chats) == 40 and all(c["messages"][0]["content"].split("$. ", 1)[1] not in held for c in chats)
+    assert all(c["messages"][1]["content"].endswith("}$.") for c in chats)
+    res = json.loads((out / "adapt" / "adapt.json").read_text())
+    assert {(p["init"], p["prompt"]) for p in res["points"]} == {("pretrained", "plain"), ("ar", "chat"),
+                                                                 ("scratch", "chat")}
+    ck = out / "adapt" / "from_ar" / "models" / "setdlm_D2_s1234" / "checkpoints" / "step_0000002" / "config.yaml"
+    cfg = yaml.safe_load(ck.read_text())
+    assert cfg["train"]["init_from"] == f"hf:{export}" and cfg["model"]["family"] == "qwen3"
+    assert cfg["model"]["shift_logits"] is True and cfg["data"]["packing"] is True
