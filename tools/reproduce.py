@@ -7,10 +7,11 @@
     python tools/reproduce.py --adapt                # the AR-to-SetDLM recipe (setdiff_mega/eval/adapt.py)
 
 Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
-option at one size and token budget (>= 2 seeds for AR, BD3LM S = 4, SetDLM D = 4), and with --study the
-head study (zero-initialised vs normal output head); evaluates arithmetic exact match against tokens/s and tokens
-per step (tau sweep; W in {D, 2D}), quest and story infilling, and the likelihood table, with EMA
-weights; checks the claims and writes the report section of --report and the files under --assets.
+option at one size and token budget (3 seeds for AR, BD3LM S = 4, SetDLM D = 4 and the FIM model), and with
+--study the head study (zero-initialised vs normal output head); evaluates arithmetic exact match against tokens/s
+and tokens per step (tau sweep; W in {D, 2D}), quest and story infilling (with the quests' diagnostics: first
+commits, the goal named), and the likelihood table, with EMA weights; checks the claims and writes the report
+section of --report and the files under --assets.
 Trained models under --out are reused on re-runs (--out and --assets must be new or this tool's earlier
 output; none of the outputs may be or hold an input). See setdiff_mega/eval/reproduce.py.
 

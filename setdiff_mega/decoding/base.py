@@ -55,7 +55,8 @@ class GenerationConfig:
     stop_entropy: float | None = None     # stop when the last stop_entropy_window tokens' entropy is lower
     stop_entropy_window: int = 256
     seed: int = 0                 # sampling RNG (and the first-hitting times)
-    record: bool = False          # keep the canvas after every step in GenerationOutput.trace
+    record: bool = False          # keep the canvas after every step (GenerationOutput.trace) and each
+                                  # generated token's commit step and confidence (.commit_steps, .confidences)
 
     def validate(self) -> "GenerationConfig":
         checks = [(self.window >= 1, f"window W={self.window} must be >= 1"),
@@ -168,6 +169,9 @@ class GenerationOutput:
     history: list = field(default_factory=list)   # per step: [B] tokens committed (for inspection)
     trace: list = field(default_factory=list)     # per step: canvas [B, N] (only with record=True)
     evicted: int = 0                    # cache entries dropped to stay within the context budget
+    commit_steps: list = field(default_factory=list)  # per row, per token of ``tokens``: the 0-based commit
+                                                      # call that wrote it (only with record=True)
+    confidences: list = field(default_factory=list)   # per row, per token of ``tokens``: its confidence then
 
     @property
     def tokens_per_step(self) -> list[float]:
@@ -241,7 +245,9 @@ class DecodeState:
         self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
         self.criteria = StopCriteria(cfg, tokenizer, canvas, mask_id)
         self.eos_ok = eos_positions(canvas.generate, cfg.min_new_tokens)
-        self.track_conf = cfg.stop_confidence is not None
+        self.track_conf = cfg.stop_confidence is not None or cfg.record
+        self.commit_step = torch.full((B, N), -1, dtype=torch.long, device=dev)    # filled with record=True
+        self.calls = 0
 
     def live(self) -> torch.Tensor:
         """[B, N] masked positions of rows still decoding."""
@@ -264,6 +270,8 @@ class DecodeState:
         self.history.append(n.tolist())
         if self.cfg.record:
             self.trace.append(self.tokens.clone())
+            self.commit_step = torch.where(sel, self.calls, self.commit_step)
+        self.calls += 1
         return sel
 
     def stop(self, newly: torch.Tensor, end: torch.Tensor) -> None:
@@ -290,21 +298,32 @@ class DecodeState:
         out = collect(self.canvas, self.tokens, self.masked, self.end, nfe, self.steps, self.committed,
                       self.history, self.trace)
         out.evicted = evicted
+        if self.cfg.record:
+            out.commit_steps = generated(self.canvas, self.masked, self.end, self.commit_step)
+            out.confidences = generated(self.canvas, self.masked, self.end, self.conf)
         return out
+
+
+def generated(canvas: Canvas, masked, end, values: torch.Tensor) -> list[list]:
+    """Per row, ``values`` [B, N] at the generated tokens (generation region up to ``end``, MASK dropped)."""
+    out = []
+    N = values.shape[1]
+    for b in range(values.shape[0]):
+        e = int(end[b]) if int(end[b]) >= 0 else N
+        out.append(values[b, :e][canvas.valid[b, :e] & ~masked[b, :e] & canvas.generate[b, :e]].tolist())
+    return out
 
 
 def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history, trace=None) -> GenerationOutput:
     """Per-row generated tokens (generation region up to ``end``, remaining MASK dropped)."""
-    out_tokens, seqs = [], []
+    seqs = []
     N = tokens.shape[1]
     for b in range(tokens.shape[0]):
         e = int(end[b]) if int(end[b]) >= 0 else N
-        keep = canvas.valid[b, :e] & ~masked[b, :e]
-        gen = canvas.generate[b, :e] & keep
-        out_tokens.append(tokens[b, :e][gen].tolist())
-        seqs.append(tokens[b, :e][keep].tolist())
-    return GenerationOutput(out_tokens, seqs, nfe, steps.tolist(), committed.tolist(), history, trace or [])
+        seqs.append(tokens[b, :e][canvas.valid[b, :e] & ~masked[b, :e]].tolist())
+    return GenerationOutput(generated(canvas, masked, end, tokens), seqs, nfe, steps.tolist(), committed.tolist(),
+                            history, trace or [])
 
 
 __all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos",
-           "eos_positions", "collect"]
+           "eos_positions", "collect", "generated"]

@@ -13,14 +13,17 @@ chat-formatted worked solutions. Here, as a user with a real Qwen3 would do it:
    own (none equal to a held-out problem), each a user turn (the paper's GSM8K instruction + the question) and an
    assistant turn (the worked steps, then ``The answer is $\\boxed{n}$.``), preprocessed with
    ``tools/preprocess_data.py --sft``'s code and trained packed (``data.packing``).
-4. **Fine-tune** AR, MDLM, BD3LM (S = 4) and SetDLM (D = 2, 4) for ``finetune_steps`` each, once from the exported
-   AR model and once from scratch (the same architecture and hyperparameters), the diffusion models with the AR
-   head alignment (``model.shift_logits``, method.md 13: a target reads its predecessor's row, so the imported
-   head keeps its meaning).
+4. **Fine-tune** AR, MDLM, BD3LM (S = 4) and SetDLM (D = 2, 4) for ``finetune_steps`` each, from the exported
+   AR model with every seed of ``seeds`` (``train.seed``: the training noise, orders and masks, varies; the
+   pretrained model and the data order, ``data.seed``, are shared) and from scratch with ``seed`` (the same
+   architecture and hyperparameters),
+   the diffusion models with the AR head alignment (``model.shift_logits``, method.md 13: a target reads its
+   predecessor's row, so the imported head keeps its meaning).
 5. **Evaluate** exact match on the held-out arithmetic problems asked as chat prompts (the last ``\\boxed{}``),
    greedy, batch 1, against tokens/s and tokens per step (tau sweep; W in {D, 2D}), and the pretrained AR on the
-   plain prompt for reference; the speed claim (SetDLM at BD3LM's best accuracy at >= 1.5x its tokens/s) on the
-   adapted and on the from-scratch models; the report section (:mod:`.adapt_report`).
+   plain prompt for reference; seed means and standard deviations per setting (``frontier``); the speed claim
+   (SetDLM at BD3LM's best accuracy at >= 1.5x its tokens/s) on those means, for the adapted and for the
+   from-scratch models; the report section (:mod:`.adapt_report`).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from setdiff_mega import methods
 from setdiff_mega.checkpoint import load_model
 from setdiff_mega.checkpoint.families import export_model
 from setdiff_mega.data.chat import ChatRenderer
@@ -64,7 +68,8 @@ class AdaptConfig:
         "data.seq_length=256", "data.packing=true", "data.split=95,5,0", "train.micro_batch_size=8",
         "train.lr=1e-3", "train.min_lr=1e-4", "train.warmup_steps=20", "train.eval_interval=50",
         "train.eval_iters=4"])
-    seed: int = 1234
+    seed: int = 1234                          # pretraining, the supervised set, the from-scratch fine-tunes
+    seeds: list = field(default_factory=lambda: [1234, 7, 42])    # the fine-tunes from the AR model
     conversations: int = 4000
     models: list = field(default_factory=lambda: [dict(m) for m in FINETUNED])
     taus: list = field(default_factory=lambda: [0.5, 0.9, 1e6])
@@ -138,9 +143,9 @@ def finetune_all(ac: AdaptConfig, tok: Path, prefix: Path, export: Path, log=pri
     out = []
     for init in INITS:
         start = [f"train.init_from=hf:{export}"] if init == "ar" else QWEN3_ARCH
-        for m in ac.models:
-            spec = {**m, "seed": ac.seed}
-            shift = [] if m["objective"] == "ar" else ["model.shift_logits=true"]
+        for m, seed in [(m, s) for s in (ac.seeds if init == "ar" else [ac.seed]) for m in ac.models]:
+            spec = {**m, "seed": seed}
+            shift = [] if methods.get(m["objective"]).causal else ["model.shift_logits=true"]   # AR: shifted
             over = [*ac.overrides, *ac.finetune, "data.format=sft", f"data.path={prefix}", f"data.tokenizer={tok}",
                     *start, *shift]
             rec = F.train_model(spec, ac.finetune_steps, Path(ac.out_dir) / f"from_{init}", ac.base_config, over, log)
@@ -164,11 +169,21 @@ def evaluate(ac: AdaptConfig, pretrained: dict, tuned: list[dict], rows: list[di
     return points
 
 
-def speed_claims(points: list[dict]) -> list[dict]:
-    """The from-scratch reproduction's failed speed claim, on the adapted and on the from-scratch models."""
+FRONTIER_KEYS = ("init", "method", "objective", "D", "block_size", "window", "tau")
+FRONTIER_METRICS = ("accuracy", "step_accuracy", "tokens_per_s", "tokens_per_step", "forwards", "ms_per_forward")
+
+
+def frontier(points: list[dict]) -> list[dict]:
+    """Seed means (and standard deviations) of every setting, per initialisation."""
+    return F.aggregate(points, FRONTIER_KEYS, FRONTIER_METRICS)
+
+
+def speed_claims(frontier_rows: list[dict]) -> list[dict]:
+    """The from-scratch reproduction's failed speed claim, on the adapted and on the from-scratch models (seed
+    means)."""
     out = []
     for init in INITS:
-        s = F.summarise([p for p in points if p["init"] == init]).get("accuracy")
+        s = F.summarise([p for p in frontier_rows if p["init"] == init]).get("accuracy")
         if not s:
             continue
         b, f, sp = s["bd3lm_best"], s["setdlm_fastest_at_least_as_accurate"], s["speedup"]
@@ -194,7 +209,9 @@ def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, cor
     tuned = finetune_all(ac, tok, prefix, export, log)
     t_train = time.perf_counter() - t0
     points = evaluate(ac, pretrained, tuned, rows, log)
-    results = {"points": points, "training": R.training_rows(pretrained, tuned), "claims": speed_claims(points)}
+    means = frontier(points)
+    results = {"points": points, "frontier": means, "training": R.training_rows(pretrained, tuned),
+               "claims": speed_claims(means)}
     wall = time.perf_counter() - t0
     trained = [pretrained, *tuned]
     results["meta"] = R.meta(ac, command, wall, t_train, sum(t["seconds"] for t in trained) + wall - t_train,
@@ -213,9 +230,9 @@ def toy_config(out_dir: str, data: str, tasks: str) -> AdaptConfig:
             "train.eval_interval=2"]
     return AdaptConfig(out_dir=out_dir, overrides=CPU_OVERRIDES + tiny, pretrain_steps=3, finetune_steps=2,
                        finetune=["data.seq_length=128", "data.packing=true", "data.split=90,10,0"], conversations=40,
-                       models=[{"objective": "setdlm", "D": 2}], taus=[1e6], limit=2,
+                       models=[{"objective": "setdlm", "D": 2}], seeds=[1234, 7], taus=[1e6], limit=2,
                        max_new_tokens=8, tasks=tasks, data=data)
 
 
 __all__ = ["AdaptConfig", "QWEN3_ARCH", "CHAT_TEMPLATE", "FINETUNED", "conversations", "run", "toy_config",
-           "speed_claims"]
+           "frontier", "speed_claims"]

@@ -4,6 +4,7 @@ Files under ``assets``: ``math_points.csv`` (one row per model and sampler setti
 (seed means and standard deviations), ``infill.csv``, ``likelihood.csv``, ``training.csv`` and, with
 the head study, ``study.csv`` (final validation losses, raw and EMA, and training seconds),
 ``frontier.png`` (accuracy against tokens/s and against tokens per step, one curve per method),
+``quest_probe.csv`` (the quests' diagnostics per model, :mod:`.quest_probe`),
 ``infill.png`` (exact-match bars), ``curves.png`` (the main models' validation loss against step, and
 the head study's training loss with and without the zero-initialised head). The report section sits
 between ``<!-- reproduce:begin -->`` and
@@ -130,7 +131,9 @@ def write_assets(results: dict, main: list[dict], study: list[dict], assets: Pat
     frontier, infill = results["frontier"], results["infill_means"]
     files = {"math_points.csv": results["points"], "math_frontier.csv": frontier, "infill.csv": infill,
              "likelihood.csv": results["likelihood"], "training.csv": results["training"],
-             **({"study.csv": results["study"]} if results["study"] else {}), "claims.csv": results["claims"]}
+             **({"study.csv": results["study"]} if results["study"] else {}),
+             **({"quest_probe.csv": results["quest_probe"]} if results.get("quest_probe") else {}),
+             "claims.csv": results["claims"]}
     for name, rows in files.items():
         write_csv([{k: v for k, v in r.items() if k != "example"} for r in rows], assets / name)
     plot_frontier(frontier, assets / "frontier.png", results["meta"].get("batch_size", 8))
@@ -146,6 +149,15 @@ def _f(v, nd=3):
 def _pm(r, k, nd=3):
     sd = r.get(k + "_sd")
     return _f(r[k], nd) + (f" ± {sd:.{nd}f}" if sd is not None else "")
+
+
+def _plm(vals: list[float], nd: int = 3) -> str:
+    """Mean ± sample standard deviation of ``vals`` (the mean alone for one value)."""
+    mean = sum(vals) / len(vals)
+    if len(vals) < 2:
+        return f"{mean:.{nd}f}"
+    sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
+    return f"{mean:.{nd}f} ± {sd:.{nd}f}"
 
 
 def _table(head: list[str], rows: list[list]) -> list[str]:
@@ -166,6 +178,23 @@ def _study_table(study: list[dict]) -> list[list]:
         rows.append([label, "zero (paper)" if zh else "normal", len(rs), at("train_loss_50"), at("train_loss_100"),
                      ", ".join("never" if f is None else str(f) for f in firsts), _pm(agg, "final_val_loss")])
     return rows
+
+
+def _quest_probe_lines(rows: list[dict]) -> list[str]:
+    """The quests' diagnostics table (:mod:`.quest_probe`), one row per model and seed."""
+    if not rows:
+        return []
+    lines = ["", "### Quests: what a fill commits first, and which goal it names (both sides; W = D; per seed)", "",
+             "First commit: its place in the span (0 = the first token, 1 = the last) and confidence. Goal token: "
+             "the first token where the eight goals' sentences differ; rank = span tokens committed before it.", ""]
+    return lines + _table(
+        ["method", "seed", "exact match", "goal named: right / wrong / none", "first commit: place", "confidence",
+         "goal token: rank", "right", "confidence (right / wrong)", "exact match when the goal token is right"],
+        [[r["method"], r.get("seed"), _f(r["exact_match"]),
+          f"{r['goal_right']:.2f} / {r['goal_wrong']:.2f} / {r['goal_none']:.2f}", _f(r["first_relative"], 2),
+          _f(r["first_confidence"], 2), _f(r["goal_rank"], 1), _f(r["goal_token_right"], 2),
+          f"{_f(r['goal_confidence_right'], 2) or '-'} / {_f(r['goal_confidence_wrong'], 2) or '-'}",
+          _f(r["exact_given_goal_right"])] for r in rows])
 
 
 def report_lines(results: dict, files: dict, rel: str) -> list[str]:
@@ -213,6 +242,7 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                     [[r["task"], r["method"], r["context"], _f(r.get("window")), _pm(r, "exact_match"),
                       _pm(r, "rouge_l"),
                       _f(r["tokens_per_s"], 0)] for r in results["infill_means"]])
+    lines += _quest_probe_lines(results.get("quest_probe") or [])
     lines += ["", "### Likelihood (validation NLL per token; upper bounds except AR)", ""]
     lines += _table(["model", "seed", "estimator", "NLL/token", "SetDLM one order", "SetDLM K-order bound", "K"],
                     [[r["method"], r.get("seed"), r["estimator"], _f(r["nll_per_token"], 4),

@@ -158,11 +158,12 @@ INFILL_TASKS = {"stories": ("story_infill", (2, 3)), "quests": ("quest_infill", 
 
 
 def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
-                 left_only: bool = False, progress=None, task: str = "stories") -> dict:
-    """Infill sentences [lo, hi) of each row (``task``: stories = the middle sentence, quests = 2-4)."""
+                 left_only: bool = False, progress=None, task: str = "stories", record: bool = False) -> dict:
+    """Infill sentences [lo, hi) of each row (``task``: stories = the middle sentence, quests = 2-4);
+    ``record`` (with ``gc.record``): also every decoded row's tokens, commit calls and confidences."""
     name, (lo, hi) = INFILL_TASKS[task]
-    reqs, refs, spans = [], [], []
-    for r in rows:
+    reqs, refs, spans, kept = [], [], [], []
+    for i, r in enumerate(rows):
         s = r["sentences"]
         prefix, middle, suffix = " ".join(s[:lo]), " " + " ".join(s[lo:hi]), " " + " ".join(s[hi:])
         span = len(tok.encode(middle))
@@ -173,6 +174,7 @@ def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_s
             continue
         refs.append(middle.strip())
         spans.append(span)
+        kept.append(i)
         reqs.append(prefix if left_only else {"prefix": prefix, "suffix": suffix, "span": span})
     skipped = len(rows) - len(reqs)
     if left_only:      # continue the prefix for exactly the span's length (what a left-to-right model sees)
@@ -189,9 +191,14 @@ def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_s
     em = [p.strip() == ref for p, ref in zip(preds, refs)]
     rl = [rouge_l(p, ref) for p, ref in zip(preds, refs)]
     n = len(reqs)
-    return {"task": name + ("_left_only" if left_only else ""), "n": n, "skipped_too_long": skipped,
-            "exact_match": sum(em) / max(n, 1), "rouge_l": sum(rl) / max(n, 1), **_speed(out),
-            "examples": [{"reference": ref, "generated": p} for ref, p in list(zip(refs, preds))[:3]]}
+    res = {"task": name + ("_left_only" if left_only else ""), "n": n, "skipped_too_long": skipped,
+           "exact_match": sum(em) / max(n, 1), "rouge_l": sum(rl) / max(n, 1), **_speed(out),
+           "examples": [{"reference": ref, "generated": p} for ref, p in list(zip(refs, preds))[:3]]}
+    if record:
+        res["records"] = [{"row": i, "reference": ref, "generated": p, "correct": c, "tokens": o["tokens"],
+                           "commit_steps": o["commit_steps"], "confidences": o["confidences"]}
+                          for i, ref, p, c, o in zip(kept, refs, preds, em, out)]
+    return res
 
 
 __all__ = ["GSM8K_INSTRUCTION", "last_boxed", "extract_answer", "equation_counts", "rouge_l", "load_task",

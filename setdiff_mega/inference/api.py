@@ -130,6 +130,8 @@ def generate(model, tokenizer, method, requests: list, config: GenerationConfig,
                             "committed": out.committed[b], "tokens_per_step": out.tokens_per_step[b], "seconds": dt,
                             "tokens_per_s": len(toks) / dt if dt > 0 else 0.0,
                             "infill": bool(canvas.infill[b]), "sequence": tokenizer.decode(out.sequences[b])})
+            if out.commit_steps:             # record=True: each generated token's commit call and confidence
+                results[-1].update(tokens=toks, commit_steps=out.commit_steps[b], confidences=out.confidences[b])
         if progress is not None:
             progress(len(chunk))
     return results

@@ -3,7 +3,11 @@ into an existing results file (the rest kept), the CSVs and plots present. Struc
 import csv
 import json
 
+import pytest
 import yaml
+
+from setdiff_mega.eval import frontier as F
+from setdiff_mega.eval.reproduce import toy_config
 
 from .conftest import _run
 
@@ -23,7 +27,8 @@ def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
                     "### Likelihood", "* Command: `python tools/reproduce.py --toy", "* Commit: ", "* Machine: "):
         assert section in text, section
     assert text.count("<!-- reproduce:begin -->") == 1
-    for name in ("math_points", "math_frontier", "infill", "likelihood", "training", "study", "claims"):
+    for name in ("math_points", "math_frontier", "infill", "likelihood", "training", "study", "quest_probe",
+                 "claims"):
         assert list(csv.DictReader(open(assets / f"{name}.csv"))), name
     for name in ("frontier", "infill", "curves"):
         assert (assets / f"{name}.png").stat().st_size > 1000
@@ -46,10 +51,17 @@ def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
     assert [c["claim"][:2] for c in res["claims"]] and all(isinstance(c["holds"], bool) for c in res["claims"])
     lik = {r["tag"]: r for r in res["likelihood"]}
     assert lik["ar_s1234"]["estimator"] == "exact" and "nll_k_orders" in lik["setdlm_D2_s1234"]
+    probe = {r["tag"]: r for r in res["quest_probe"]}                      # every model that sees the suffix
+    assert set(probe) == {"bd3lm_S4_s1234", "setdlm_D2_s1234", "setdlm_D2_fim0.3_s1234"}
+    for r in probe.values():
+        assert r["n"] > 0 and r["goal_right"] + r["goal_wrong"] + r["goal_none"] == pytest.approx(1.0)
+        assert 0 <= r["first_relative"] <= 1 and 0 < r["first_confidence"] <= 1
+    assert "### Quests: what a fill commits first" in text
     agg = [r for r in res["frontier"] if r["method"] == "AR"]
     assert agg[0]["seeds"] == 2 and agg[0]["accuracy_sd"] is not None        # two seeds: mean and spread
-    r2 = _run(args)                                                           # trained models are reused
-    assert r2.returncode == 0 and "training " not in r2.stdout + r2.stderr, r2.stdout[-2000:]
+    rc = toy_config(str(out), str(data_dir / "corpus"), str(data_dir / "tasks"))     # a re-run reuses every model
+    again = [F.train_model(m, rc.train_steps, out, rc.base_config, rc.overrides, log=pytest.fail) for m in rc.models]
+    assert all(t["reused"] for t in again) and {t["tag"] for t in again} == {r["tag"] for r in res["training"]}
 
 
 def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(data_dir, tmp_path):
@@ -63,9 +75,9 @@ def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(d
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     text, assets = report.read_text(), report.parent / "results" / "adapt"
     for section in ("## Adapting a pretrained AR model", "### Training", "### Best accuracy per model",
-                    "### Every point", "* Command: `python tools/reproduce.py --adapt --toy"):
+                    "### Seeds", "### Every setting", "* Command: `python tools/reproduce.py --adapt --toy"):
         assert section in text, section
-    for name in ("adapt_points", "adapt_training"):
+    for name in ("adapt_points", "adapt_frontier", "adapt_training"):
         assert list(csv.DictReader(open(assets / f"{name}.csv"))), name
     assert all((assets / f"adapt_{n}.png").stat().st_size > 1000 for n in ("frontier", "curves"))
     export = out / "adapt" / "qwen3_export"
@@ -78,6 +90,10 @@ def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(d
     res = json.loads((out / "adapt" / "adapt.json").read_text())
     assert {(p["init"], p["prompt"]) for p in res["points"]} == {("pretrained", "plain"), ("ar", "chat"),
                                                                  ("scratch", "chat")}
+    seeds = {(p["init"], p["seed"]) for p in res["points"]}
+    assert seeds == {("pretrained", 1234), ("ar", 1234), ("ar", 7), ("scratch", 1234)}     # seeds from AR
+    means = {r["init"]: r for r in res["frontier"]}
+    assert means["ar"]["seeds"] == 2 and means["ar"]["accuracy_sd"] is not None and means["scratch"]["seeds"] == 1
     ck = out / "adapt" / "from_ar" / "models" / "setdlm_D2_s1234" / "checkpoints" / "step_0000002" / "config.yaml"
     cfg = yaml.safe_load(ck.read_text())
     assert cfg["train"]["init_from"] == f"hf:{export}" and cfg["model"]["family"] == "qwen3"

@@ -99,6 +99,25 @@ def test_committed_tokens_never_change(rand_model):
     assert (out.trace[-1][:, :6] != MASK).all()
 
 
+@pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}), (ARSampler, {}),
+                                    (BD3LMSampler, {"block_size": 4, "tau": 0.5})])
+def test_record_gives_each_tokens_commit_call_and_confidence(rand_model, cls, kw):
+    """record=True: per generated token, the commit call that wrote it (the canvas trace agrees) and its
+    confidence (the probability of the chosen token, in (0, 1]); the tokens are those of an unrecorded run."""
+    prompts = PROMPTS["prompt"] + PROMPTS["infill"][:1]
+    out = _run(cls, rand_model, prompts, record=True, **kw)
+    assert out.tokens == _run(cls, rand_model, prompts, **kw).tokens
+    start = Canvas.from_prompts(prompts, MASK, PAD, 10)
+    for b in range(len(prompts)):
+        steps, conf = out.commit_steps[b], out.confidences[b]
+        assert len(steps) == len(conf) == len(out.tokens[b]) > 0
+        assert all(0.0 < c <= 1.0 for c in conf)
+        gen = start.generate[b].nonzero().flatten().tolist()[:len(steps)]     # the generated positions, in order
+        assert steps == [next(i for i, t in enumerate(out.trace) if t[b, p] != MASK) for p in gen]
+    if cls is ARSampler:
+        assert all(s == sorted(s) for s in out.commit_steps)             # left to right
+
+
 @pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 4, "tau": 0.5}),
                                     (SetDLMSampler, {"window": 2, "tau": 1.5}), (ARSampler, {}),
                                     (BD3LMSampler, {"block_size": 4, "tau": 0.5}),

@@ -30,11 +30,11 @@ def test_tags_and_labels_are_distinct_per_spec():
                                           "train.seed=1"]
 
 
-def test_default_plan_has_two_seeds_for_the_compared_methods():
+def test_default_plan_has_three_seeds_for_the_headline_rows():
     rc = ReproConfig()
     tags = [F.method_tag(m) for m in rc.models]
-    for base in ("ar", "bd3lm_S4", "setdlm_D4"):
-        assert sum(t.startswith(base + "_s") for t in tags) >= 2, base
+    for base in ("ar", "bd3lm_S4", "setdlm_D4", "setdlm_D4_fim1.0"):
+        assert sum(t.startswith(base + "_s") for t in tags) == 3, base
     assert {m["objective"] for m in rc.models} == {"ar", "mdlm", "bd3lm", "setdlm"}
     assert {m.get("block_size") for m in rc.models if m["objective"] == "bd3lm"} == {4, 8}
     assert {m.get("D") for m in rc.models if m["objective"] == "setdlm"} == {2, 4, 8}
