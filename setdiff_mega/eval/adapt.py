@@ -14,9 +14,10 @@ chat-formatted worked solutions. Here, as a user with a real Qwen3 would do it:
    assistant turn (the worked steps, then ``The answer is $\\boxed{n}$.``), preprocessed with
    ``tools/preprocess_data.py --sft``'s code and trained packed (``data.packing``).
 4. **Fine-tune** AR, MDLM, BD3LM (S = 4) and SetDLM (D = 2, 4) for ``finetune_steps`` each, from the exported
-   AR model with every seed of ``seeds`` (``train.seed``: the training noise, orders and masks, varies; the
-   pretrained model and the data order, ``data.seed``, are shared) and from scratch with ``seed`` (the same
-   architecture and hyperparameters),
+   AR model with every seed of ``seeds`` (``train.seed`` and ``data.seed``: the training noise, orders and
+   masks, and the order of the conversations vary; the pretrained model is shared; an AR fine-tune has no noise,
+   so its spread is the data order's) and from scratch with ``seed`` (the same architecture and
+   hyperparameters),
    the diffusion models with the AR head alignment (``model.shift_logits``, method.md 13: a target reads its
    predecessor's row, so the imported head keeps its meaning).
 5. **Evaluate** exact match on the held-out arithmetic problems asked as chat prompts (the last ``\\boxed{}``),
@@ -147,7 +148,7 @@ def finetune_all(ac: AdaptConfig, tok: Path, prefix: Path, export: Path, log=pri
             spec = {**m, "seed": seed}
             shift = [] if methods.get(m["objective"]).causal else ["model.shift_logits=true"]   # AR: shifted
             over = [*ac.overrides, *ac.finetune, "data.format=sft", f"data.path={prefix}", f"data.tokenizer={tok}",
-                    *start, *shift]
+                    f"data.seed={seed}", *start, *shift]
             rec = F.train_model(spec, ac.finetune_steps, Path(ac.out_dir) / f"from_{init}", ac.base_config, over, log)
             out.append({**rec, "spec": spec, "init": init})
     return out
