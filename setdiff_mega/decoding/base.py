@@ -246,8 +246,7 @@ class DecodeState:
         self.criteria = StopCriteria(cfg, tokenizer, canvas, mask_id)
         self.eos_ok = eos_positions(canvas.generate, cfg.min_new_tokens)
         self.track_conf = cfg.stop_confidence is not None or cfg.record
-        self.commit_step = torch.full((B, N), -1, dtype=torch.long, device=dev)    # filled with record=True
-        self.calls = 0
+        self.commit_step = torch.full((B, N), -1, dtype=torch.long, device=dev) if cfg.record else None
 
     def live(self) -> torch.Tensor:
         """[B, N] masked positions of rows still decoding."""
@@ -270,8 +269,7 @@ class DecodeState:
         self.history.append(n.tolist())
         if self.cfg.record:
             self.trace.append(self.tokens.clone())
-            self.commit_step = torch.where(sel, self.calls, self.commit_step)
-        self.calls += 1
+            self.commit_step = torch.where(sel, len(self.history) - 1, self.commit_step)   # this call's index
         return sel
 
     def stop(self, newly: torch.Tensor, end: torch.Tensor) -> None:

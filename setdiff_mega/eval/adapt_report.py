@@ -99,13 +99,18 @@ def write_assets(results: dict, trained: list[dict], assets: Path) -> dict:
     return {"dir": assets, "names": [*files, "adapt_frontier.png", "adapt_curves.png"]}
 
 
+def _bests(frontier: list[dict]):
+    """(init, method, that model's settings, its most accurate one) per model, in report order (seed means)."""
+    for (init, method) in dict.fromkeys((p["init"], p["method"]) for p in frontier):
+        sel = [p for p in frontier if (p["init"], p["method"]) == (init, method)]
+        yield init, method, sel, max(sel, key=lambda p: (p["accuracy"], p["tokens_per_s"]))
+
+
 def best_rows(frontier: list[dict]) -> list[list]:
     """Per method and initialisation (seed means): the most accurate setting, and the fastest one within 0.02
     of it."""
     out = []
-    for (init, method) in dict.fromkeys((p["init"], p["method"]) for p in frontier):
-        sel = [p for p in frontier if (p["init"], p["method"]) == (init, method)]
-        best = max(sel, key=lambda p: (p["accuracy"], p["tokens_per_s"]))
+    for init, method, sel, best in _bests(frontier):
         fast = max((p for p in sel if p["accuracy"] >= best["accuracy"] - 0.02), key=lambda p: p["tokens_per_s"])
         out.append([INIT_LABEL[init], method, best["seeds"], _pm(best, "accuracy"), _setting(best),
                     _pm(best, "tokens_per_s", 0), _f(fast["accuracy"]), _setting(fast), _f(fast["tokens_per_s"], 0),
@@ -117,9 +122,7 @@ def seed_rows(points: list[dict], frontier: list[dict]) -> list[list]:
     """Per method and initialisation with several seeds: each seed's exact match at the setting that is best on
     the mean, and each seed's own best (where the spread comes from)."""
     out = []
-    for (init, method) in dict.fromkeys((p["init"], p["method"]) for p in frontier):
-        sel = [p for p in frontier if (p["init"], p["method"]) == (init, method)]
-        best = max(sel, key=lambda p: (p["accuracy"], p["tokens_per_s"]))
+    for init, method, _, best in _bests(frontier):
         if best["seeds"] < 2:
             continue
         mine = [p for p in points if (p["init"], p["method"]) == (init, method)]

@@ -153,11 +153,7 @@ def _pm(r, k, nd=3):
 
 def _plm(vals: list[float], nd: int = 3) -> str:
     """Mean ± sample standard deviation of ``vals`` (the mean alone for one value)."""
-    mean = sum(vals) / len(vals)
-    if len(vals) < 2:
-        return f"{mean:.{nd}f}"
-    sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
-    return f"{mean:.{nd}f} ± {sd:.{nd}f}"
+    return _pm(F.aggregate([{"v": v} for v in vals], (), ("v",))[0], "v", nd)
 
 
 def _table(head: list[str], rows: list[list]) -> list[str]:
