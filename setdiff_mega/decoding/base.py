@@ -224,10 +224,12 @@ class DecodeState:
     ``tokens`` / ``masked`` [B, N] are updated in place (chunk builders keep references to them);
     ``conf`` [B, N] holds the confidence each token was committed with (1 for given tokens, NaN while
     masked); :meth:`commit` writes chosen tokens, :meth:`end_step` applies the EOS rule and retires
-    finished rows, :meth:`check_stops` the stopping criteria.
+    finished rows, :meth:`check_stops` the stopping criteria. ``observer`` (optional) is called with the state
+    after every step's bookkeeping (:meth:`end_step`; a server streams the tokens that became final).
     """
 
-    def __init__(self, canvas: Canvas, cfg: GenerationConfig, eos_id: int, mask_id: int, tokenizer=None):
+    def __init__(self, canvas: Canvas, cfg: GenerationConfig, eos_id: int, mask_id: int, tokenizer=None,
+                 observer=None):
         self.canvas, self.cfg, self.eos_id = canvas, cfg, eos_id
         self.tokens = canvas.tokens.clone()
         self.masked = canvas.generate.clone()
@@ -247,6 +249,7 @@ class DecodeState:
         self.eos_ok = eos_positions(canvas.generate, cfg.min_new_tokens)
         self.track_conf = cfg.stop_confidence is not None or cfg.record
         self.commit_step = torch.full((B, N), -1, dtype=torch.long, device=dev) if cfg.record else None
+        self.observer = observer
 
     def live(self) -> torch.Tensor:
         """[B, N] masked positions of rows still decoding."""
@@ -283,6 +286,8 @@ class DecodeState:
                                      self.done)
             self.stop(newly, e)
         self.done |= ~self.masked.any(1)
+        if self.observer is not None:
+            self.observer(self)
 
     def check_stops(self, limit: torch.Tensor, rows: torch.Tensor | None = None) -> None:
         """Stopping criteria on the prefix [0, limit) of the rows still decoding (only ``rows`` [B] if

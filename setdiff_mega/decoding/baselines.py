@@ -41,9 +41,10 @@ class _Base:
         self.cfg = config.validate()
         self.tokenizer = tokenizer
         self.shift = bool(getattr(model, "shift_logits", False))
+        self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
 
     def _start(self, canvas: Canvas):
-        st = DecodeState(canvas, self.cfg, self.eos_id, self.mask_id, self.tokenizer)
+        st = DecodeState(canvas, self.cfg, self.eos_id, self.mask_id, self.tokenizer, self.observer)
         return st, LogitsPipeline(self.cfg, self.mask_id, self.eos_id)
 
 

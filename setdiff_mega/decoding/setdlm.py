@@ -87,6 +87,7 @@ class SetDLMSampler:
         self.model, self.mask_id, self.pad_id, self.eos_id = model, mask_id, pad_id, eos_id
         self.cfg = config.validate()
         self.tokenizer, self.order_prior = tokenizer, order_prior
+        self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
 
     def _setup(self, canvas: Canvas, st: DecodeState):
         cfg = self.cfg
@@ -115,7 +116,7 @@ class SetDLMSampler:
     @torch.no_grad()
     def generate(self, canvas: Canvas):
         cfg = self.cfg
-        st = DecodeState(canvas, cfg, self.eos_id, self.mask_id, self.tokenizer)
+        st = DecodeState(canvas, cfg, self.eos_id, self.mask_id, self.tokenizer, self.observer)
         runner, fht = self._setup(canvas, st)
         choose = LogitsPipeline(cfg, self.mask_id, self.eos_id)
         visible = canvas.valid & ~st.masked

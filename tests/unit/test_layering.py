@@ -19,8 +19,8 @@ LAYERS = [
     ("setdiff_mega.build",),
     ("setdiff_mega.checkpoint",),
     ("setdiff_mega.training", "setdiff_mega.inference"),
-    ("setdiff_mega.eval",),
-    ("setdiff_mega.cli", "setdiff_mega.train"),
+    ("setdiff_mega.eval", "setdiff_mega.serving"),
+    ("setdiff_mega.cli", "setdiff_mega.train", "setdiff_mega.serve"),
 ]
 
 

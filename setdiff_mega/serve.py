@@ -1,0 +1,126 @@
+"""The server's entry point (``tools/serve.py``, ``setdiff-serve``): a checkpoint behind an OpenAI-compatible
+HTTP API on uvicorn, decoded with step-level continuous batching (:mod:`setdiff_mega.serving`).
+
+    python tools/serve.py --checkpoint runs/tiny_cpu --port 8000 --max-batch 8
+    curl localhost:8000/v1/completions -d '{"prompt": "Once upon a time", "max_tokens": 32}'
+
+Request defaults: the checkpoint's decoding defaults (``--preset`` and the decoding flags of
+``tools/generate.py`` on top); every request may override them (:mod:`setdiff_mega.serving.protocol`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+
+from setdiff_mega.cli import run_cli
+
+
+def parse_args(argv=None):
+    from setdiff_mega.inference.options import add_chat_arguments, add_generation_arguments
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True,
+                   help="run directory, checkpoints/ directory, step directory or Hugging Face export")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    p.add_argument("--served-model-name", default=None, help="the model id of /v1/models (default: the "
+                   "checkpoint directory's name)")
+    p.add_argument("--max-batch", type=int, default=8, help="jobs decoded together (one KV cache each)")
+    p.add_argument("--max-queue", type=int, default=256, help="jobs waiting beyond the batch; more: HTTP 429")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival (0: none)")
+    p.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens / span accepted")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--weights", choices=("ema", "raw"), default=None)
+    add_chat_arguments(p)
+    add_generation_arguments(p)
+    return p.parse_args(argv)
+
+
+def build(args):
+    """(Server, Scheduler) for parsed ``args`` (the tests build the server in-process through this)."""
+    import json
+    from dataclasses import replace
+
+    import torch
+
+    from setdiff_mega.checkpoint import load_model
+    from setdiff_mega.inference.api import check_vocab
+    from setdiff_mega.inference.engine import decoding_model
+    from setdiff_mega.inference.options import config_from_args
+    from setdiff_mega.serving.app import Server
+    from setdiff_mega.serving.metrics import Metrics
+    from setdiff_mega.serving.protocol import ServerDefaults
+    from setdiff_mega.serving.scheduler import Scheduler
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.static_shapes or args.no_cache:
+        raise ValueError("--static-shapes and --no-cache do not apply to the server (its jobs share each step's "
+                         "forward); leave them out")
+    model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
+    model = decoding_model(model, cfg, tok, args.engine)
+    check_vocab(model, tok)
+    model.eval()
+    L = cfg.data.seq_length
+    base = config_from_args(args, cfg.objective, L)
+    kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else {}
+    defaults = ServerDefaults(cfg.objective, L, replace(base, context_length=base.context_length or L),
+                              max_tokens=base.max_new_tokens, max_tokens_limit=args.max_tokens_limit,
+                              chat_template_kwargs=kwargs)
+    metrics = Metrics()
+    scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, max_queue=args.max_queue, metrics=metrics)
+    name = args.served_model_name or Path(os.path.abspath(args.checkpoint)).name
+    server = Server(scheduler, tok, defaults, name, metrics, timeout=args.request_timeout or None)
+    return server, scheduler
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free one), so the printed address is the real one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
+    sock.listen(2048)
+    return sock
+
+
+def serve(server, scheduler, sock: socket.socket, announce=None):
+    """Run uvicorn on ``sock`` until it stops (SIGINT / SIGTERM, or ``should_exit``); returns the uvicorn
+    Server through ``announce`` first (tests stop it from another thread)."""
+    import uvicorn
+
+    config = uvicorn.Config(server.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    web = uvicorn.Server(config)
+    if announce is not None:
+        announce(web)
+    scheduler.start()
+    try:
+        web.run(sockets=[sock])
+    finally:
+        scheduler.close()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    sock = bind(args.host, args.port)
+    server, scheduler = build(args)
+    host, port = sock.getsockname()[:2]
+    print(f"serving {server.model_name!r} ({scheduler.method.name}, context {server.defaults.seq_length}, "
+          f"max batch {scheduler.max_batch}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    serve(server, scheduler, sock)
+    return 0
+
+
+def cli() -> None:
+    sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,241 @@
+"""The HTTP side: an ASGI (Starlette) application speaking the OpenAI API over the :class:`~.scheduler.Scheduler`.
+
+    GET  /health                 {"status": "ok", "running", "queued"}
+    GET  /v1/models              the served model (id, max_model_len = the context L)
+    GET  /metrics                Prometheus text format (:mod:`.metrics`)
+    POST /v1/completions         OpenAI completions (``suffix``: infilling between prompt and suffix)
+    POST /v1/chat/completions    OpenAI chat completions (the checkpoint's chat template)
+    POST /v1/infill              the diffusion endpoint: {prefix, suffix, span} -> the span's text
+
+A request is parsed and checked (:mod:`.protocol`; 400 with one line), queued as ``n`` jobs per prompt (429
+when the queue is full) and answered when its jobs are done, or streamed as server-sent events (``data:
+{chunk}`` per text delta, the finish reason, the usage with ``stream_options.include_usage``, then ``data:
+[DONE]``). A client that disconnects cancels its jobs (non-streaming requests poll for it every 0.25 s); a job
+past the server's timeout ends with 504 (or an error event). Errors have OpenAI's shape: {"error": {"message",
+"type", "code"}}.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from dataclasses import replace
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from setdiff_mega.data.chat import ChatRenderer
+from setdiff_mega.errors import DataError, RequestError
+
+from .job import Job
+from .protocol import parse
+from .scheduler import QueueFull
+
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/infill": "infill"}
+
+
+def error(status: int, message: str, kind: str | None = None) -> JSONResponse:
+    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+
+
+def _finite(value) -> bool:
+    """No NaN / Infinity anywhere in a parsed body."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
+class Server:
+    def __init__(self, scheduler, tokenizer, defaults, model_name: str, metrics, timeout: float | None = None,
+                 max_body: int = 4 << 20):
+        self.scheduler, self.tok, self.defaults = scheduler, tokenizer, defaults
+        self.model_name, self.metrics, self.timeout, self.max_body = model_name, metrics, timeout, max_body
+        self.created = int(time.time())
+        self._chats: dict = {}
+
+    def app(self) -> Starlette:
+        routes = [Route("/health", self.health), Route("/v1/models", self.models), Route("/metrics", self.prometheus)]
+        routes += [Route(path, self.generate, methods=["POST"]) for path in ENDPOINTS]
+        return Starlette(routes=routes)
+
+    async def health(self, request: Request) -> Response:
+        s = self.scheduler
+        return JSONResponse({"status": "ok", "running": len(s.running), "queued": len(s.queue)})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "setdiff-mega",
+            "max_model_len": self.defaults.seq_length}]})
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    def _chat(self, body: dict):
+        kwargs = body.get("chat_template_kwargs", self.defaults.chat_template_kwargs)
+        key = json.dumps(kwargs, sort_keys=True) if isinstance(kwargs, dict) else None
+        if key is None:
+            raise RequestError("'chat_template_kwargs' must be a JSON object")
+        if self.tok.chat_template is None:
+            return None
+        if key not in self._chats:
+            try:
+                self._chats[key] = ChatRenderer.of(self.tok, kwargs)
+            except DataError as e:
+                raise RequestError(str(e)) from None
+        return self._chats[key]
+
+    async def _body(self, request: Request, endpoint: str):
+        raw = await request.body()
+        if len(raw) > self.max_body:
+            return None, error(413, f"the request body has {len(raw)} bytes, more than the limit of {self.max_body}")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return None, error(400, f"the request body is not valid JSON ({getattr(e, 'msg', e)})")
+        if not _finite(body):
+            return None, error(400, "the request body holds NaN or Infinity; send finite numbers")
+        if isinstance(body, dict) and body.get("model") not in (None, self.model_name):
+            return None, error(404, f"model {body.get('model')!r} is not served here; this server serves "
+                                    f"{self.model_name!r} (GET /v1/models)", "model_not_found")
+        try:
+            chat = self._chat(body) if endpoint == "chat" and isinstance(body, dict) else None
+            return parse(body, endpoint, self.tok, self.defaults, chat), None
+        except RequestError as e:
+            return None, error(400, str(e))
+
+    async def generate(self, request: Request) -> Response:
+        endpoint = ENDPOINTS[request.url.path]
+        parsed, err = await self._body(request, endpoint)
+        if err is not None:
+            self.metrics.request(endpoint, err.status_code)
+            return err
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        jobs = []
+        for p, ids in enumerate(parsed.prompts):
+            for j in range(parsed.n):
+                i = len(jobs)
+
+                def emit(event, payload, i=i):
+                    try:
+                        loop.call_soon_threadsafe(queue.put_nowait, (i, event, payload))
+                    except RuntimeError:          # the event loop is gone (server shutting down)
+                        pass
+                cfg = replace(parsed.config, seed=parsed.config.seed + j)
+                jobs.append(Job(ids, cfg, emit, parsed.stops, self.timeout, self.tok))
+        try:
+            self.scheduler.submit(jobs)
+        except QueueFull as e:
+            self.metrics.request(endpoint, 429)
+            return error(429, str(e), "rate_limit_error")
+        rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        if parsed.stream:
+            self.metrics.request(endpoint, 200)
+            return StreamingResponse(self._stream(jobs, queue, parsed, endpoint, rid), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        response = await self._collect(request, jobs, queue, parsed, endpoint, rid)
+        self.metrics.request(endpoint, response.status_code)
+        return response
+
+    def _cancel(self, jobs) -> None:
+        for job in jobs:
+            if not job.done:
+                self.scheduler.cancel(job)
+
+    async def _collect(self, request, jobs, queue, parsed, endpoint, rid) -> Response:
+        infos: dict = {}
+        try:
+            while len(infos) < len(jobs):
+                try:
+                    i, event, payload = await asyncio.wait_for(queue.get(), timeout=0.25)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        self._cancel(jobs)
+                        return Response(status_code=499)
+                    continue
+                if event == "error":
+                    self._cancel(jobs)
+                    return error(*payload)
+                if event == "done":
+                    if payload["finish_reason"] == "timeout":
+                        self._cancel(jobs)
+                        return error(504, f"the request timed out after {self.timeout:g} s")
+                    infos[i] = payload
+        except asyncio.CancelledError:
+            self._cancel(jobs)
+            raise
+        return JSONResponse(self._body_of([infos[i] for i in range(len(jobs))], parsed, endpoint, rid))
+
+    def _choice(self, i: int, info: dict, parsed, endpoint: str) -> dict:
+        if endpoint == "chat":
+            c = {"index": i, "message": {"role": "assistant", "content": info["text"]},
+                 "finish_reason": info["finish_reason"], "logprobs": None}
+        else:
+            c = {"index": i, "text": info["text"], "finish_reason": info["finish_reason"], "logprobs": None}
+        if parsed.return_token_ids or endpoint == "infill":
+            c["token_ids"] = info["token_ids"]
+        return c
+
+    def _usage(self, infos, parsed) -> dict:
+        prompt = sum(len(p) for p in parsed.prompts)
+        done = sum(i["completion_tokens"] for i in infos)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+    def _body_of(self, infos, parsed, endpoint, rid) -> dict:
+        obj = {"chat": "chat.completion", "completions": "text_completion", "infill": "infill"}[endpoint]
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_name,
+                "choices": [self._choice(i, info, parsed, endpoint) for i, info in enumerate(infos)],
+                "usage": self._usage(infos, parsed)}
+
+    def _chunk(self, rid, endpoint, i, text=None, finish=None, first=False, token_ids=None) -> str:
+        if endpoint == "chat":
+            delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+            choice = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": i, "text": text or "", "finish_reason": finish, "logprobs": None}
+            obj = "text_completion"
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return "data: " + json.dumps({"id": rid, "object": obj, "created": int(time.time()),
+                                      "model": self.model_name, "choices": [choice]}) + "\n\n"
+
+    async def _stream(self, jobs, queue, parsed, endpoint, rid):
+        infos: dict = {}
+        try:
+            if endpoint == "chat":
+                for i in range(len(jobs)):
+                    yield self._chunk(rid, endpoint, i, first=True)
+            while len(infos) < len(jobs):
+                i, event, payload = await queue.get()
+                if event == "delta":
+                    yield self._chunk(rid, endpoint, i, text=payload)
+                elif event == "error" or payload["finish_reason"] == "timeout":
+                    status, message = payload if event == "error" else (504, "the request timed out")
+                    yield "data: " + json.dumps({"error": {"message": message, "type": "server_error"
+                                                           if status >= 500 else "invalid_request_error",
+                                                           "code": status}}) + "\n\n"
+                    break
+                else:
+                    infos[i] = payload
+                    ids = payload["token_ids"] if parsed.return_token_ids else None
+                    yield self._chunk(rid, endpoint, i, finish=payload["finish_reason"], token_ids=ids)
+            if parsed.include_usage and len(infos) == len(jobs):
+                usage = self._usage(list(infos.values()), parsed)
+                yield "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk" if endpoint == "chat"
+                                             else "text_completion", "created": int(time.time()),
+                                             "model": self.model_name, "choices": [], "usage": usage}) + "\n\n"
+            yield "data: [DONE]\n\n"
+        finally:                                   # a client gone mid-stream: its jobs leave the batch
+            self._cancel(jobs)
+
+
+__all__ = ["Server", "ENDPOINTS", "error"]

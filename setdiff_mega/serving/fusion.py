@@ -1,0 +1,227 @@
+"""Step-level batching of the samplers' model calls: many requests' forwards fused into one.
+
+Every running request decodes with its objective's own sampler (SetDLM, AR, BD3LM, MDLM; unchanged) in its
+own thread, against a :class:`BatchedModel`, which honours the samplers' model protocol
+(``cache_shape``, ``use_cache``, ``model(tok, pos, keep, start)``, ``training_length``, ``shift_logits``). A
+call parks the thread (:meth:`StepHub.submit`); the scheduler, once every running request is parked or
+finished, fuses the parked calls into one forward of the real model (:func:`fused_forward`) and hands each
+call its rows. A request joins the batch with its first call (its prefill, fused with the others' decode
+steps) and leaves it when its sampler returns: between any two steps.
+
+Fusion of calls c_b = (tok [1, T_b], pos [1, T_b], keep [1, T_b, C_b + T_b] bool, start s_b, cache_b),
+with C_b the capacity of the row's own KV cache (0 for uncached calls, e.g. MDLM):
+
+    S = max_b s_b,  R = max_b (T_b - s_b),  T = S + R,  C = max_b C_b
+    row b's chunk entries go to columns idx_b = [0, s_b) U [S, S + T_b - s_b)   (logits rows aligned at S)
+    tokens [B, T] (PAD elsewhere), positions [B, T] (0 elsewhere)
+    keep [B, T, C + T]: keep_b[r, i] at [idx_b[r], i] for cache slots i < C_b and
+                        keep_b[r, C_b + j] at [idx_b[r], C + idx_b[j]] for chunk columns; False elsewhere
+                        (uncached: padding rows see themselves, so no softmax row is empty)
+    logits = model(tokens, positions, keep, S)   [B, R, V];   call b gets logits[b, :T_b - s_b]
+
+Cached calls attend through a :class:`RowCaches` view: attention is computed per row against that row's own
+:class:`~setdiff_mega.decoding.cache.KVCache` (its ``attend`` on the row's columns of q, k, v and keep), so
+rows of different capacity and length coexist and joining or leaving never copies another row's cache;
+everything else (embeddings, projections, MLPs, the LM head) runs batched. Per row the arithmetic is the one
+of a batch-1 call, so a request decodes the same tokens whatever else is in the batch (up to the float
+rounding of batched matrix products).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Call:
+    """One model call of a request's sampler."""
+    tokens: torch.Tensor          # [1, T] long
+    positions: torch.Tensor       # [1, T] long
+    keep: torch.Tensor            # [1, T, C + T] bool (C = 0 without a cache)
+    start: int                    # logits for rows [start, T)
+    cache: object = None          # the request's KVCache (None: an uncached forward)
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache is None else int(self.cache.capacity)
+
+
+class RowCaches:
+    """The KV-cache interface of a fused forward: row b attends through its own cache (module docstring)."""
+
+    static = False
+
+    def __init__(self, caches: list, columns: list[torch.Tensor], cache_columns: list[torch.Tensor]):
+        self.caches, self.columns, self.cache_columns = caches, columns, cache_columns
+        self._keeps = None           # per row: the keep slice of this forward (same for every layer)
+
+    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
+        """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] (bool or additive) -> [B, h, T, d]."""
+        if layer == 0 or self._keeps is None:
+            self._keeps = [keep[b:b + 1, :, idx][..., torch.cat([cc, keep.shape[-1] - q.shape[2] + idx])]
+                           for b, (idx, cc) in enumerate(zip(self.columns, self.cache_columns))]
+        out = q.new_zeros(q.shape)
+        for b, (cache, idx) in enumerate(zip(self.caches, self.columns)):
+            out[b:b + 1, :, idx] = cache.attend(layer, q[b:b + 1, :, idx], k[b:b + 1, :, idx], v[b:b + 1, :, idx],
+                                                self._keeps[b], dropout_p=dropout_p, scale=scale,
+                                                enable_gqa=enable_gqa)
+        return out
+
+
+def _columns(call: Call, S: int) -> torch.Tensor:
+    """Where the call's chunk entries sit in the fused row: [0, s) then [S, S + T - s)."""
+    dev = call.tokens.device
+    return torch.cat([torch.arange(call.start, device=dev), S + torch.arange(call.width - call.start, device=dev)])
+
+
+def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
+    """One forward of ``model`` for ``calls`` (all cached or all uncached); returns each call's logits
+    [1, T_b - s_b, V] (see the module docstring)."""
+    cached = calls[0].cache is not None
+    if any((c.cache is not None) != cached for c in calls):
+        raise ValueError("fused_forward takes cached or uncached calls, not both")
+    S = max(c.start for c in calls)
+    R = max(c.width - c.start for c in calls)
+    T, C, B = S + R, max(c.capacity for c in calls), len(calls)
+    dev = calls[0].tokens.device
+    tokens = torch.full((B, T), pad_id, dtype=torch.long, device=dev)
+    positions = torch.zeros(B, T, dtype=torch.long, device=dev)
+    keep = torch.zeros(B, T, C + T, dtype=torch.bool, device=dev)
+    cols, cache_cols = [], []
+    for b, c in enumerate(calls):
+        idx = _columns(c, S)
+        cc = torch.arange(c.capacity, device=dev)
+        tokens[b, idx] = c.tokens[0]
+        positions[b, idx] = c.positions[0]
+        keep[b, idx[:, None], torch.cat([cc, C + idx])[None]] = c.keep[0]
+        cols.append(idx)
+        cache_cols.append(cc)
+    if not cached:
+        keep |= torch.eye(T, dtype=torch.bool, device=dev)[None] & ~keep.any(-1, keepdim=True)
+        out = model(tokens, positions, keep, S)
+    else:
+        with model.use_cache(RowCaches([c.cache for c in calls], cols, cache_cols)):
+            out = model(tokens, positions, keep, S)
+    return [out[b:b + 1, :c.width - c.start] for b, c in enumerate(calls)]
+
+
+class Cancelled(Exception):
+    """Raised inside a request's sampler thread at its next model call once the request is cancelled."""
+
+
+class BatchedModel:
+    """The samplers' model interface over a :class:`StepHub`: each call parks the calling thread until the
+    scheduler has run it fused with the other running requests' calls."""
+
+    def __init__(self, model, hub: "StepHub"):
+        self.model, self.hub = model, hub
+        for attr in ("training_length", "shift_logits", "vocab_size", "tokenizer_hash", "weights_kind"):
+            if hasattr(model, attr):
+                setattr(self, attr, getattr(model, attr))
+        self._local = threading.local()
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def eval(self):
+        return self
+
+    def cache_shape(self):
+        return self.model.cache_shape()
+
+    @contextlib.contextmanager
+    def use_cache(self, cache):
+        self._local.cache = cache
+        try:
+            yield cache
+        finally:
+            self._local.cache = None
+
+    def __call__(self, tokens, position_ids, keep, logits_start: int = 0, attention_pattern=None):
+        return self.hub.submit(Call(tokens, position_ids, keep, int(logits_start), getattr(self._local, "cache", None)))
+
+
+class StepHub:
+    """Where request threads park their model calls (one parked call per thread at a time).
+
+    The scheduler registers a request (:meth:`register`, before starting its thread, so that the thread counts
+    as computing from the start); the thread binds itself to it (:meth:`bind`), parks in :meth:`submit` until
+    :meth:`release` hands it its logits (or :class:`Cancelled`), and leaves (:meth:`leave`).
+    :meth:`wait_parked` blocks the scheduler until every registered thread is parked; ``cond`` guards all.
+    """
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self._local = threading.local()
+        self.busy: set = set()            # registered keys computing (not parked)
+        self.parked: dict = {}            # key -> Call
+        self.results: dict = {}           # key -> logits or an exception
+        self.cancelled: set = set()
+
+    def register(self, key) -> None:
+        """A request about to start (``cond`` held by the caller)."""
+        self.busy.add(key)
+
+    def bind(self, key) -> None:
+        """The calling thread decodes request ``key``."""
+        self._local.key = key
+
+    def leave(self) -> None:
+        key = self._local.key
+        with self.cond:
+            self.busy.discard(key)
+            self.parked.pop(key, None)
+            self.cancelled.discard(key)
+            self.cond.notify_all()
+
+    def submit(self, call: Call):
+        key = self._local.key
+        with self.cond:
+            if key in self.cancelled:
+                raise Cancelled()
+            self.busy.discard(key)
+            self.parked[key] = call
+            self.cond.notify_all()
+            while key not in self.results:
+                self.cond.wait()
+            out = self.results.pop(key)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def cancel(self, key) -> None:
+        """The request's thread raises :class:`Cancelled` at its next call (at once when parked)."""
+        with self.cond:
+            self.cancelled.add(key)
+            if key in self.parked:
+                del self.parked[key]
+                self.results[key] = Cancelled()
+                self.busy.add(key)
+            self.cond.notify_all()
+
+    def wait_parked(self, timeout: float | None = None) -> bool:
+        """Block (``cond`` held by the caller) until no registered thread is computing; False on timeout."""
+        return self.cond.wait_for(lambda: not self.busy, timeout)
+
+    def take(self) -> dict:
+        """The parked calls (``cond`` held), removed from the parking."""
+        calls, self.parked = self.parked, {}
+        return calls
+
+    def release(self, results: dict) -> None:
+        """Hand each parked key its logits (or exception); the keys count as computing until they park or
+        leave again."""
+        with self.cond:
+            self.results.update(results)
+            self.busy.update(results)
+            self.cond.notify_all()
+
+
+__all__ = ["Call", "RowCaches", "fused_forward", "BatchedModel", "StepHub", "Cancelled"]

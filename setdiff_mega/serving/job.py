@@ -1,0 +1,123 @@
+"""One generation being served: its prompt, options, the text that became final, and its events.
+
+A job's sampler runs in its own thread (:mod:`.scheduler`); after every decode step the sampler's
+:class:`~setdiff_mega.decoding.base.DecodeState` is shown to :meth:`Job.observe`, which finds the tokens that
+can no longer change and emits the new text. With the row's generation region starting at g, its leftmost
+still-masked position f and its end e (set once the row is done):
+
+    final tokens (row decoding)  = the committed generated tokens at positions [g, f)   (contiguous: never
+                                   rewritten by a later step; an EOS there that could end the row has already
+                                   ended it in the same step)
+    final tokens (row done)      = the sampler's output (up to e, MASK dropped)
+
+With the truncating criteria (``stop_confidence``, ``stop_entropy``) a later check may cut the output inside
+that prefix, so such jobs emit their text only when done. Text = decode(final tokens), a final EOS dropped;
+while decoding, the last max(len(stop)) - 1 characters and a trailing incomplete character (U+FFFD) are held
+back, so emitted text never has to be taken back. A stop string in the text ends the job there (OpenAI
+semantics: the earliest occurrence of any stop string, excluded). Events go to ``emit`` (thread-safe; the
+HTTP side's queue): ``("delta", text)``, then ``("done", info)`` or ``("error", (status, message))``.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from setdiff_mega.decoding.base import GenerationConfig
+
+_keys = itertools.count()
+
+
+@dataclass
+class Job:
+    ids: list[int]                        # prompt token ids (BOS first; MASK positions for infilling)
+    config: GenerationConfig
+    emit: object                          # callable(event, payload), thread-safe
+    stops: tuple = ()                     # stop strings (text ends before the earliest occurrence)
+    timeout: float | None = None          # seconds from arrival
+    tokenizer: object = None
+    key: int = field(default_factory=lambda: next(_keys))
+    arrival: float = field(default_factory=time.monotonic)
+    started: float | None = None          # admitted into the batch
+    first_token: float | None = None      # first text emitted
+    finished: float | None = None
+    tokens: list = field(default_factory=list)   # final generated tokens so far
+    text: str = ""                        # text emitted so far
+    steps: int = 0                        # decode steps that committed tokens
+    committed_last: int = 0               # tokens committed by the last step
+    reason: str | None = None             # why it ended early: "stop", "timeout", "cancelled"
+    done: bool = False
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout is None else self.arrival + self.timeout
+
+    @property
+    def streams_early(self) -> bool:
+        return self.config.stop_confidence is None and self.config.stop_entropy is None
+
+    def _holdback(self) -> int:
+        return max((len(s) for s in self.stops), default=1) - 1
+
+    def _text(self, ids: list[int]) -> str:
+        if ids and ids[-1] == self.tokenizer.eos:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids)
+
+    def _cut(self, text: str) -> tuple[str, bool]:
+        """``text`` before the earliest stop string, and whether one occurred."""
+        hits = [text.find(s) for s in self.stops if s and s in text]
+        return (text[:min(hits)], True) if hits else (text, False)
+
+    def _advance(self, text: str) -> None:
+        if text.startswith(self.text) and len(text) > len(self.text):
+            delta, self.text = text[len(self.text):], text
+            if self.first_token is None:
+                self.first_token = time.monotonic()
+            self.emit("delta", delta)
+
+    def observe(self, st) -> bool:
+        """After a decode step (sampler thread): emit what became final; True when a stop string ended it."""
+        self.committed_last = int(st.history[-1][0]) if st.history else 0
+        self.steps += self.committed_last > 0
+        if bool(st.done[0]) or not self.streams_early or self.reason is not None:
+            return False
+        gen = st.canvas.generate[0]
+        masked = st.masked[0] & gen
+        first = int(masked.nonzero()[0, 0]) if bool(masked.any()) else gen.shape[0]
+        ids = st.tokens[0, :first][gen[:first] & ~st.masked[0, :first]].tolist()
+        if len(ids) == len(self.tokens):
+            return False
+        self.tokens = ids
+        text, hit = self._cut(self._text(ids))
+        if hit:
+            self.reason = "stop"
+            self._advance(text)
+            return True
+        keep = len(text) - self._holdback()
+        safe = text[:max(keep, 0)].rstrip("\ufffd")
+        self._advance(safe)
+        return False
+
+    def finish(self, out=None) -> dict:
+        """The job's end (sampler output, or None when cut short): emit the rest of the text and the summary."""
+        if out is not None and self.reason is None:
+            self.tokens = list(out.tokens[0])
+            text, hit = self._cut(self._text(self.tokens))
+            self._advance(text)
+            eos = bool(self.tokens) and self.tokens[-1] == self.tokenizer.eos
+            self.reason = "stop" if hit or eos or len(self.tokens) < self.config.max_new_tokens else "length"
+        self.finished = time.monotonic()
+        self.done = True
+        info = {"finish_reason": self.reason, "text": self.text, "token_ids": list(self.tokens),
+                "prompt_tokens": len(self.ids), "completion_tokens": len(self.tokens), "steps": self.steps}
+        self.emit("done", info)
+        return info
+
+    def fail(self, status: int, message: str) -> None:
+        self.finished = time.monotonic()
+        self.done = True
+        self.emit("error", (status, message))
+
+
+__all__ = ["Job"]

@@ -1,0 +1,88 @@
+"""The server's Prometheus metrics (``GET /metrics``, text format), in a registry of its own (no global state).
+
+    setdiff_requests_total{endpoint, status}        HTTP requests answered
+    setdiff_queue_length                            jobs waiting for a batch slot
+    setdiff_running                                 jobs in the batch (occupancy = running / max_batch)
+    setdiff_batch_rows                              histogram: jobs fused into one forward (a decode step)
+    setdiff_step_seconds                            histogram: wall time of a decode step (all fused forwards)
+    setdiff_generated_tokens_total                  tokens committed by decode steps
+    setdiff_tokens_per_step                         histogram: tokens one job committed in one step
+    setdiff_tokens_per_second                       tokens committed over the last ``window`` seconds / window
+    setdiff_time_to_first_token_seconds             histogram: arrival -> first text emitted
+    setdiff_request_latency_seconds                 histogram: arrival -> finished
+    setdiff_jobs_total{reason}                      finished jobs by reason (stop, length, cancelled, timeout)
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, window: float = 10.0):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("setdiff_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+        self.queue = Gauge("setdiff_queue_length", "jobs waiting for a batch slot", registry=r)
+        self.running = Gauge("setdiff_running", "jobs in the running batch", registry=r)
+        self.rows = Histogram("setdiff_batch_rows", "jobs fused into one decode step",
+                              buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.step_s = Histogram("setdiff_step_seconds", "wall time of one decode step", buckets=LATENCY, registry=r)
+        self.tokens = Counter("setdiff_generated_tokens", "tokens committed by decode steps", registry=r)
+        self.per_step = Histogram("setdiff_tokens_per_step", "tokens one job committed in one step",
+                                  buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32), registry=r)
+        self.tps = Gauge("setdiff_tokens_per_second", "tokens committed per second (recent window)", registry=r)
+        self.ttft = Histogram("setdiff_time_to_first_token_seconds", "arrival to first text", buckets=LATENCY,
+                              registry=r)
+        self.latency = Histogram("setdiff_request_latency_seconds", "arrival to finished", buckets=LATENCY,
+                                 registry=r)
+        self.jobs = Counter("setdiff_jobs", "finished jobs by reason", ["reason"], registry=r)
+        self.window = window
+        self._recent: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self.tps.set_function(self._rate)
+
+    def _rate(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - self.window:
+                self._recent.popleft()
+            return sum(n for _, n in self._recent) / self.window
+
+    def request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def occupancy(self, queued: int, running: int) -> None:
+        self.queue.set(queued)
+        self.running.set(running)
+
+    def step(self, rows: int, max_batch: int, seconds: float) -> None:
+        self.rows.observe(rows)
+        self.step_s.observe(seconds)
+
+    def committed(self, n: int) -> None:
+        if n:
+            self.tokens.inc(n)
+            with self._lock:
+                self._recent.append((time.monotonic(), n))
+        self.per_step.observe(n)
+
+    def finished(self, job) -> None:
+        self.jobs.labels(reason=job.reason or "error").inc()
+        if job.first_token is not None:
+            self.ttft.observe(job.first_token - job.arrival)
+        if job.finished is not None:
+            self.latency.observe(job.finished - job.arrival)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+__all__ = ["Metrics"]

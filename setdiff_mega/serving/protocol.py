@@ -1,0 +1,215 @@
+"""OpenAI-compatible request bodies -> checked generation jobs; one-line 4xx errors for everything else.
+
+A body is a JSON object. Fields (every other name is refused with the list of known ones):
+
+    shared      model, max_tokens (>= 1, <= the server's limit), temperature, top_p, seed, n (1..16),
+                stop (a string or a list of strings), stream, stream_options {include_usage}, user,
+                return_token_ids (not OpenAI's: each choice also carries its generated token ids)
+    accepted at OpenAI's neutral value only: presence_penalty / frequency_penalty 0, logprobs null / 0,
+                echo false, best_of null / n, logit_bias null / {}
+    diffusion   the GenerationConfig names: window, tau, commit_k, block_size, repetition_penalty,
+                length_penalty [start, factor], min_new_tokens, stop_at_eos, fht_cache_order,
+                infill_full_context, stop_regex, stop_regex_count, stop_repeat, stop_confidence,
+                stop_patience, stop_entropy, stop_entropy_window; ``preset`` (gsm8k, cnndm, owt, infill)
+    completions prompt: a string, a list of strings, a list of token ids or a list of those; suffix: with a
+                string prompt, the completion is infilled between prompt and suffix with max_tokens MASK
+                positions ([BOS] prompt [MASK]*max_tokens suffix [EOS], method.md 5.4)
+    chat        messages [{role, content}] (system / user / assistant), rendered with the checkpoint's chat
+                template and its generation prompt; chat_template_kwargs (e.g. {"enable_thinking": false})
+    infill      prefix, suffix, span (the diffusion endpoint; no streaming)
+
+Values: defaults = the server's (the checkpoint's decoding defaults, its preset and flags); temperature 0 is
+greedy; ``n`` > 1 decodes n jobs with seeds seed, seed + 1, ... A prompt with the MASK token (completions,
+chat) is refused: infilling goes through /v1/infill or ``suffix``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from setdiff_mega.decoding.base import GenerationConfig
+from setdiff_mega.errors import DataError, RequestError
+from setdiff_mega.inference.api import encode_request
+from setdiff_mega.inference.options import generation_config
+
+SHARED = {"model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options", "user",
+          "return_token_ids", "preset"}
+NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (None, 0, False),
+           "echo": (False,), "logit_bias": (None, {}), "best_of": (None,)}
+DIFFUSION = ("window", "tau", "commit_k", "block_size", "repetition_penalty", "length_penalty", "min_new_tokens",
+             "stop_at_eos", "fht_cache_order", "infill_full_context", "stop_regex", "stop_regex_count", "stop_repeat",
+             "stop_confidence", "stop_patience", "stop_entropy", "stop_entropy_window")
+OWN = {"completions": {"prompt", "suffix"}, "chat": {"messages", "chat_template_kwargs", "max_completion_tokens"},
+       "infill": {"prefix", "suffix", "span", "prompt"}}
+MAX_N = 16
+
+
+@dataclass
+class ServerDefaults:
+    """What the server applies before a request's own fields."""
+    objective: object                 # the checkpoint's objective config (decoding defaults, presets)
+    seq_length: int                   # the context L
+    base: GenerationConfig            # the server's flags over the checkpoint's defaults
+    max_tokens: int = 64              # when a request gives none
+    max_tokens_limit: int = 2048      # the largest max_tokens / span accepted
+    chat_template_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Parsed:
+    prompts: list                     # token ids per prompt
+    config: GenerationConfig
+    n: int
+    stream: bool
+    stops: tuple
+    include_usage: bool
+    return_token_ids: bool
+
+
+def _typed(name: str, value, default):
+    """``value`` checked against the type of the field's default (bool / int / float / str / None)."""
+    kind = bool if isinstance(default, bool) else type(default)
+    if name in ("stop_confidence", "stop_entropy", "stop_regex") and value is None:
+        return None
+    if name == "length_penalty":
+        if value is None:
+            return None
+        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)):
+            raise RequestError("'length_penalty' must be [start, factor] or null")
+        return (int(value[0]), float(value[1]))
+    if name in ("stop_confidence", "stop_entropy"):
+        kind = float
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and name == "stop_regex" and isinstance(value, str):
+        return value
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RequestError(f"'{name}' must be {'an integer' if kind is int else 'a ' + kind.__name__}, "
+                           f"got {value!r}"[:200])
+    return value
+
+
+def _check_fields(body: dict, endpoint: str) -> None:
+    known = SHARED | set(NEUTRAL) | set(DIFFUSION) | OWN[endpoint]
+    unknown = sorted(k for k in body if k not in known)
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r}; this endpoint takes: {', '.join(sorted(known))}")
+    for k, ok in NEUTRAL.items():
+        if k in body and body[k] not in ok and not (k == "best_of" and body[k] == body.get("n", 1)):
+            raise RequestError(f"'{k}' = {body[k]!r} is not supported (only {ok[0]!r}); leave it out")
+
+
+def _stops(value) -> tuple:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
+        raise RequestError("'stop' must be a non-empty string or a list of up to 16 non-empty strings")
+    return tuple(stops)
+
+
+def config_of(body: dict, d: ServerDefaults, max_tokens_key: str = "max_tokens") -> GenerationConfig:
+    """The request's GenerationConfig: server defaults -> preset -> the request's fields."""
+    base = d.base
+    if body.get("preset") is not None:
+        try:
+            base = generation_config(d.objective, d.seq_length, body["preset"], None, base)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+    over = {}
+    defaults = GenerationConfig()
+    for name in DIFFUSION + ("temperature", "top_p", "seed"):
+        if body.get(name) is not None or (name in body and name in ("stop_confidence", "stop_entropy",
+                                                                     "stop_regex", "length_penalty")):
+            over[name] = _typed(name, body[name], getattr(defaults, name))
+    mt = body.get(max_tokens_key, d.max_tokens)
+    if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1 or mt > d.max_tokens_limit:
+        raise RequestError(f"'{max_tokens_key}' must be an integer in [1, {d.max_tokens_limit}] (the server's "
+                           f"--max-tokens-limit), got {mt!r}"[:200])
+    over["max_new_tokens"] = mt
+    if "temperature" in over and over["temperature"] < 0:
+        raise RequestError(f"'temperature' must be >= 0, got {over['temperature']}")
+    try:
+        return replace(base, **over).validate()
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
+def _encode(tok, request, L: int, chat=None) -> list[int]:
+    ids = encode_request(tok, request, context=L, chat=chat)
+    if tok.mask in ids and not (isinstance(request, dict) and "span" in request):
+        raise RequestError(f"the prompt contains the MASK token {tok.token(tok.mask)!r}; infilling goes through "
+                           f"POST /v1/infill (prefix, suffix, span) or a completion's 'suffix'")
+    return ids
+
+
+def prompts_of(body: dict, tok, d: ServerDefaults, endpoint: str, chat=None) -> list[list[int]]:
+    """Token ids of the request's prompts (checked: type, context length, no MASK)."""
+    L = d.seq_length
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if chat is None:
+            raise RequestError("this checkpoint's tokenizer has no chat template (a model imported with one, or "
+                               "fine-tuned on conversations, keeps it): use POST /v1/completions")
+        try:
+            return [_encode(tok, {"messages": msgs}, L, chat)]
+        except DataError as e:
+            raise RequestError(str(e)) from None
+    if endpoint == "infill":
+        if "prompt" in body:
+            return [encode_request(tok, _str(body, "prompt"), context=L)]
+        span = body.get("span")
+        if not isinstance(span, int) or isinstance(span, bool) or not 1 <= span <= d.max_tokens_limit:
+            raise RequestError(f"'span' must be an integer in [1, {d.max_tokens_limit}], got {span!r}"[:200])
+        return [encode_request(tok, {"prefix": _str(body, "prefix"), "suffix": _str(body, "suffix"), "span": span},
+                               context=L)]
+    prompt = body.get("prompt")
+    items = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+    if len(items) > 64:
+        raise RequestError(f"at most 64 prompts per request, got {len(items)}")
+    out = []
+    for p in items:
+        if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            ids = encode_request(tok, {"input_ids": p}, context=L)
+            if tok.mask in ids:
+                raise RequestError("the prompt's token ids contain the MASK token; use POST /v1/infill")
+        elif isinstance(p, str):
+            if body.get("suffix") is not None:
+                ids = encode_request(tok, {"prefix": p, "suffix": _str(body, "suffix"),
+                                           "span": body.get("max_tokens", d.max_tokens)}, context=L)
+            else:
+                ids = _encode(tok, p, L)
+        else:
+            raise RequestError("'prompt' must be a string, a list of strings, a list of token ids or a list of those")
+        out.append(ids)
+    return out
+
+
+def _str(body: dict, key: str) -> str:
+    v = body.get(key, "")
+    if not isinstance(v, str):
+        raise RequestError(f"'{key}' must be a string")
+    return v
+
+
+def parse(body, endpoint: str, tok, d: ServerDefaults, chat=None) -> Parsed:
+    """A checked request (RequestError with one line otherwise)."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _check_fields(body, endpoint)
+    n = body.get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise RequestError(f"'n' must be an integer in [1, {MAX_N}], got {n!r}"[:200])
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) or (stream and endpoint == "infill"):
+        raise RequestError("'stream' must be true or false (and false for /v1/infill)")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict) or any(k != "include_usage" for k in opts):
+        raise RequestError("'stream_options' takes only include_usage")
+    key = "max_completion_tokens" if endpoint == "chat" and "max_completion_tokens" in body else "max_tokens"
+    config = config_of(body, d, key)
+    prompts = prompts_of(body, tok, d, endpoint, chat)
+    return Parsed(prompts, config, n, stream, _stops(body.get("stop")), bool(opts.get("include_usage")),
+                  bool(body.get("return_token_ids", False)))
+
+
+__all__ = ["ServerDefaults", "Parsed", "parse", "config_of", "prompts_of", "DIFFUSION"]
