@@ -19,12 +19,13 @@ with C_b the capacity of the row's own KV cache (0 for uncached calls, e.g. MDLM
                         (uncached: padding rows see themselves, so no softmax row is empty)
     logits = model(tokens, positions, keep, S)   [B, R, V];   call b gets logits[b, :T_b - s_b]
 
-Cached calls attend through a :class:`RowCaches` view: attention is computed per row against that row's own
-:class:`~setdiff_mega.decoding.cache.KVCache` (its ``attend`` on the row's columns of q, k, v and keep), so
-rows of different capacity and length coexist and joining or leaving never copies another row's cache;
-everything else (embeddings, projections, MLPs, the LM head) runs batched. Per row the arithmetic is the one
-of a batch-1 call, so a request decodes the same tokens whatever else is in the batch (up to the float
-rounding of batched matrix products).
+Cached calls attend through a :class:`RowCaches` view: each row's chunk K/V are written to the scratch of
+that row's own :class:`~setdiff_mega.decoding.cache.KVCache` (persisted by the row's sampler as usual), and
+attention is one batched SDPA over the rows' cache windows (stacked per layer, zero-padded to C: masked) and
+the fused chunk. Rows of different capacity and length coexist, and joining or leaving never copies or
+touches another row's cache. Per row the attention sees exactly the keys of a batch-1 call (padding keys are
+masked), so a request decodes the same tokens whatever else is in the batch (up to the float rounding of
+batched matrix products).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import threading
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -54,25 +56,34 @@ class Call:
 
 
 class RowCaches:
-    """The KV-cache interface of a fused forward: row b attends through its own cache (module docstring)."""
+    """The KV-cache interface of a fused forward (module docstring): every row's chunk K/V goes to the scratch
+    region of the row's own cache (its :meth:`~setdiff_mega.decoding.cache.KVCache.commit` persists them
+    later), and attention is one batched SDPA over ``[the rows' cache windows, zero-padded to C ; the fused
+    chunk]`` with the fused keep mask: one copy of each row's window per layer and step, no per-row attention."""
 
     static = False
 
-    def __init__(self, caches: list, columns: list[torch.Tensor], cache_columns: list[torch.Tensor]):
-        self.caches, self.columns, self.cache_columns = caches, columns, cache_columns
-        self._keeps = None           # per row: the keep slice of this forward (same for every layer)
+    def __init__(self, caches: list, columns: list[torch.Tensor], capacity: int):
+        self.caches, self.columns, self.capacity = caches, columns, capacity
 
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
         """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] (bool or additive) -> [B, h, T, d]."""
-        if layer == 0 or self._keeps is None:
-            self._keeps = [keep[b:b + 1, :, idx][..., torch.cat([cc, keep.shape[-1] - q.shape[2] + idx])]
-                           for b, (idx, cc) in enumerate(zip(self.columns, self.cache_columns))]
-        out = q.new_zeros(q.shape)
+        B, g, T, d = k.shape
+        K = k.new_zeros(B, g, self.capacity + T, d)
+        V = v.new_zeros(B, g, self.capacity + T, d)
+        K[:, :, self.capacity:] = k
+        V[:, :, self.capacity:] = v
         for b, (cache, idx) in enumerate(zip(self.caches, self.columns)):
-            out[b:b + 1, :, idx] = cache.attend(layer, q[b:b + 1, :, idx], k[b:b + 1, :, idx], v[b:b + 1, :, idx],
-                                                self._keeps[b], dropout_p=dropout_p, scale=scale,
-                                                enable_gqa=enable_gqa)
-        return out
+            if layer == 0:
+                cache.begin(idx.numel())
+            o, C = cache.offset, cache.capacity
+            n = idx.numel()
+            cache.k[layer, 0, :, o + C:o + C + n] = k[b, :, idx]
+            cache.v[layer, 0, :, o + C:o + C + n] = v[b, :, idx]
+            K[b, :, :C] = cache.k[layer, 0, :, o:o + C]
+            V[b, :, :C] = cache.v[layer, 0, :, o:o + C]
+        return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep, dropout_p=dropout_p,
+                                              scale=scale, enable_gqa=enable_gqa)
 
 
 def _columns(call: Call, S: int) -> torch.Tensor:
@@ -94,7 +105,7 @@ def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=dev)
     positions = torch.zeros(B, T, dtype=torch.long, device=dev)
     keep = torch.zeros(B, T, C + T, dtype=torch.bool, device=dev)
-    cols, cache_cols = [], []
+    cols = []
     for b, c in enumerate(calls):
         idx = _columns(c, S)
         cc = torch.arange(c.capacity, device=dev)
@@ -102,12 +113,11 @@ def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
         positions[b, idx] = c.positions[0]
         keep[b, idx[:, None], torch.cat([cc, C + idx])[None]] = c.keep[0]
         cols.append(idx)
-        cache_cols.append(cc)
     if not cached:
         keep |= torch.eye(T, dtype=torch.bool, device=dev)[None] & ~keep.any(-1, keepdim=True)
         out = model(tokens, positions, keep, S)
     else:
-        with model.use_cache(RowCaches([c.cache for c in calls], cols, cache_cols)):
+        with model.use_cache(RowCaches([c.cache for c in calls], cols, C)):
             out = model(tokens, positions, keep, S)
     return [out[b:b + 1, :c.width - c.start] for b, c in enumerate(calls)]
 
@@ -154,7 +164,8 @@ class StepHub:
     The scheduler registers a request (:meth:`register`, before starting its thread, so that the thread counts
     as computing from the start); the thread binds itself to it (:meth:`bind`), parks in :meth:`submit` until
     :meth:`release` hands it its logits (or :class:`Cancelled`), and leaves (:meth:`leave`).
-    :meth:`wait_parked` blocks the scheduler until every registered thread is parked; ``cond`` guards all.
+    :meth:`wait_parked` blocks the scheduler until every registered thread is parked. ``cond`` guards the
+    bookkeeping and wakes only the scheduler; each thread waits on an event of its own (no thundering herd).
     """
 
     def __init__(self):
@@ -164,10 +175,12 @@ class StepHub:
         self.parked: dict = {}            # key -> Call
         self.results: dict = {}           # key -> logits or an exception
         self.cancelled: set = set()
+        self.events: dict = {}            # key -> threading.Event (its result is ready)
 
     def register(self, key) -> None:
         """A request about to start (``cond`` held by the caller)."""
         self.busy.add(key)
+        self.events[key] = threading.Event()
 
     def bind(self, key) -> None:
         """The calling thread decodes request ``key``."""
@@ -178,7 +191,9 @@ class StepHub:
         with self.cond:
             self.busy.discard(key)
             self.parked.pop(key, None)
+            self.results.pop(key, None)
             self.cancelled.discard(key)
+            self.events.pop(key, None)
             self.cond.notify_all()
 
     def submit(self, call: Call):
@@ -186,24 +201,33 @@ class StepHub:
         with self.cond:
             if key in self.cancelled:
                 raise Cancelled()
+            event = self.events[key]
+            event.clear()
             self.busy.discard(key)
             self.parked[key] = call
-            self.cond.notify_all()
-            while key not in self.results:
-                self.cond.wait()
+            if not self.busy:
+                self.cond.notify_all()
+        event.wait()
+        with self.cond:
             out = self.results.pop(key)
         if isinstance(out, BaseException):
             raise out
         return out
 
+    def _wake(self, key, result) -> None:
+        self.results[key] = result
+        self.busy.add(key)
+        self.events[key].set()
+
     def cancel(self, key) -> None:
         """The request's thread raises :class:`Cancelled` at its next call (at once when parked)."""
         with self.cond:
+            if key not in self.events:
+                return
             self.cancelled.add(key)
             if key in self.parked:
                 del self.parked[key]
-                self.results[key] = Cancelled()
-                self.busy.add(key)
+                self._wake(key, Cancelled())
             self.cond.notify_all()
 
     def wait_parked(self, timeout: float | None = None) -> bool:
@@ -219,9 +243,9 @@ class StepHub:
         """Hand each parked key its logits (or exception); the keys count as computing until they park or
         leave again."""
         with self.cond:
-            self.results.update(results)
-            self.busy.update(results)
-            self.cond.notify_all()
+            for key, result in results.items():
+                if key in self.events:
+                    self._wake(key, result)
 
 
 __all__ = ["Call", "RowCaches", "fused_forward", "BatchedModel", "StepHub", "Cancelled"]

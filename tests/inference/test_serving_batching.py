@@ -1,0 +1,148 @@
+"""Step-level continuous batching (setdiff_mega/serving): fused forwards equal separate ones, and every sampler
+decodes the same tokens through the scheduler as alone, whatever joins or leaves the batch mid-decode."""
+import threading
+import time
+
+import pytest
+import torch
+
+from setdiff_mega.decoding.base import Canvas, GenerationConfig
+from setdiff_mega.decoding.cache import KVCache
+from setdiff_mega.inference.api import build_sampler
+from setdiff_mega.serving.fusion import Call, fused_forward
+from setdiff_mega.serving.job import Job
+from setdiff_mega.serving.scheduler import QueueFull, Scheduler
+
+MASK, PAD, EOS, BOS = 60, 59, 58, 57
+
+
+class Tok:
+    """What the scheduler and a job ask of a tokenizer (ids decode to letters)."""
+    mask, pad, eos, bos = MASK, PAD, EOS, BOS
+
+    def decode(self, ids):
+        return "".join(chr(65 + int(i) % 26) for i in ids)
+
+    def token(self, i):
+        return chr(65 + int(i) % 26)
+
+
+PROMPTS = [[BOS, 1, 2, 3, 4, 5], [BOS, 9], [BOS, 11, 12], [BOS, 1, 2, MASK, MASK, MASK, MASK, 7, 8, EOS],
+           [BOS, 20, 21, 22, 23, 24, 25, 26, 27], [BOS, 3, MASK, MASK, MASK, 4, EOS], [BOS, 30]]
+METHODS = [("setdlm", {"window": 4, "tau": 0.5}), ("setdlm", {"window": 2, "tau": 1.5}), ("ar", {}),
+           ("bd3lm", {"block_size": 4, "tau": 0.5}), ("mdlm", {"block_size": 4, "tau": 0.5})]
+
+
+def _alone(model, method, ids, cfg):
+    out = build_sampler(method, model, Tok(), cfg).generate(Canvas.from_prompts([ids], MASK, PAD, cfg.max_new_tokens))
+    return out.tokens[0]
+
+
+@torch.no_grad()
+def test_fused_forward_equals_each_call_alone(rand_model):
+    """Calls with caches of different lengths and chunks of different widths and logits starts."""
+    layers, groups, d = rand_model.cache_shape()
+    calls, alone = [], []
+    for b, (cached, T, start) in enumerate([(3, 5, 2), (0, 4, 4), (7, 2, 0)]):
+        cache = KVCache(layers, 1, groups, d, 16)
+        if cached:                                    # fill the cache with a causal prefill
+            tok = torch.randint(0, 57, (1, cached))
+            keep = torch.ones(1, cached, cached, dtype=torch.bool).tril()
+            with rand_model.use_cache(cache):
+                rand_model(tok, torch.arange(cached)[None], torch.cat([torch.zeros(1, cached, 16, dtype=torch.bool),
+                                                                       keep], -1), cached)
+            cache.commit(torch.tensor([cached]))
+        tok = torch.randint(0, 57, (1, T))
+        pos = cached + torch.arange(T)[None]
+        keep = torch.cat([cache.valid()[:, None, :].expand(1, T, 16), torch.ones(1, T, T, dtype=torch.bool).tril()], -1)
+        calls.append(Call(tok, pos, keep, start, cache))
+        with rand_model.use_cache(cache):
+            alone.append(rand_model(tok, pos, keep, start))
+        cache.discard()
+    fused = fused_forward(rand_model, calls, PAD)
+    for a, f in zip(alone, fused):
+        assert f.shape == a.shape
+        torch.testing.assert_close(f, a, atol=1e-5, rtol=1e-5)
+
+
+def _serve(model, method, cfgs, prompts, max_batch, stagger: float = 0.0):
+    sch = Scheduler(model, Tok(), method, max_batch=max_batch).start()
+    events = {}
+    lock = threading.Lock()
+
+    def emitter(i):
+        def emit(ev, payload):
+            with lock:
+                events.setdefault(i, []).append((ev, payload))
+        return emit
+    jobs = [Job(p, c, emitter(i), tokenizer=Tok()) for i, (p, c) in enumerate(zip(prompts, cfgs))]
+    try:
+        for j in jobs:                                # arrivals spread over the decode: joins mid-batch
+            sch.submit([j])
+            time.sleep(stagger)
+        deadline = time.monotonic() + 120
+        while not all(j.done for j in jobs):
+            assert time.monotonic() < deadline, "the scheduler got stuck"
+            time.sleep(0.005)
+    finally:
+        sch.close()
+    return jobs, events, sch
+
+
+@pytest.mark.parametrize("method,kw", METHODS)
+def test_every_sampler_decodes_the_same_tokens_in_a_continuous_batch(rand_model, method, kw):
+    """Different max_new_tokens make jobs leave at different steps; staggered arrivals make others join."""
+    cfgs = [GenerationConfig(max_new_tokens=6 + 3 * (i % 3), stop_at_eos=False, **kw) for i in range(len(PROMPTS))]
+    jobs, events, sch = _serve(rand_model, method, cfgs, PROMPTS, max_batch=3, stagger=0.003)
+    for i, (job, p, c) in enumerate(zip(jobs, PROMPTS, cfgs)):
+        done = [x for ev, x in events[i] if ev == "done"]
+        assert done, events[i]
+        assert done[0]["token_ids"] == _alone(rand_model, method, p, c), (method, i)
+        streamed = "".join(x for ev, x in events[i] if ev == "delta")
+        assert streamed == done[0]["text"] == Tok().decode(done[0]["token_ids"])
+    assert sch.steps < sum(len(_alone(rand_model, method, p, c)) + 1 for p, c in zip(PROMPTS, cfgs))
+
+
+def test_stop_string_ends_a_job_early_and_is_excluded(rand_model):
+    cfg = GenerationConfig(max_new_tokens=12, window=2, tau=1.5, stop_at_eos=False)
+    full = Tok().decode(_alone(rand_model, "setdlm", PROMPTS[0], cfg))
+    stop = full[5:7]
+    job = Job(PROMPTS[0], cfg, lambda *a: None, stops=(stop,), tokenizer=Tok())
+    sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=2).start()
+    try:
+        sch.submit([job])
+        while not job.done:
+            time.sleep(0.005)
+    finally:
+        sch.close()
+    assert job.reason == "stop" and job.text == full[:full.index(stop)]
+    assert stop not in job.text
+
+
+def test_cancel_queue_full_and_a_failing_job_leave_the_others_intact(rand_model):
+    cfg = GenerationConfig(max_new_tokens=40, window=2, tau=1.5, stop_at_eos=False)
+    sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=2, max_queue=3).start()
+    try:
+        long = Job(PROMPTS[1], cfg, lambda *a: None, tokenizer=Tok())
+        bad = Job([BOS, *range(1, 12)], GenerationConfig(max_new_tokens=4, context_length=4), lambda *a: None,
+                  tokenizer=Tok())            # a prompt longer than its context: the job fails alone
+        errors = []
+        bad.emit = lambda ev, payload: errors.append(payload) if ev == "error" else None
+        ok = Job(PROMPTS[2], GenerationConfig(max_new_tokens=6, stop_at_eos=False), lambda *a: None, tokenizer=Tok())
+        sch.submit([long, bad, ok])
+        with pytest.raises(QueueFull):
+            sch.submit([Job(PROMPTS[0], cfg, lambda *a: None, tokenizer=Tok()) for _ in range(2)])
+        while not long.tokens:
+            time.sleep(0.002)
+        sch.cancel(long)
+        deadline = time.monotonic() + 60
+        while not (long.done and bad.done and ok.done):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert long.reason == "cancelled" and len(long.tokens) < 40
+        assert errors and errors[0][0] == 400 and "context" in errors[0][1]
+        assert ok.tokens == _alone(rand_model, "setdlm", PROMPTS[2], ok.config)
+        time.sleep(0.1)
+        assert sch.idle
+    finally:
+        sch.close()

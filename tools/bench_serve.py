@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+"""Benchmark the server: sequential (one request at a time, the baseline), concurrent clients (closed loop)
+and Poisson arrivals (open loop) over one workload of embedded-task prompts, in one run
+(setdiff_mega/serving/bench.py).
+
+    python tools/bench_serve.py --checkpoint runs/tiny_cpu --clients 8 --requests 32 --max-tokens 64
+    python tools/bench_serve.py --url http://127.0.0.1:8000 --clients 8     # a server already running
+
+Prints throughput (tokens/s, requests/s), p50 / p99 latency and time to first token per phase, and the ratio
+of concurrent to sequential throughput; --json writes the rows.
+"""
+import argparse
+import asyncio
+import json
+import sys
+
+from tqdm import tqdm
+
+from setdiff_mega.cli import run_cli
+from setdiff_mega.outputs import check_output_file, write_file_atomic
+from setdiff_mega.serving.bench import run_phases, start_server, table, workload
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="start tools/serve.py on this checkpoint (a free loopback port)")
+    src.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--clients", type=int, default=8,
+                   help="concurrent closed-loop clients (the started server's --max-batch)")
+    p.add_argument("--requests", type=int, default=32, help="requests per phase")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rate", default="auto", help="Poisson arrivals per second; 'auto': 0.75 x the concurrent "
+                   "phase's requests/s; 0: skip the phase")
+    p.add_argument("--tasks", default="data/embedded/tasks")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="the started server's torch threads")
+    p.add_argument("--json", help="write the phases' rows here")
+    p.add_argument("--overwrite", action="store_true")
+    args = p.parse_args(argv)
+    if args.clients < 1 or args.requests < 1 or args.max_tokens < 1:
+        raise ValueError("--clients, --requests and --max-tokens must be >= 1")
+    if args.json:
+        check_output_file(args.json, [args.checkpoint], flag="--json", overwrite=args.overwrite)
+    bodies = [{"prompt": q, "max_tokens": args.max_tokens, "temperature": 0, "stop_at_eos": False, "stream": True,
+               "stream_options": {"include_usage": True}} for q in workload(args.tasks, args.requests)]
+    proc = None
+    if args.checkpoint:
+        extra = ["--threads", str(args.threads)] if args.threads else []
+        proc, url = start_server(args.checkpoint, args.clients, extra)
+    else:
+        url = args.url.rstrip("/")
+    bars: dict = {}
+
+    def progress(phase, done, total):
+        bar = bars.get(phase) or bars.setdefault(phase, tqdm(total=total, desc=phase, unit="req", file=sys.stderr))
+        bar.update(done - bar.n)
+    try:
+        rate = None if args.rate == "auto" else float(args.rate)
+        rows = asyncio.run(run_phases(url, bodies, args.clients, rate, args.seed, progress))
+        if args.rate == "auto":
+            auto = 0.75 * rows[1]["requests_per_s"]
+            rows += asyncio.run(run_phases(url, bodies, args.clients, auto, args.seed, progress))[2:]
+    finally:
+        for bar in bars.values():
+            bar.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(table(rows))
+    ratio = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    print(f"concurrent x{args.clients} / sequential throughput: {ratio:.2f}x")
+    if args.json:
+        write_file_atomic(args.json, json.dumps({"rows": rows, "ratio": ratio, "clients": args.clients,
+                                                 "requests": args.requests, "max_tokens": args.max_tokens}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
