@@ -55,13 +55,14 @@ async def one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     ttft, tokens = None, 0
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
-            raise RuntimeError(f"the server answered {r.status_code}: {(await r.aread()).decode()[:300]}")
+            raise ValueError(f"the server answered {r.status_code}: {(await r.aread()).decode()[:300]} (prompts from "
+                             f"--tasks must fit the model's context)")
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
-                raise RuntimeError(f"the server reported: {chunk['error']['message']}")
+                raise ValueError(f"the server reported: {chunk['error']['message']}")
             if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
                 ttft = time.perf_counter() - t0
             if chunk.get("usage"):
@@ -126,7 +127,7 @@ def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[sub
             break
     if url is None:
         proc.kill()
-        raise RuntimeError(f"the server did not start: {line.strip() if 'line' in locals() else 'no output'}")
+        raise ValueError(f"the server did not start: {line.strip() if 'line' in locals() else 'no output'}")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -135,7 +136,7 @@ def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[sub
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("the server did not answer /health within 120 s")
+    raise ValueError("the server did not answer /health within 120 s")
 
 
 def table(rows: list[dict]) -> str:

@@ -139,6 +139,7 @@ class Scheduler:
                 if not self.hub.wait_parked(timeout=0.05):
                     continue
                 self._retire()
+                self._gauge()
                 calls = self.hub.take()
                 if not calls:
                     if not self.running:

@@ -1,0 +1,207 @@
+"""The OpenAI-compatible server end to end: the official ``openai`` client and raw concurrent HTTP against a
+server on loopback (greedy answers equal batch-1 decoding of the same requests, whatever else is in the
+batch), abuse (bad bodies, 1,000 requests at once, clients that vanish mid-stream) and a bounded soak."""
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import replace
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from setdiff_mega.data.chat import ChatRenderer
+from setdiff_mega.inference import generate
+
+from .conftest import run_here
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def server(trained_run, mcore):
+    from setdiff_mega.serve import build, parse_args, serve
+
+    save, _ = trained_run
+    args = parse_args(["--checkpoint", str(save), "--port", "0", "--max-batch", "4", "--max-queue", "64",
+                       "--max-new-tokens", "12", "--request-timeout", "120", "--served-model-name", "tiny"])
+    srv, sch = build(args)
+    srv.tok.chat_template = TEMPLATE            # a chat template, as an imported or fine-tuned model has
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    box = {}
+    t = threading.Thread(target=serve, args=(srv, sch, sock), kwargs={"announce": lambda w: box.update(web=w)},
+                         daemon=True)
+    t.start()
+    for _ in range(200):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield srv, sch, url
+    box["web"].should_exit = True
+    t.join(timeout=30)
+
+
+def _reference(srv, sch, prompts, chat=None, **over):
+    cfg = replace(srv.defaults.base, record=True, **over)
+    out = generate(sch.model, srv.tok, sch.method, prompts, cfg, context=srv.defaults.seq_length, batch_size=1,
+                   chat=chat)
+    return [r["tokens"] for r in out]
+
+
+def _ids(choice):
+    return (choice.model_extra or {}).get("token_ids")
+
+
+def test_openai_client_completions_chat_and_streams_equal_batch_one_decoding(server):
+    srv, sch, url = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    prompts = ["Question: Tom has 3 apples", "Once upon a time"]
+    ref = _reference(srv, sch, prompts, max_new_tokens=10)
+    r = client.completions.create(model="tiny", prompt=prompts, max_tokens=10, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    assert [_ids(c) for c in sorted(r.choices, key=lambda c: c.index)] == ref
+    assert r.usage.completion_tokens == sum(len(x) for x in ref)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=prompts[0], max_tokens=10, temperature=0, stream=True) if c.choices)
+    assert streamed == r.choices[0].text if r.choices[0].index == 0 else r.choices[1].text
+    chat = ChatRenderer.of(srv.tok)
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    ref_chat = _reference(srv, sch, [{"messages": msgs}], chat=chat, max_new_tokens=8)
+    c = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0,
+                                       extra_body={"return_token_ids": True})
+    assert _ids(c.choices[0]) == ref_chat[0]
+    parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=8, temperature=0, stream=True) if ch.choices]
+    assert "".join(parts) == c.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="unknown field"):
+        client.completions.create(model="tiny", prompt="x", extra_body={"bogus": 1})
+    with pytest.raises(openai.NotFoundError, match="not served"):
+        client.completions.create(model="gpt-5", prompt="x")
+
+
+def test_concurrent_requests_joining_and_leaving_equal_batch_one(server):
+    srv, sch, url = server
+    prompts = [f"Question: {a} + {a + 1} =" for a in range(10)]
+    lengths = [3 + 2 * (i % 4) for i in range(10)]        # jobs leave the batch at different steps
+    got = [None] * 10
+
+    def post(i):
+        time.sleep(0.01 * i)                                # and join while others decode
+        r = httpx.post(url + "/v1/completions", json={"prompt": prompts[i], "max_tokens": lengths[i],
+                                                      "return_token_ids": True}, timeout=60)
+        got[i] = r.json()["choices"][0]["token_ids"]
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(10):
+        assert got[i] == _reference(srv, sch, [prompts[i]], max_new_tokens=lengths[i])[0], i
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ("{not json", 400, "not valid JSON"),
+    ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 10 ** 9}, 400, "max-tokens-limit"),
+    ({"prompt": "x", "frobnicate": True}, 400, "unknown field 'frobnicate'"),
+    ({"prompt": "word " * 200}, 400, "longer than the model's context"),
+    ({"prompt": "a <|mask|> b"}, 400, "MASK token"),
+    ('{"prompt": "x", "temperature": NaN}', 400, "NaN"),
+    ({"prompt": "x", "n": 0}, 400, "'n'"),
+    ({"prompt": 5}, 400, "'prompt'"),
+    ({"prompt": "x", "logprobs": 5}, 400, "not supported"),
+    ([1, 2], 400, "JSON object"),
+])
+def test_bad_requests_get_one_clear_4xx(server, body, status, message):
+    _, _, url = server
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(url + "/v1/completions", content=content, timeout=30)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]
+
+
+def _ok(url):
+    r = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 4}, timeout=60)
+    return r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def _metric(url, name):
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_thousand_requests_at_once_and_vanishing_clients(server):
+    srv, sch, url = server
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as c:
+            rs = await asyncio.gather(*(c.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2})
+                                        for _ in range(1000)), return_exceptions=True)
+        return [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in rs]
+    codes = asyncio.run(burst())
+    assert set(codes) <= {200, 429}, set(codes)
+    assert codes.count(200) >= 64 and codes.count(429) > 0
+    cancelled = _metric(url, 'setdiff_jobs_total{reason="cancelled"}')
+    for _ in range(3):                                   # a client that reads one event and hangs up
+        with httpx.stream("POST", url + "/v1/completions", json={"prompt": "Once", "max_tokens": 200,
+                                                               "stop_at_eos": False, "stream": True}) as r:
+            next(r.iter_lines())
+    deadline = time.monotonic() + 30
+    while _metric(url, 'setdiff_jobs_total{reason="cancelled"}') < cancelled + 3 or not sch.idle:
+        assert time.monotonic() < deadline, "a disconnected stream's job kept decoding"
+        time.sleep(0.05)
+    assert _ok(url)
+
+
+def test_bounded_soak_keeps_answering_with_flat_memory(server):
+    srv, sch, url = server
+    proc = psutil.Process()
+
+    async def wave(n):
+        async with httpx.AsyncClient(timeout=120) as c:
+            sem = asyncio.Semaphore(8)
+
+            async def one(i):
+                async with sem:
+                    body = {"prompt": f"Question: {i} +", "max_tokens": 1 + i % 6, "stream": i % 2 == 0}
+                    r = await c.post(url + "/v1/completions", json=body)
+                    assert r.status_code == 200
+            await asyncio.gather(*(one(i) for i in range(n)))
+    asyncio.run(wave(60))                                 # warm-up: allocator pools, caches
+    before = proc.memory_info().rss
+    asyncio.run(wave(240))
+    growth = (proc.memory_info().rss - before) / 2 ** 20
+    assert growth < 40, f"resident memory grew by {growth:.1f} MiB over 240 requests"
+    assert _ok(url)
+    deadline = time.monotonic() + 10                      # the last job leaves the batch after answering
+    while not (sch.idle and _metric(url, "setdiff_running") == 0 and _metric(url, "setdiff_queue_length") == 0):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_bench_serve_cli_starts_a_server_and_reports_the_ratio(trained_run, tmp_path):
+    save, _ = trained_run
+    tasks = tmp_path / "tasks"                  # prompts that fit the tiny model's context of 32 tokens
+    tasks.mkdir()
+    (tasks / "math.jsonl").write_text(json.dumps({"question": "2 + 3?", "answer": "5"}) + "\n")
+    (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
+    out = tmp_path / "bench.json"
+    r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--clients", "2", "--requests", "4",
+                  "--max-tokens", "4", "--tasks", tasks, "--json", out])
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["phase"] for x in rows][:2] == ["sequential", "concurrent x2"] and len(rows) == 3
+    assert all(x["tokens"] == 16 and x["latency_p99_s"] >= x["latency_p50_s"] > 0 for x in rows)
+    assert "throughput" in r.stdout
