@@ -71,7 +71,8 @@ def build(args):
                               max_tokens=base.max_new_tokens, max_tokens_limit=args.max_tokens_limit,
                               chat_template_kwargs=kwargs)
     metrics = Metrics()
-    scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, max_queue=args.max_queue, metrics=metrics)
+    scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, max_queue=args.max_queue, metrics=metrics,
+                          width=L + args.max_tokens_limit)
     name = args.served_model_name or Path(os.path.abspath(args.checkpoint)).name
     server = Server(scheduler, tok, defaults, name, metrics, timeout=args.request_timeout or None)
     return server, scheduler

@@ -132,6 +132,14 @@ class Canvas:
         return tuple(self.tokens.shape)
 
     @staticmethod
+    def empty(batch: int, width: int, pad_id: int, device="cpu") -> "Canvas":
+        """``batch`` rows of ``width`` positions holding no request (every row finished; a session admits into
+        them)."""
+        z = torch.zeros(batch, width, dtype=torch.bool, device=device)
+        return Canvas(torch.full((batch, width), pad_id, dtype=torch.long, device=device), z, z.clone(),
+                      torch.zeros(batch, dtype=torch.bool, device=device))
+
+    @staticmethod
     def from_prompts(prompts: list[list[int]], mask_id: int, pad_id: int, max_new_tokens: int,
                      device="cpu") -> "Canvas":
         rows, gens, infill = [], [], []
@@ -251,6 +259,23 @@ class DecodeState:
         self.commit_step = torch.full((B, N), -1, dtype=torch.long, device=dev) if cfg.record else None
         self.observer = observer
 
+    def reset_row(self, b: int) -> None:
+        """Row ``b`` of the canvas was rewritten with a new request (continuous batching): its state starts
+        again; the other rows are untouched."""
+        cv = self.canvas
+        self.tokens[b] = cv.tokens[b]
+        self.masked[b] = cv.generate[b]
+        self.conf[b] = torch.where(cv.generate[b], torch.full_like(self.conf[b], float("nan")),
+                                   torch.ones_like(self.conf[b]))
+        self.done[b] = not bool(cv.generate[b].any())
+        self.end[b] = -1
+        self.steps[b] = 0
+        self.committed[b] = 0
+        self.eos_ok[b] = eos_positions(cv.generate[b:b + 1], self.cfg.min_new_tokens)[0]
+        if self.commit_step is not None:
+            self.commit_step[b] = -1
+        self.criteria.reset_row(b)
+
     def live(self) -> torch.Tensor:
         """[B, N] masked positions of rows still decoding."""
         return self.masked & ~self.done[:, None]
@@ -296,6 +321,17 @@ class DecodeState:
             skip = self.done if rows is None else self.done | ~rows
             fired, end = self.criteria(self.tokens, self.masked, self.conf, skip, limit)
             self.stop(fired, end)
+
+    def output_row(self, b: int, nfe: int = 0) -> "GenerationOutput":
+        """Row ``b``'s output alone (a finished request of a continuous batch)."""
+        r = slice(b, b + 1)
+        cv = self.canvas
+        row = Canvas(cv.tokens[r], cv.generate[r], cv.valid[r], cv.infill[r])
+        out = collect(row, self.tokens[r], self.masked[r], self.end[r], nfe, self.steps[r], self.committed[r], [])
+        if self.cfg.record:
+            out.commit_steps = generated(row, self.masked[r], self.end[r], self.commit_step[r])
+            out.confidences = generated(row, self.masked[r], self.end[r], self.conf[r])
+        return out
 
     def output(self, nfe: int, evicted: int = 0) -> "GenerationOutput":
         out = collect(self.canvas, self.tokens, self.masked, self.end, nfe, self.steps, self.committed,

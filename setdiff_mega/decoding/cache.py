@@ -60,6 +60,10 @@ class KVCache:
             self.k, self.v = k, v
         self.offset = 0
 
+    def reset_row(self, b: int) -> None:
+        """Row ``b`` starts a new request: its window is empty (the other rows' entries do not move)."""
+        self.length[b] = 0
+
     def valid(self) -> torch.Tensor:
         """[B, C] bool: window slots holding a committed token."""
         return torch.arange(self.capacity, device=self.length.device)[None] < self.length[:, None]

@@ -74,6 +74,11 @@ class Ledger:
         """[B, N] bool: inserted tokens still in the cache."""
         return self.inserted() & (self.gone == ALIVE)
 
+    def reset_row(self, b: int) -> None:
+        """Row ``b`` starts a new request: nothing inserted (the bound on cached counts stays an upper bound)."""
+        self.n[b] = 0
+        self.gone[b] = ALIVE
+
     def evict_for(self, chunk: torch.Tensor, forward: int, width: int | None = None) -> torch.Tensor | None:
         """Make room for ``chunk`` [B] new tokens (at most ``width``) before ``forward``; returns the
         KV-cache keep mask [B, N] over cache slots (None when nothing is evicted)."""

@@ -57,6 +57,12 @@ class ChunkRunner:
         self._pending = None
         self._layouts: dict = {}
 
+    def reset_row(self, b: int) -> None:
+        """Row ``b`` starts a new request (continuous batching): its history and cache entries are gone."""
+        self.ledger.reset_row(b)
+        if self.cache is not None:
+            self.cache.reset_row(b)
+
     def _chunk(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask):
         B, P = pend_idx.shape
         A = q_idx.shape[1]

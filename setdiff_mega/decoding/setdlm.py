@@ -113,53 +113,129 @@ class SetDLMSampler:
         order = torch.where(ok, key, torch.full_like(key, float("inf"))).sort(dim=1, stable=True).indices
         return idx.gather(1, order), ok.gather(1, order)
 
+    def session(self, canvas: Canvas) -> "SetDLMSession":
+        """A decode of ``canvas`` whose rows may be replaced by new requests between steps (:class:`SetDLMSession`)."""
+        return SetDLMSession(self, canvas)
+
     @torch.no_grad()
     def generate(self, canvas: Canvas):
-        cfg = self.cfg
-        st = DecodeState(canvas, cfg, self.eos_id, self.mask_id, self.tokenizer, self.observer)
-        runner, fht = self._setup(canvas, st)
-        choose = LogitsPipeline(cfg, self.mask_id, self.eos_id)
-        visible = canvas.valid & ~st.masked
-        prefill = visible if cfg.infill_full_context else visible & (st.pos[None] < first_true(st.masked)[:, None])
-        waiting = visible & ~prefill                     # prefix-only infill: the suffix, not cached yet
-        has_waiting = bool(waiting.any())
-        pend_idx, pend_ok, _ = pack(prefill)
-        shifted = PredecessorRows() if getattr(self.model, "shift_logits", False) else None
-        rows = "queries" if shifted is None else "all"
-        if pend_idx.shape[1]:
-            out = runner.run(pend_idx, pend_ok, pend_idx[:, :0], pend_ok[:, :0], logits_rows=rows)
-            runner.persist()
-            if shifted is not None:
-                shifted.add(pend_idx, pend_ok, out, st.masked)
-        pend_idx, pend_ok = pend_idx[:, :0], pend_ok[:, :0]
-        step = 0
-        while True:
-            live = st.live()
-            if not live.any():
-                break
-            f = first_true(live)
-            active = live & (st.pos[None] < (f + cfg.window)[:, None])
-            q_idx, q_ok, _ = pack(active)
-            logits = runner.run(pend_idx, pend_ok, q_idx, q_ok, logits_rows=rows)
-            runner.persist()
-            if shifted is not None:
-                P = pend_idx.shape[1]
-                shifted.add(pend_idx, pend_ok, logits[:, :P], st.masked)
-                logits = shifted.lookup(q_idx, logits[:, P:])
-            x, conf = choose(logits, q_idx, st)
-            sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active, conf)
-            if has_waiting:                              # l2r promotion of uncached context
-                reach = torch.where(sel, st.pos[None], torch.full_like(st.pos[None], -1)).max(1).values
-                promote = waiting & (st.pos[None] <= reach[:, None])
-                waiting &= ~promote
-                sel = sel | promote
-                has_waiting = bool(waiting.any())
-            pend_idx, pend_ok = self._order(sel, fht)
-            st.end_step()
-            if st.criteria.enabled and step > 0 and step % cfg.window == 0:
-                st.check_stops(first_true(st.masked) + cfg.window)
-            step += 1
-        return st.output(runner.nfe, runner.evicted)
+        session = self.session(canvas)
+        while session.step():
+            pass
+        return session.st.output(session.runner.nfe, session.runner.evicted)
 
 
-__all__ = ["SetDLMSampler", "context_budget", "first_hitting_times", "row_seed"]
+class SetDLMSession:
+    """One batched SetDLM decode, step by step (the module docstring's loop), over rows that requests may join
+    and leave between steps: :meth:`admit` rewrites a finished row of the canvas with a new request and resets
+    that row's state (decode state, stopping counters, ledger, KV-cache window, FHT times, kept predecessor
+    rows) without touching the others. A row's first step after it joined is its prefill (its visible tokens
+    as pending, no queries), fused with the other rows' decode steps; its stopping criteria follow its own
+    step count. :meth:`SetDLMSampler.generate` is a session whose rows all join before the first step, so
+    both give the same tokens per row."""
+
+    def __init__(self, sampler: SetDLMSampler, canvas: Canvas):
+        self.sampler, self.cfg, self.canvas = sampler, sampler.cfg, canvas
+        st = self.st = DecodeState(canvas, self.cfg, sampler.eos_id, sampler.mask_id, sampler.tokenizer,
+                                   sampler.observer)
+        self.runner, self.fht = sampler._setup(canvas, st)
+        self.choose = LogitsPipeline(self.cfg, sampler.mask_id, sampler.eos_id)
+        self.shifted = PredecessorRows() if getattr(sampler.model, "shift_logits", False) else None
+        self.rows = "queries" if self.shifted is None else "all"
+        B, N = st.tokens.shape
+        self.prefill = torch.zeros(B, N, dtype=torch.bool, device=st.tokens.device)
+        self.waiting = torch.zeros_like(self.prefill)   # prefix-only infill: the suffix, not cached yet
+        self.pending = torch.zeros_like(self.prefill)   # committed at the last step, cached at the next
+        self.row_step = torch.zeros(B, dtype=torch.long, device=st.tokens.device)
+        self._prefill_rows(torch.ones(B, dtype=torch.bool, device=st.tokens.device))
+
+    def _prefill_rows(self, rows: torch.Tensor) -> None:
+        st, cv = self.st, self.canvas
+        visible = cv.valid & ~st.masked & rows[:, None]
+        prefill = visible if self.cfg.infill_full_context else \
+            visible & (st.pos[None] < first_true(st.masked)[:, None])
+        self.prefill |= prefill
+        self.waiting |= visible & ~prefill
+
+    def admit(self, b: int, ids: list[int], max_new_tokens: int) -> None:
+        """Row ``b`` (finished) decodes request ``ids`` from the next step on (see the class docstring)."""
+        s, cv, st = self.sampler, self.canvas, self.st
+        row = Canvas.from_prompts([ids], s.mask_id, s.pad_id, max_new_tokens, device=cv.tokens.device)
+        n, N = row.tokens.shape[1], cv.tokens.shape[1]
+        if n > N:
+            raise ValueError(f"a request of {n} positions does not fit the session's width of {N}")
+        cv.tokens[b], cv.generate[b], cv.valid[b] = s.pad_id, False, False
+        cv.tokens[b, :n], cv.generate[b, :n], cv.valid[b, :n] = row.tokens[0], row.generate[0], row.valid[0]
+        cv.infill[b] = row.infill[0]
+        st.reset_row(b)
+        self.runner.reset_row(b)
+        if self.fht is not None:
+            self.fht[b] = float("-inf")
+            self.fht[b, :n] = first_hitting_times(row, self.cfg, context_budget(s.model, self.cfg), s.order_prior)[0]
+            self.runner.ledger.by_position[b] = not bool(row.infill[0])
+        if self.shifted is not None:
+            self.shifted.reset_row(b)
+        for t in (self.prefill, self.waiting, self.pending):
+            t[b] = False
+        self.row_step[b] = 0
+        self._prefill_rows(torch.arange(cv.tokens.shape[0], device=cv.tokens.device) == b)
+
+    def retire(self, b: int) -> None:
+        """Row ``b`` stops decoding now (a cancelled request); its slot may be admitted again."""
+        self.st.done[b] = True
+        for t in (self.prefill, self.waiting, self.pending):
+            t[b] = False
+
+    def _pending(self):
+        """The step's pending tokens: the rows' last commits in cache-write order, or a joining row's prefill."""
+        pend_idx, pend_ok = self.sampler._order(self.pending, self.fht)
+        rows = self.prefill.any(1)
+        if not bool(rows.any()):
+            return pend_idx, pend_ok, rows
+        pre_idx, pre_ok, _ = pack(self.prefill)
+        M = max(pend_idx.shape[1], pre_idx.shape[1])
+        pad = lambda t, v: torch.cat([t, t.new_full((t.shape[0], M - t.shape[1]), v)], 1)   # noqa: E731
+        idx = torch.where(rows[:, None], pad(pre_idx, 0), pad(pend_idx, 0))
+        ok = torch.where(rows[:, None], pad(pre_ok, False), pad(pend_ok, False))
+        return idx, ok, rows
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """One forward for every live row (a joining row: its prefill); False when no row has work left."""
+        st, cfg, runner = self.st, self.cfg, self.runner
+        pend_idx, pend_ok, joining = self._pending()
+        live = st.live() & ~joining[:, None]
+        if not bool(live.any()) and not bool(joining.any()):
+            return False                                 # the last step's commits are never cached
+        f = first_true(live)
+        active = live & (st.pos[None] < (f + cfg.window)[:, None])
+        q_idx, q_ok, _ = pack(active)
+        logits = runner.run(pend_idx, pend_ok, q_idx, q_ok, logits_rows=self.rows)
+        runner.persist()
+        self.prefill &= ~joining[:, None]
+        self.pending.zero_()
+        if self.shifted is not None:
+            P = pend_idx.shape[1]
+            self.shifted.add(pend_idx, pend_ok, logits[:, :P], st.masked)
+            logits = self.shifted.lookup(q_idx, logits[:, P:])
+        if q_idx.shape[1] == 0:                          # prefills only: nothing to commit
+            return True
+        x, conf = self.choose(logits, q_idx, st)
+        sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active, conf)
+        if bool(self.waiting.any()):                     # l2r promotion of uncached context
+            reach = torch.where(sel, st.pos[None], torch.full_like(st.pos[None], -1)).max(1).values
+            promote = self.waiting & (st.pos[None] <= reach[:, None])
+            self.waiting &= ~promote
+            sel = sel | promote
+        self.pending |= sel
+        st.end_step()
+        stepped = live.any(1)
+        if st.criteria.enabled:
+            due = stepped & (self.row_step > 0) & (self.row_step % cfg.window == 0)
+            if bool(due.any()):
+                st.check_stops(first_true(st.masked) + cfg.window, rows=due)
+        self.row_step += stepped.long()
+        return True
+
+
+__all__ = ["SetDLMSampler", "SetDLMSession", "context_budget", "first_hitting_times", "row_seed"]

@@ -46,6 +46,11 @@ class PredecessorRows:
         self.pos = torch.where(col_ok, pos.gather(1, col), torch.full_like(col, EMPTY))
         self.val = val.gather(1, col[..., None].expand(*col.shape, val.shape[-1]))
 
+    def reset_row(self, b: int) -> None:
+        """Row ``b`` starts a new request: its kept rows go."""
+        if self.pos is not None:
+            self.pos[b] = EMPTY
+
     def lookup(self, q_idx: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
         """Queries at ``q_idx`` [B, A] with their own rows ``own`` [B, A, V] -> the rows they read."""
         if self.pos is None or self.pos.shape[1] == 0:

@@ -56,6 +56,14 @@ class StopCriteria:
         self.seen = torch.zeros(B, dtype=torch.long, device=dev)
         self.checked = torch.zeros(B, N, dtype=torch.bool, device=dev)
 
+    def reset_row(self, b: int) -> None:
+        """Row ``b`` holds a new request (the canvas row was rewritten): its counters start again."""
+        N = self.pos.shape[0]
+        self.start[b] = torch.where(self.canvas.generate[b], self.pos, torch.full_like(self.pos, N)).min()
+        self.strikes[b] = 0
+        self.seen[b] = 0
+        self.checked[b] = False
+
     def __call__(self, tokens, masked, conf, done, limit) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (fired [B], end [B]) for rows not done and not infilling."""
         cv = self.canvas

@@ -1,29 +1,29 @@
-"""Step-level batching of the samplers' model calls: many requests' forwards fused into one.
+"""Step-level batching of the samplers' model calls: every decoding thread's forward fused into one.
 
-Every running request decodes with its objective's own sampler (SetDLM, AR, BD3LM, MDLM; unchanged) in its
-own thread, against a :class:`BatchedModel`, which honours the samplers' model protocol
-(``cache_shape``, ``use_cache``, ``model(tok, pos, keep, start)``, ``training_length``, ``shift_logits``). A
-call parks the thread (:meth:`StepHub.submit`); the scheduler, once every running request is parked or
-finished, fuses the parked calls into one forward of the real model (:func:`fused_forward`) and hands each
-call its rows. A request joins the batch with its first call (its prefill, fused with the others' decode
-steps) and leaves it when its sampler returns: between any two steps.
+Decoding threads (:mod:`.workers`: a session of several jobs' rows, or one job's sampler; samplers unchanged)
+run against a :class:`BatchedModel`, which honours the samplers' model protocol (``cache_shape``,
+``use_cache``, ``model(tok, pos, keep, start)``, ``training_length``, ``shift_logits``). A call parks the
+thread (:meth:`StepHub.submit`); the scheduler, once every thread is parked or finished, fuses the parked
+calls into one forward of the real model (:func:`fused_forward`) and hands each call its rows.
 
-Fusion of calls c_b = (tok [1, T_b], pos [1, T_b], keep [1, T_b, C_b + T_b] bool, start s_b, cache_b),
-with C_b the capacity of the row's own KV cache (0 for uncached calls, e.g. MDLM):
+Fusion of calls c_i = (tok [b_i, T_i], pos [b_i, T_i], keep [b_i, T_i, C_i + T_i] bool, start s_i, cache_i),
+with C_i the capacity of the caller's own KV cache (0 for uncached calls, e.g. MDLM); a single call runs as
+it is. Otherwise:
 
-    S = max_b s_b,  R = max_b (T_b - s_b),  T = S + R,  C = max_b C_b
-    row b's chunk entries go to columns idx_b = [0, s_b) U [S, S + T_b - s_b)   (logits rows aligned at S)
+    S = max_i s_i,  R = max_i (T_i - s_i),  T = S + R,  C = max_i C_i,  B = sum_i b_i
+    call i's chunk columns go to idx_i = [0, s_i) U [S, S + T_i - s_i) of its b_i fused rows
+                                                            (the logits rows aligned at S)
     tokens [B, T] (PAD elsewhere), positions [B, T] (0 elsewhere)
-    keep [B, T, C + T]: keep_b[r, i] at [idx_b[r], i] for cache slots i < C_b and
-                        keep_b[r, C_b + j] at [idx_b[r], C + idx_b[j]] for chunk columns; False elsewhere
+    keep [B, T, C + T]: keep_i[r, j] at [idx_i[r], j] for cache slots j < C_i and
+                        keep_i[r, C_i + j] at [idx_i[r], C + idx_i[j]] for chunk columns; False elsewhere
                         (uncached: padding rows see themselves, so no softmax row is empty)
-    logits = model(tokens, positions, keep, S)   [B, R, V];   call b gets logits[b, :T_b - s_b]
+    logits = model(tokens, positions, keep, S)   [B, R, V];   call i gets its rows' logits[:, :T_i - s_i]
 
-Cached calls attend through a :class:`RowCaches` view: each row's chunk K/V are written to the scratch of
-that row's own :class:`~setdiff_mega.decoding.cache.KVCache` (persisted by the row's sampler as usual), and
-attention is one batched SDPA over the rows' cache windows (stacked per layer, zero-padded to C: masked) and
-the fused chunk. Rows of different capacity and length coexist, and joining or leaving never copies or
-touches another row's cache. Per row the attention sees exactly the keys of a batch-1 call (padding keys are
+Cached calls attend through a :class:`RowCaches` view: each call's chunk K/V are written to the scratch of the
+caller's own :class:`~setdiff_mega.decoding.cache.KVCache` (persisted by its sampler as usual), and attention
+is one batched SDPA over the rows' cache windows (stacked per layer, zero-padded to C: masked) and the fused
+chunk. Caches of different capacity and length coexist, and a thread joining or leaving never copies or
+touches another's cache. Per row the attention sees exactly the keys of the call alone (padding keys are
 masked), so a request decodes the same tokens whatever else is in the batch (up to the float rounding of
 batched matrix products).
 """
@@ -39,12 +39,16 @@ import torch.nn.functional as F
 
 @dataclass
 class Call:
-    """One model call of a request's sampler."""
-    tokens: torch.Tensor          # [1, T] long
-    positions: torch.Tensor       # [1, T] long
-    keep: torch.Tensor            # [1, T, C + T] bool (C = 0 without a cache)
+    """One model call of a decoding thread (a request's sampler, or a session of several requests' rows)."""
+    tokens: torch.Tensor          # [b, T] long
+    positions: torch.Tensor       # [b, T] long
+    keep: torch.Tensor            # [b, T, C + T] bool (C = 0 without a cache)
     start: int                    # logits for rows [start, T)
-    cache: object = None          # the request's KVCache (None: an uncached forward)
+    cache: object = None          # the caller's KVCache with b rows (None: an uncached forward)
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
 
     @property
     def width(self) -> int:
@@ -56,15 +60,15 @@ class Call:
 
 
 class RowCaches:
-    """The KV-cache interface of a fused forward (module docstring): every row's chunk K/V goes to the scratch
-    region of the row's own cache (its :meth:`~setdiff_mega.decoding.cache.KVCache.commit` persists them
-    later), and attention is one batched SDPA over ``[the rows' cache windows, zero-padded to C ; the fused
-    chunk]`` with the fused keep mask: one copy of each row's window per layer and step, no per-row attention."""
+    """The KV-cache interface of a fused forward (module docstring): each call's chunk K/V go to the scratch
+    region of the call's own cache (persisted later by the caller's sampler), and attention is one batched SDPA
+    over ``[each row's cache window, zero-padded to C ; the fused chunk]`` with the fused keep mask: per layer,
+    one copy of every call's windows, no per-row attention."""
 
     static = False
 
-    def __init__(self, caches: list, columns: list[torch.Tensor], capacity: int):
-        self.caches, self.columns, self.capacity = caches, columns, capacity
+    def __init__(self, calls: list[Call], columns: list[torch.Tensor], offsets: list[int], capacity: int):
+        self.calls, self.columns, self.offsets, self.capacity = calls, columns, offsets, capacity
 
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
         """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] (bool or additive) -> [B, h, T, d]."""
@@ -73,53 +77,60 @@ class RowCaches:
         V = v.new_zeros(B, g, self.capacity + T, d)
         K[:, :, self.capacity:] = k
         V[:, :, self.capacity:] = v
-        for b, (cache, idx) in enumerate(zip(self.caches, self.columns)):
+        for call, idx, r0 in zip(self.calls, self.columns, self.offsets):
+            cache, rows = call.cache, slice(r0, r0 + call.rows)
             if layer == 0:
-                cache.begin(idx.numel())
+                cache.begin(call.width)
             o, C = cache.offset, cache.capacity
-            n = idx.numel()
-            cache.k[layer, 0, :, o + C:o + C + n] = k[b, :, idx]
-            cache.v[layer, 0, :, o + C:o + C + n] = v[b, :, idx]
-            K[b, :, :C] = cache.k[layer, 0, :, o:o + C]
-            V[b, :, :C] = cache.v[layer, 0, :, o:o + C]
+            cache.k[layer, :, :, o + C:o + C + call.width] = k[rows][:, :, idx]
+            cache.v[layer, :, :, o + C:o + C + call.width] = v[rows][:, :, idx]
+            K[rows, :, :C] = cache.k[layer, :, :, o:o + C]
+            V[rows, :, :C] = cache.v[layer, :, :, o:o + C]
         return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep, dropout_p=dropout_p,
                                               scale=scale, enable_gqa=enable_gqa)
 
 
 def _columns(call: Call, S: int) -> torch.Tensor:
-    """Where the call's chunk entries sit in the fused row: [0, s) then [S, S + T - s)."""
+    """Where the call's chunk entries sit in its fused rows: [0, s) then [S, S + T - s)."""
     dev = call.tokens.device
     return torch.cat([torch.arange(call.start, device=dev), S + torch.arange(call.width - call.start, device=dev)])
 
 
 def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
     """One forward of ``model`` for ``calls`` (all cached or all uncached); returns each call's logits
-    [1, T_b - s_b, V] (see the module docstring)."""
+    [b, T - s, V] (see the module docstring). A single call runs as it is, through its own cache."""
     cached = calls[0].cache is not None
     if any((c.cache is not None) != cached for c in calls):
         raise ValueError("fused_forward takes cached or uncached calls, not both")
+    if len(calls) == 1:
+        c = calls[0]
+        if not cached:
+            return [model(c.tokens, c.positions, c.keep, c.start)]
+        with model.use_cache(c.cache):
+            return [model(c.tokens, c.positions, c.keep, c.start)]
     S = max(c.start for c in calls)
     R = max(c.width - c.start for c in calls)
-    T, C, B = S + R, max(c.capacity for c in calls), len(calls)
+    T, C, B = S + R, max(c.capacity for c in calls), sum(c.rows for c in calls)
     dev = calls[0].tokens.device
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=dev)
     positions = torch.zeros(B, T, dtype=torch.long, device=dev)
     keep = torch.zeros(B, T, C + T, dtype=torch.bool, device=dev)
-    cols = []
-    for b, c in enumerate(calls):
-        idx = _columns(c, S)
-        cc = torch.arange(c.capacity, device=dev)
-        tokens[b, idx] = c.tokens[0]
-        positions[b, idx] = c.positions[0]
-        keep[b, idx[:, None], torch.cat([cc, C + idx])[None]] = c.keep[0]
+    cols, offsets, r0 = [], [], 0
+    for c in calls:
+        idx, rows = _columns(c, S), slice(r0, r0 + c.rows)
+        tokens[rows, idx] = c.tokens
+        positions[rows, idx] = c.positions
+        keep[rows, idx[:, None], torch.cat([torch.arange(c.capacity, device=dev), C + idx])[None]] = c.keep
         cols.append(idx)
+        offsets.append(r0)
+        r0 += c.rows
     if not cached:
         keep |= torch.eye(T, dtype=torch.bool, device=dev)[None] & ~keep.any(-1, keepdim=True)
         out = model(tokens, positions, keep, S)
     else:
-        with model.use_cache(RowCaches([c.cache for c in calls], cols, C)):
+        with model.use_cache(RowCaches(calls, cols, offsets, C)):
             out = model(tokens, positions, keep, S)
-    return [out[b:b + 1, :c.width - c.start] for b, c in enumerate(calls)]
+    return [out[o:o + c.rows, :c.width - c.start] for o, c in zip(offsets, calls)]
 
 
 class Cancelled(Exception):

@@ -46,6 +46,7 @@ class Job:
     steps: int = 0                        # decode steps that committed tokens
     committed_last: int = 0               # tokens committed by the last step
     reason: str | None = None             # why it ended early: "stop", "timeout", "cancelled"
+    cancelled: bool = False               # asked to stop (client gone, timeout): its decoder retires it
     done: bool = False
 
     @property
@@ -76,16 +77,17 @@ class Job:
                 self.first_token = time.monotonic()
             self.emit("delta", delta)
 
-    def observe(self, st) -> bool:
-        """After a decode step (sampler thread): emit what became final; True when a stop string ended it."""
-        self.committed_last = int(st.history[-1][0]) if st.history else 0
+    def observe(self, st, row: int = 0) -> bool:
+        """After a decode step (decoding thread): emit what became final in canvas row ``row``; True when a stop
+        string ended the text."""
+        self.committed_last = int(st.history[-1][row]) if st.history else 0
         self.steps += self.committed_last > 0
-        if bool(st.done[0]) or not self.streams_early or self.reason is not None:
+        if bool(st.done[row]) or not self.streams_early or self.reason is not None:
             return False
-        gen = st.canvas.generate[0]
-        masked = st.masked[0] & gen
+        gen = st.canvas.generate[row]
+        masked = st.masked[row] & gen
         first = int(masked.nonzero()[0, 0]) if bool(masked.any()) else gen.shape[0]
-        ids = st.tokens[0, :first][gen[:first] & ~st.masked[0, :first]].tolist()
+        ids = st.tokens[row, :first][gen[:first] & ~st.masked[row, :first]].tolist()
         if len(ids) == len(self.tokens):
             return False
         self.tokens = ids

@@ -1,18 +1,20 @@
-"""The scheduler: one loop owns the model and runs every running request's next decode step as one forward.
+"""The scheduler: one loop owns the model and runs every decoding thread's next call as one fused forward.
 
     loop:
         expire     queued jobs past their deadline fail (504); running ones are cancelled
-        admit      queued jobs join while running < max_batch: each gets a thread running its objective's own
-                   sampler against the :class:`~.fusion.BatchedModel` (its first call: the prefill)
-        wait       until every running job's thread is parked in a model call or has finished
-        retire     finished jobs leave the batch (EOS, stop string, max_tokens, cancellation, error)
+        admit      queued jobs join while running < max_batch: a job whose options allow it joins the
+                   :class:`~.workers.SessionWorker` of its options (a slot of one batched SetDLM decode; its
+                   prefill rides in that session's next step), any other starts a :class:`~.workers.SoloWorker`
+        wait       until every decoding thread is parked in a model call or has finished
+        retire     finished jobs leave (EOS, stop string, max_tokens, cancellation, error)
         step       the parked calls -> :func:`~.fusion.fused_forward` (cached and uncached calls apart) -> each
-                   thread gets its logits and runs its sampler's bookkeeping up to its next call
+                   thread gets its logits and runs its rows' bookkeeping up to its next call
 
-A job's KV cache is its own (capacity: the context budget L; ``max_batch`` of them at most), so joining and
-leaving never copy another's. The queue is bounded (``max_queue``: :class:`QueueFull`, HTTP 429). Client
-disconnects and timeouts cancel a job: its thread raises :class:`~.fusion.Cancelled` at its next model call
-and leaves the batch before the next step. A failing forward fails the jobs in it (HTTP 500), not the loop.
+Each session (and each solo job) has its own KV cache; a job joining or leaving a session resets or frees
+its row only (:meth:`~setdiff_mega.decoding.setdlm.SetDLMSession.admit`). The queue is bounded
+(``max_queue``: :class:`QueueFull`, HTTP 429). Client disconnects and timeouts cancel a job: a session
+retires its row before its next step, a solo job's thread raises :class:`~.fusion.Cancelled` at its next
+model call. A failing forward fails the jobs in it (HTTP 500), not the loop.
 """
 from __future__ import annotations
 
@@ -22,13 +24,11 @@ import time
 
 import torch
 
-from setdiff_mega.decoding.base import Canvas
-from setdiff_mega.decoding.context import ContextOverflow
-from setdiff_mega.errors import RequestError
-from setdiff_mega.inference.api import build_sampler
+from setdiff_mega import methods
 
-from .fusion import BatchedModel, Cancelled, StepHub, fused_forward
+from .fusion import BatchedModel, StepHub, fused_forward
 from .job import Job
+from .workers import SessionWorker, SoloWorker, session_key
 
 
 class QueueFull(Exception):
@@ -36,7 +36,9 @@ class QueueFull(Exception):
 
 
 class Scheduler:
-    def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None):
+    def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None,
+                 width: int = 4096):
+        """``width``: a session's canvas positions (the longest prompt plus ``max_tokens`` it admits)."""
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch ({max_batch}) and max_queue ({max_queue}) must be >= 1")
         self.model, self.tokenizer, self.method = model, tokenizer, method
@@ -46,7 +48,12 @@ class Scheduler:
         self.device = next(model.parameters()).device
         self.queue: collections.deque = collections.deque()
         self.running: dict[int, Job] = {}
-        self.left: set = set()           # keys whose thread has finished
+        self.left: set = set()           # keys of jobs that finished
+        self.width = width
+        self.sessions: dict = {}         # session key -> SessionWorker
+        self.worker_of: dict = {}        # job key -> its SessionWorker (session jobs)
+        name = getattr(method, "name", method)
+        self.sampler_cls = methods.get(name).sampler_class()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="setdiff-scheduler", daemon=True)
         self.steps = 0
@@ -62,8 +69,8 @@ class Scheduler:
             for job in list(self.queue):
                 job.fail(503, "the server is shutting down")
             self.queue.clear()
-            for key in list(self.running):
-                self.hub.cancel(key)
+            for job in list(self.running.values()):
+                self._stop(job)
             self.hub.cond.notify_all()
         self._thread.join(timeout=10)
 
@@ -90,7 +97,13 @@ class Scheduler:
                 return
             if job.key in self.running and job.reason is None and not job.done:
                 job.reason = reason
-                self.hub.cancel(job.key)
+                self._stop(job)
+
+    def _stop(self, job: Job) -> None:
+        """A running job stops at its next step (``cond`` held)."""
+        job.cancelled = True
+        if job.key not in self.worker_of:
+            self.hub.cancel(job.key)
 
     @property
     def idle(self) -> bool:
@@ -109,17 +122,42 @@ class Scheduler:
         for key, job in self.running.items():
             if job.deadline is not None and now > job.deadline and job.reason is None and not job.done:
                 job.reason = "timeout"
-                self.hub.cancel(key)              # the condition's lock is re-entrant
+                self._stop(job)                   # the condition's lock is re-entrant
 
     def _admit(self) -> None:
         while self.queue and len(self.running) < self.max_batch:
             job = self.queue.popleft()
             job.started = time.monotonic()
             self.running[job.key] = job
-            self.hub.register(job.key)
-            threading.Thread(target=self._decode, args=(job,), name=f"setdiff-job-{job.key}", daemon=True).start()
+            key = session_key(self.sampler_cls, job.config)
+            if key is None:
+                self._start(SoloWorker(self, job))
+                continue
+            worker = self.sessions.get(key)
+            if worker is None or not worker.has_room():
+                worker = self.sessions[key] = SessionWorker(self, job.config)
+                self._start(worker)
+            worker.inbox.append(job)
+            self.worker_of[job.key] = worker
+
+    def _start(self, worker) -> None:
+        self.hub.register(worker.key)
+        threading.Thread(target=worker.run, name=f"setdiff-decode-{worker.key}", daemon=True).start()
+
+    def done(self, job: Job) -> None:
+        """A decoding thread finished ``job`` (any thread)."""
+        with self.hub.cond:
+            self.left.add(job.key)
+            self.worker_of.pop(job.key, None)
+
+    def committed(self, n: int) -> None:
+        if self.metrics is not None:
+            self.metrics.committed(n)
 
     def _retire(self) -> None:
+        for key, worker in list(self.sessions.items()):
+            if worker.closed:
+                del self.sessions[key]
         for key in list(self.left):
             job = self.running.pop(key, None)
             if job is not None and self.metrics is not None:
@@ -165,35 +203,6 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.step(len(calls), self.max_batch, time.perf_counter() - t0)
         return results
-
-    # -- a job's thread ---------------------------------------------------------------------------------
-    def _observer(self, job: Job):
-        def observe(st):
-            if job.observe(st):
-                raise Cancelled()             # a stop string ended the text
-            if self.metrics is not None:
-                self.metrics.committed(job.committed_last)
-        return observe
-
-    def _decode(self, job: Job) -> None:
-        self.hub.bind(job.key)
-        try:
-            sampler = build_sampler(self.method, self.proxy, self.tokenizer, job.config)
-            sampler.observer = self._observer(job)
-            canvas = Canvas.from_prompts([job.ids], self.tokenizer.mask, self.tokenizer.pad,
-                                         job.config.max_new_tokens, device=self.device)
-            out = sampler.generate(canvas)
-            job.finish(out)
-        except Cancelled:
-            job.finish(None)
-        except (RequestError, ContextOverflow, ValueError) as e:
-            job.fail(400, str(e))
-        except Exception as e:                # noqa: BLE001 (one request's failure is reported, never raised)
-            job.fail(500, f"decoding failed: {type(e).__name__}: {e}")
-        finally:
-            with self.hub.cond:
-                self.left.add(job.key)
-            self.hub.leave()
 
 
 __all__ = ["Scheduler", "QueueFull"]

@@ -29,8 +29,17 @@ class Tok:
 
 PROMPTS = [[BOS, 1, 2, 3, 4, 5], [BOS, 9], [BOS, 11, 12], [BOS, 1, 2, MASK, MASK, MASK, MASK, 7, 8, EOS],
            [BOS, 20, 21, 22, 23, 24, 25, 26, 27], [BOS, 3, MASK, MASK, MASK, 4, EOS], [BOS, 30]]
-METHODS = [("setdlm", {"window": 4, "tau": 0.5}), ("setdlm", {"window": 2, "tau": 1.5}), ("ar", {}),
-           ("bd3lm", {"block_size": 4, "tau": 0.5}), ("mdlm", {"block_size": 4, "tau": 0.5})]
+METHODS = [("setdlm", {"window": 4, "tau": 0.5}), ("setdlm", {"window": 2, "tau": 1.5}),
+           ("setdlm+fht", {"window": 4, "tau": 0.5, "fht_cache_order": True, "context_length": 12}),
+           ("setdlm+sampled", {"window": 4, "tau": 0.5, "temperature": 1.0, "seed": 3}),
+           ("ar", {}), ("bd3lm", {"block_size": 4, "tau": 0.5}), ("mdlm", {"block_size": 4, "tau": 0.5})]
+
+
+def _method(name):
+    """A method name, or the SetDLM objective itself (its order prior: FHT cache order)."""
+    from setdiff_mega.diffusion import SetDLMObjective
+
+    return SetDLMObjective(MASK, D=4) if name == "setdlm+fht" else name.split("+")[0]
 
 
 def _alone(model, method, ids, cfg):
@@ -91,7 +100,9 @@ def _serve(model, method, cfgs, prompts, max_batch, stagger: float = 0.0):
 
 @pytest.mark.parametrize("method,kw", METHODS)
 def test_every_sampler_decodes_the_same_tokens_in_a_continuous_batch(rand_model, method, kw):
-    """Different max_new_tokens make jobs leave at different steps; staggered arrivals make others join."""
+    """Different max_new_tokens make jobs leave at different steps; staggered arrivals make others join. Greedy
+    SetDLM jobs share a session (slot rows reused as jobs leave); sampled ones decode alone, seeded."""
+    method = _method(method)
     cfgs = [GenerationConfig(max_new_tokens=6 + 3 * (i % 3), stop_at_eos=False, **kw) for i in range(len(PROMPTS))]
     jobs, events, sch = _serve(rand_model, method, cfgs, PROMPTS, max_batch=3, stagger=0.003)
     for i, (job, p, c) in enumerate(zip(jobs, PROMPTS, cfgs)):
