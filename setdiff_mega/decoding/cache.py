@@ -78,18 +78,27 @@ class KVCache:
         self._room(T)
         self._T = T
 
+    def write(self, layer: int, k, v) -> None:
+        """The chunk's k / v [B, g, T, d] into the scratch slots of ``layer`` (after :meth:`begin`)."""
+        s, T = self.offset + self.capacity, k.shape[2]
+        self.k[layer, :, :, s:s + T] = k
+        self.v[layer, :, :, s:s + T] = v
+
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
         """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] -> [B, h, T, d]; k, v stay in the
         scratch region until :meth:`commit` or the next forward."""
         T = k.shape[2]
         if layer == 0:
             self.begin(T)
+        self.write(layer, k, v)
         o, s = self.offset, self.offset + self.capacity
-        self.k[layer, :, :, s:s + T] = k
-        self.v[layer, :, :, s:s + T] = v
         K, V = self.k[layer, :, :, o:s + T], self.v[layer, :, :, o:s + T]
         return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep,
                                               dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+
+    def rows(self, idx: torch.Tensor) -> "CacheRows":
+        """A view of rows ``idx`` for a forward over those rows only (the others have nothing in the chunk)."""
+        return CacheRows(self, idx)
 
     def keep(self, keep: torch.Tensor) -> None:
         """Drop the slots where ``keep`` [B, C] is False (among the valid ones); the rest move left in order."""
@@ -142,4 +151,42 @@ class KVCache:
         self._T = None
 
 
-__all__ = ["KVCache"]
+class CacheRows:
+    """Rows ``idx`` of a :class:`KVCache` as a cache for a forward over those rows: their chunk K/V go to their
+    scratch slots (persisted by the cache's :meth:`KVCache.commit` as usual) and attention reads their windows
+    (gathered: one copy per layer). Used when some rows of a batch have no work in a step (finished rows,
+    free slots of a serving session), so the forward skips them."""
+
+    static = False
+
+    def __init__(self, cache: KVCache, idx: torch.Tensor):
+        self.cache, self.idx = cache, idx
+        self.capacity = cache.capacity
+
+    def begin(self, T: int) -> None:
+        self.cache.begin(T)
+
+    def write(self, layer: int, k, v) -> None:
+        c, T = self.cache, k.shape[2]
+        s = c.offset + c.capacity
+        c.k[layer, self.idx, :, s:s + T] = k
+        c.v[layer, self.idx, :, s:s + T] = v
+
+    def window(self, layer: int) -> tuple:
+        """(keys, values) [b, g, C, d] of the rows' window slots (gathered)."""
+        c = self.cache
+        o = c.offset
+        return c.k[layer, self.idx, :, o:o + c.capacity], c.v[layer, self.idx, :, o:o + c.capacity]
+
+    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
+        c, T = self.cache, k.shape[2]
+        if layer == 0:
+            c.begin(T)
+        self.write(layer, k, v)
+        o, s = c.offset, c.offset + c.capacity
+        K, V = c.k[layer, self.idx, :, o:s + T], c.v[layer, self.idx, :, o:s + T]
+        return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep,
+                                              dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+
+
+__all__ = ["KVCache", "CacheRows"]

@@ -118,11 +118,7 @@ class ChunkRunner:
         tok, posi, ok, allowed = self._chunk(pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask)
         start = 0 if logits_rows == "all" else pend_idx.shape[1]
         if self.cache is not None:
-            B, T = tok.shape
-            cache_part = self.cache.valid()[:, None, :].expand(B, T, self.cache.capacity)
-            self.nfe += 1
-            with self.model.use_cache(self.cache):
-                out = self.model(tok, posi, torch.cat([cache_part, allowed], -1), start)
+            out = self._cached_forward(tok, posi, allowed, ok, start)
             if logits_rows != "all":
                 return out[:, :A]
             return torch.cat([out[:, :P], out[:, pend_idx.shape[1]:pend_idx.shape[1] + A]], 1)
@@ -139,6 +135,23 @@ class ChunkRunner:
         mask[:, H:, H:] = allowed
         self.nfe += 1
         return self.model(torch.cat([htok, tok], 1), torch.cat([hpos, posi], 1), mask, H + start)
+
+    def _cached_forward(self, tok, posi, allowed, ok, start):
+        """The forward through the cache; rows with nothing in the chunk (finished, or free slots of a serving
+        session) are left out of it (their logits are zeros, never read)."""
+        B, T = tok.shape
+        keep = torch.cat([self.cache.valid()[:, None, :].expand(B, T, self.cache.capacity), allowed], -1)
+        self.nfe += 1
+        rows = ok.any(1)
+        if B == 1 or self.static_chunk is not None or bool(rows.all()) or not bool(rows.any()):
+            with self.model.use_cache(self.cache):
+                return self.model(tok, posi, keep, start)
+        idx = rows.nonzero()[:, 0]
+        with self.model.use_cache(self.cache.rows(idx)):
+            part = self.model(tok[idx], posi[idx], keep[idx], start)
+        out = part.new_zeros(B, *part.shape[1:])
+        out[idx] = part
+        return out
 
     def persist(self) -> None:
         """The pending tokens of the last forward become cached."""

@@ -81,11 +81,10 @@ class RowCaches:
             cache, rows = call.cache, slice(r0, r0 + call.rows)
             if layer == 0:
                 cache.begin(call.width)
-            o, C = cache.offset, cache.capacity
-            cache.k[layer, :, :, o + C:o + C + call.width] = k[rows][:, :, idx]
-            cache.v[layer, :, :, o + C:o + C + call.width] = v[rows][:, :, idx]
-            K[rows, :, :C] = cache.k[layer, :, :, o:o + C]
-            V[rows, :, :C] = cache.v[layer, :, :, o:o + C]
+            cache.write(layer, k[rows][:, :, idx], v[rows][:, :, idx])
+            window_k, window_v = cache.window(layer)
+            K[rows, :, :cache.capacity] = window_k
+            V[rows, :, :cache.capacity] = window_v
         return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep, dropout_p=dropout_p,
                                               scale=scale, enable_gqa=enable_gqa)
 
