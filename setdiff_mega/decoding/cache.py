@@ -160,7 +160,10 @@ class CacheRows:
     static = False
 
     def __init__(self, cache: KVCache, idx: torch.Tensor):
-        self.cache, self.idx = cache, idx
+        self.cache = cache
+        lo, n = int(idx[0]), idx.numel()
+        contiguous = int(idx[-1]) - lo + 1 == n                # rows [lo, lo + n): views instead of gathers
+        self.idx = slice(lo, lo + n) if contiguous else idx
         self.capacity = cache.capacity
 
     def begin(self, T: int) -> None:
