@@ -205,3 +205,22 @@ def test_bench_serve_cli_starts_a_server_and_reports_the_ratio(trained_run, tmp_
     assert [x["phase"] for x in rows][:2] == ["sequential", "concurrent x2"] and len(rows) == 3
     assert all(x["tokens"] == 16 and x["latency_p99_s"] >= x["latency_p50_s"] > 0 for x in rows)
     assert "throughput" in r.stdout
+
+
+def test_lm_eval_local_completions_generates_through_the_server(server):
+    """lm-eval's OpenAI-compatible completions model (the README's command) against the server: its
+    generate_until payload (a list of prompts, stop sequences, seed, max_tokens) is accepted and answered."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    srv, sch, url = server
+    lm = LocalCompletionsAPI(base_url=url + "/v1/completions", model="tiny", tokenizer_backend=None,
+                             tokenized_requests=False, max_gen_toks=6)
+    prompts = ["Question: 2 + 3 =", "Once upon a time"]
+    reqs = [Instance("generate_until", None, (p, {"until": ["\n\n"], "max_gen_toks": 6}), i)
+            for i, p in enumerate(prompts)]
+    got = lm.generate_until(reqs, disable_tqdm=True)
+    ref = generate(sch.model, srv.tok, sch.method, prompts, replace(srv.defaults.base, max_new_tokens=6),
+                   context=srv.defaults.seq_length, batch_size=1)
+    want = [r["text"].removesuffix(srv.tok.token(srv.tok.eos)).split("\n\n")[0] for r in ref]
+    assert got == want
