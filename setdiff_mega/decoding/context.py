@@ -78,6 +78,7 @@ class Ledger:
         """Row ``b`` starts a new request: nothing inserted (the bound on cached counts stays an upper bound)."""
         self.n[b] = 0
         self.gone[b] = ALIVE
+        self._bound = int(self.alive().sum(1).max())
 
     def evict_for(self, chunk: torch.Tensor, forward: int, width: int | None = None) -> torch.Tensor | None:
         """Make room for ``chunk`` [B] new tokens (at most ``width``) before ``forward``; returns the

@@ -126,6 +126,7 @@ class SessionWorker:
                 self._sweep()
                 if self.slots and not self.session.step():
                     self._sweep(final=True)
+                del self.session.st.history[:-1]      # a long-lived session keeps only the last step's counts
                 self._sweep()
         except Exception as e:                # noqa: BLE001 (the session's jobs fail; the server goes on)
             status = 400 if isinstance(e, USER) else 500
