@@ -184,7 +184,9 @@ def test_bounded_soak_keeps_answering_with_flat_memory(server):
     asyncio.run(wave(240))
     growth = (proc.memory_info().rss - before) / 2 ** 20
     assert growth < 40, f"resident memory grew by {growth:.1f} MiB over 240 requests"
-    assert _ok(url)
+    r = httpx.post(url + "/v1/completions", json={"prompt": "Question: 7 +", "max_tokens": 6, "return_token_ids": True},
+                   timeout=60)
+    assert r.json()["choices"][0]["token_ids"] == _reference(srv, sch, ["Question: 7 +"], max_new_tokens=6)[0]
     deadline = time.monotonic() + 10                      # the last job leaves the batch after answering
     while not (sch.idle and _metric(url, "setdiff_running") == 0 and _metric(url, "setdiff_queue_length") == 0):
         assert time.monotonic() < deadline
