@@ -322,24 +322,18 @@ class DecodeState:
             fired, end = self.criteria(self.tokens, self.masked, self.conf, skip, limit)
             self.stop(fired, end)
 
-    def output_row(self, b: int, nfe: int = 0) -> "GenerationOutput":
-        """Row ``b``'s output alone (a finished request of a continuous batch)."""
-        r = slice(b, b + 1)
-        cv = self.canvas
-        row = Canvas(cv.tokens[r], cv.generate[r], cv.valid[r], cv.infill[r])
-        out = collect(row, self.tokens[r], self.masked[r], self.end[r], nfe, self.steps[r], self.committed[r], [])
-        if self.cfg.record:
-            out.commit_steps = generated(row, self.masked[r], self.end[r], self.commit_step[r])
-            out.confidences = generated(row, self.masked[r], self.end[r], self.conf[r])
-        return out
-
-    def output(self, nfe: int, evicted: int = 0) -> "GenerationOutput":
-        out = collect(self.canvas, self.tokens, self.masked, self.end, nfe, self.steps, self.committed,
-                      self.history, self.trace)
+    def output(self, nfe: int, evicted: int = 0, rows: slice = slice(None)) -> "GenerationOutput":
+        """The decoded rows (``rows``: a slice, e.g. one finished request of a continuous batch; the per-step
+        history and trace only for the whole batch)."""
+        cv, r = self.canvas, rows
+        whole = r == slice(None)
+        canvas = cv if whole else Canvas(cv.tokens[r], cv.generate[r], cv.valid[r], cv.infill[r])
+        out = collect(canvas, self.tokens[r], self.masked[r], self.end[r], nfe, self.steps[r], self.committed[r],
+                      self.history if whole else [], self.trace if whole else None)
         out.evicted = evicted
         if self.cfg.record:
-            out.commit_steps = generated(self.canvas, self.masked, self.end, self.commit_step)
-            out.confidences = generated(self.canvas, self.masked, self.end, self.conf)
+            out.commit_steps = generated(canvas, self.masked[r], self.end[r], self.commit_step[r])
+            out.confidences = generated(canvas, self.masked[r], self.end[r], self.conf[r])
         return out
 
 

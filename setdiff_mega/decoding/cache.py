@@ -68,31 +68,32 @@ class KVCache:
         """[B, C] bool: window slots holding a committed token."""
         return torch.arange(self.capacity, device=self.length.device)[None] < self.length[:, None]
 
-    def window(self, layer: int) -> tuple:
-        """(keys, values) [B, g, C, d] of the window slots of ``layer``."""
+    def window(self, layer: int, rows=slice(None)) -> tuple:
+        """(keys, values) [b, g, C, d] of the window slots of ``layer`` for ``rows`` (views for a slice)."""
         o, C = self.offset, self.capacity
-        return self.k[layer, :, :, o:o + C], self.v[layer, :, :, o:o + C]
+        return self.k[layer, rows, :, o:o + C], self.v[layer, rows, :, o:o + C]
 
     def begin(self, T: int) -> None:
         """Reserve the scratch slots of a chunk of T entries (the host-side part of a cached forward)."""
         self._room(T)
         self._T = T
 
-    def write(self, layer: int, k, v) -> None:
-        """The chunk's k / v [B, g, T, d] into the scratch slots of ``layer`` (after :meth:`begin`)."""
+    def write(self, layer: int, k, v, rows=slice(None)) -> None:
+        """The chunk's k / v [b, g, T, d] into the scratch slots of ``layer`` for ``rows`` (after :meth:`begin`)."""
         s, T = self.offset + self.capacity, k.shape[2]
-        self.k[layer, :, :, s:s + T] = k
-        self.v[layer, :, :, s:s + T] = v
+        self.k[layer, rows, :, s:s + T] = k
+        self.v[layer, rows, :, s:s + T] = v
 
-    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
-        """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] -> [B, h, T, d]; k, v stay in the
-        scratch region until :meth:`commit` or the next forward."""
+    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False,
+               rows=slice(None)):
+        """q [b, h, T, d], k / v [b, g, T, d], keep [b, 1, T, C + T] -> [b, h, T, d] for ``rows`` (all: views of
+        [window ; chunk], no copy); k, v stay in the scratch region until :meth:`commit` or the next forward."""
         T = k.shape[2]
         if layer == 0:
             self.begin(T)
-        self.write(layer, k, v)
+        self.write(layer, k, v, rows)
         o, s = self.offset, self.offset + self.capacity
-        K, V = self.k[layer, :, :, o:s + T], self.v[layer, :, :, o:s + T]
+        K, V = self.k[layer, rows, :, o:s + T], self.v[layer, rows, :, o:s + T]
         return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep,
                                               dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
 
@@ -170,26 +171,13 @@ class CacheRows:
         self.cache.begin(T)
 
     def write(self, layer: int, k, v) -> None:
-        c, T = self.cache, k.shape[2]
-        s = c.offset + c.capacity
-        c.k[layer, self.idx, :, s:s + T] = k
-        c.v[layer, self.idx, :, s:s + T] = v
+        self.cache.write(layer, k, v, self.idx)
 
     def window(self, layer: int) -> tuple:
-        """(keys, values) [b, g, C, d] of the rows' window slots (gathered)."""
-        c = self.cache
-        o = c.offset
-        return c.k[layer, self.idx, :, o:o + c.capacity], c.v[layer, self.idx, :, o:o + c.capacity]
+        return self.cache.window(layer, self.idx)
 
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
-        c, T = self.cache, k.shape[2]
-        if layer == 0:
-            c.begin(T)
-        self.write(layer, k, v)
-        o, s = c.offset, c.offset + c.capacity
-        K, V = c.k[layer, self.idx, :, o:s + T], c.v[layer, self.idx, :, o:s + T]
-        return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep,
-                                              dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+        return self.cache.attend(layer, q, k, v, keep, dropout_p, scale, enable_gqa, rows=self.idx)
 
 
 __all__ = ["KVCache", "CacheRows"]

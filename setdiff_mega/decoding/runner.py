@@ -143,7 +143,7 @@ class ChunkRunner:
         keep = torch.cat([self.cache.valid()[:, None, :].expand(B, T, self.cache.capacity), allowed], -1)
         self.nfe += 1
         rows = ok.any(1)
-        if B == 1 or self.static_chunk is not None or bool(rows.all()) or not bool(rows.any()):
+        if B == 1 or self.static_chunk is not None or int(rows.sum()) in (0, B):     # one host sync
             with self.model.use_cache(self.cache):
                 return self.model(tok, posi, keep, start)
         idx = rows.nonzero()[:, 0]

@@ -147,6 +147,7 @@ class SetDLMSession:
         self.waiting = torch.zeros_like(self.prefill)   # prefix-only infill: the suffix, not cached yet
         self.pending = torch.zeros_like(self.prefill)   # committed at the last step, cached at the next
         self.row_step = torch.zeros(B, dtype=torch.long, device=st.tokens.device)
+        self._joining = self._waiting = False            # host-side: any row prefilling / with uncached suffix
         self._prefill_rows(torch.ones(B, dtype=torch.bool, device=st.tokens.device))
 
     def _prefill_rows(self, rows: torch.Tensor) -> None:
@@ -156,6 +157,8 @@ class SetDLMSession:
             visible & (st.pos[None] < first_true(st.masked)[:, None])
         self.prefill |= prefill
         self.waiting |= visible & ~prefill
+        self._joining |= bool(prefill.any())
+        self._waiting |= bool(self.waiting.any())
 
     def admit(self, b: int, ids: list[int], max_new_tokens: int) -> None:
         """Row ``b`` (finished) decodes request ``ids`` from the next step on (see the class docstring)."""
@@ -189,9 +192,10 @@ class SetDLMSession:
     def _pending(self):
         """The step's pending tokens: the rows' last commits in cache-write order, or a joining row's prefill."""
         pend_idx, pend_ok = self.sampler._order(self.pending, self.fht)
-        rows = self.prefill.any(1)
-        if not bool(rows.any()):
-            return pend_idx, pend_ok, rows
+        rows = self.prefill.any(1) if self._joining else None
+        if rows is None or not bool(rows.any()):          # (a joining row may have been retired unstepped)
+            self._joining = False
+            return pend_idx, pend_ok, None
         pre_idx, pre_ok, _ = pack(self.prefill)
         M = max(pend_idx.shape[1], pre_idx.shape[1])
         pad = lambda t, v: torch.cat([t, t.new_full((t.shape[0], M - t.shape[1]), v)], 1)   # noqa: E731
@@ -204,15 +208,20 @@ class SetDLMSession:
         """One forward for every live row (a joining row: its prefill); False when no row has work left."""
         st, cfg, runner = self.st, self.cfg, self.runner
         pend_idx, pend_ok, joining = self._pending()
-        live = st.live() & ~joining[:, None]
-        if not bool(live.any()) and not bool(joining.any()):
-            return False                                 # the last step's commits are never cached
+        if joining is None:
+            live = st.live()
+            if not bool(live.any()):
+                return False                             # the last step's commits are never cached
+        else:
+            live = st.live() & ~joining[:, None]
         f = first_true(live)
         active = live & (st.pos[None] < (f + cfg.window)[:, None])
         q_idx, q_ok, _ = pack(active)
         logits = runner.run(pend_idx, pend_ok, q_idx, q_ok, logits_rows=self.rows)
         runner.persist()
-        self.prefill &= ~joining[:, None]
+        if joining is not None:                          # every joining row ran its prefill
+            self.prefill.zero_()
+            self._joining = False
         self.pending.zero_()
         if self.shifted is not None:
             P = pend_idx.shape[1]
@@ -222,11 +231,12 @@ class SetDLMSession:
             return True
         x, conf = self.choose(logits, q_idx, st)
         sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active, conf)
-        if bool(self.waiting.any()):                     # l2r promotion of uncached context
+        if self._waiting:                                # l2r promotion of uncached context
             reach = torch.where(sel, st.pos[None], torch.full_like(st.pos[None], -1)).max(1).values
             promote = self.waiting & (st.pos[None] <= reach[:, None])
             self.waiting &= ~promote
             sel = sel | promote
+            self._waiting = bool(self.waiting.any())
         self.pending |= sel
         st.end_step()
         stepped = live.any(1)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import uuid
 from dataclasses import replace
@@ -43,15 +42,12 @@ def error(status: int, message: str, kind: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
 
 
-def _finite(value) -> bool:
-    """No NaN / Infinity anywhere in a parsed body."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
-    return True
+class NonFinite(ValueError):
+    """NaN / Infinity in a request body (json's ``parse_constant`` hook)."""
+
+
+def _refuse(constant: str):
+    raise NonFinite(constant)
 
 
 class Server:
@@ -98,11 +94,11 @@ class Server:
         if len(raw) > self.max_body:
             return None, error(413, f"the request body has {len(raw)} bytes, more than the limit of {self.max_body}")
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_refuse)
+        except NonFinite:
+            return None, error(400, "the request body holds NaN or Infinity; send finite numbers")
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return None, error(400, f"the request body is not valid JSON ({getattr(e, 'msg', e)})")
-        if not _finite(body):
-            return None, error(400, "the request body holds NaN or Infinity; send finite numbers")
         if isinstance(body, dict) and body.get("model") not in (None, self.model_name):
             return None, error(404, f"model {body.get('model')!r} is not served here; this server serves "
                                     f"{self.model_name!r} (GET /v1/models)", "model_not_found")

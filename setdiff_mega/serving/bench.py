@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 
 def workload(task_dir: str, n: int) -> list[str]:
@@ -41,12 +42,8 @@ def workload(task_dir: str, n: int) -> list[str]:
 
 
 def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    k = (len(v) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+    """The q-th percentile (linear interpolation; NaN for no values)."""
+    return float(np.percentile(values, q)) if values else float("nan")
 
 
 async def one(client: httpx.AsyncClient, url: str, body: dict) -> dict:

@@ -63,7 +63,7 @@ class Metrics:
         self.queue.set(queued)
         self.running.set(running)
 
-    def step(self, rows: int, max_batch: int, seconds: float) -> None:
+    def step(self, rows: int, seconds: float) -> None:
         self.rows.observe(rows)
         self.step_s.observe(seconds)
 

@@ -65,23 +65,22 @@ class Parsed:
     return_token_ids: bool
 
 
+NULLABLE = {"stop_confidence": float, "stop_entropy": float, "stop_regex": str}   # fields whose default is None
+
+
 def _typed(name: str, value, default):
-    """``value`` checked against the type of the field's default (bool / int / float / str / None)."""
-    kind = bool if isinstance(default, bool) else type(default)
-    if name in ("stop_confidence", "stop_entropy", "stop_regex") and value is None:
-        return None
+    """``value`` checked against the field's type: its default's, or :data:`NULLABLE`'s (None allowed)."""
     if name == "length_penalty":
         if value is None:
             return None
         if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)):
             raise RequestError("'length_penalty' must be [start, factor] or null")
         return (int(value[0]), float(value[1]))
-    if name in ("stop_confidence", "stop_entropy"):
-        kind = float
+    if name in NULLABLE and value is None:
+        return None
+    kind = NULLABLE.get(name) or (bool if isinstance(default, bool) else type(default))
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if kind is str and name == "stop_regex" and isinstance(value, str):
-        return value
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise RequestError(f"'{name}' must be {'an integer' if kind is int else 'a ' + kind.__name__}, "
                            f"got {value!r}"[:200])
@@ -118,8 +117,7 @@ def config_of(body: dict, d: ServerDefaults, max_tokens_key: str = "max_tokens")
     over = {}
     defaults = GenerationConfig()
     for name in DIFFUSION + ("temperature", "top_p", "seed"):
-        if body.get(name) is not None or (name in body and name in ("stop_confidence", "stop_entropy",
-                                                                     "stop_regex", "length_penalty")):
+        if name in body and (body[name] is not None or name in NULLABLE or name == "length_penalty"):
             over[name] = _typed(name, body[name], getattr(defaults, name))
     mt = body.get(max_tokens_key, d.max_tokens)
     if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1 or mt > d.max_tokens_limit:

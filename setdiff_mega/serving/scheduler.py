@@ -201,7 +201,7 @@ class Scheduler:
             torch.cuda.synchronize()
         self.steps += 1
         if self.metrics is not None:
-            self.metrics.step(len(calls), self.max_batch, time.perf_counter() - t0)
+            self.metrics.step(len(calls), time.perf_counter() - t0)
         return results
 
 

@@ -102,7 +102,7 @@ class SessionWorker:
                 self.session.retire(b)
                 job.finish(None)
             elif bool(st.done[b]):
-                job.finish(st.output_row(b, self.session.runner.nfe))
+                job.finish(st.output(self.session.runner.nfe, rows=slice(b, b + 1)))
             else:
                 continue
             del self.slots[b]
