@@ -76,6 +76,12 @@ class Options:
         return []
 
     @property
+    def every_row_logits(self) -> bool:
+        """The loss reads logits on every processed position (as with ``model.shift_logits``), e.g. for a
+        next-token loss on a clean stream: FLOPs and memory count them; context parallelism cannot gather them."""
+        return False
+
+    @property
     def pattern_block(self) -> int:
         """The block size of the training inputs' mask pattern."""
         return 1
@@ -102,7 +108,8 @@ class Method:
 
     def positions(self, L: int, shift_logits: bool = False) -> tuple[int, int]:
         """(T positions the model processes, N positions that get logits) per L-token sample; with the AR
-        shift (``model.shift_logits``) every processed position gets logits."""
+        shift (``model.shift_logits``) or options whose loss reads every row (``every_row_logits``) every
+        processed position gets logits."""
         if self.causal:
             return L - 1, L - 1
         return self.streams * L, self.streams * L if shift_logits else L

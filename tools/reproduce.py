@@ -15,11 +15,14 @@ section of --report and the files under --assets.
 Trained models under --out are reused on re-runs (--out and --assets must be new or this tool's earlier
 output; none of the outputs may be or hold an input). See setdiff_mega/eval/reproduce.py.
 
---adapt runs the paper's adaptation recipe instead: a Qwen3-architecture AR model pretrained on the embedded
-corpus, exported in Qwen3's layout and imported back, fine-tuned on chat-formatted arithmetic solutions as AR,
-MDLM, BD3LM (S = 4) and SetDLM (D = 2, 4), and the same models from scratch; accuracy against tokens/s on
-held-out problems asked as chat prompts (its own report section and --assets, default docs/results/adapt;
-models under --out/adapt).
+--adapt runs the paper's adaptation recipe instead, with the study of what closes the gap to the AR parent: a
+Qwen3-architecture AR model pretrained on the embedded corpus, exported in Qwen3's layout and imported back,
+fine-tuned on chat-formatted arithmetic solutions as AR, BD3LM (S = 4) and SetDLM (D = 4) with the baseline
+recipe, SetDLM once per training lever (next-token loss, learning rate, length, self-distillation, head shift,
+MASK row), and AR, BD3LM and SetDLM with the recommended recipe, 3 seeds each; exact match on 512 held-out
+problems asked as chat prompts for every sampler setting (tau, commit rule, W), and tokens/s at batch 1 (its own
+report section and --assets, default docs/results/adapt; models under --out/adapt; everything but the timings is
+reused on a re-run). See setdiff_mega/eval/adapt.py.
 """
 import argparse
 import shlex
@@ -90,7 +93,7 @@ def adapt(args, p, argv) -> int:
     prefix = parse_blend(ac.data or load_config(ac.base_config, ac.overrides).data.path)[0][0]
     given = argv if argv is not None else sys.argv[1:]
     command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
-    res = A.run(ac, command.strip(), args.report, assets, str(Path(prefix).parent / "tokenizer.json"))
+    res = A.run(ac, command.strip(), args.report, assets, str(Path(prefix).parent / "tokenizer.json"), prefix)
     for c in res["claims"]:
         print(f"[{'holds' if c['holds'] else 'FAILS'}] {c['claim']}: {c['value']}")
     print(f"wrote {args.report} and {assets}/ in {res['meta']['wall_s'] / 60:.1f} min "

@@ -94,6 +94,8 @@ class TrainConfig:
     init_from: Optional[str] = None              # start from a checkpoint's weights (any TP/PP layout); hf:DIR:
                                                  # a Hugging Face model, imported once (checkpoint/hf_init.py)
     init_architecture: bool = True               # and its model.* architecture (Megatron's --use-checkpoint-args)
+    init_mask_row: str = "keep"                  # keep | mean: the MASK token's embedding / head row of init_from's
+                                                 # weights := the mean of the other tokens' rows (method.md 15)
     zero_stage: int = 0                          # 0: project AdamW; 1/2/3: DeepSpeed ZeRO over the DP group
     peak_tflops: Optional[float] = None          # per-device dense bf16 peak for MFU (None: known GPUs only)
 
@@ -116,6 +118,10 @@ class TrainConfig:
             raise ConfigError(f"train.ema_decay={self.ema_decay} must be in [0, 1) (0 = no EMA; the diffusion repos "
                               f"use 0.9999)")
         _choice(self.nonfinite, ("stop", "skip"), "train.nonfinite")
+        _choice(self.init_mask_row, ("keep", "mean"), "train.init_mask_row")
+        if self.init_mask_row != "keep" and not self.init_from:
+            raise ConfigError(f"train.init_mask_row={self.init_mask_row} re-initialises the MASK row of the weights "
+                              f"train.init_from starts from; set train.init_from (or leave train.init_mask_row=keep)")
         if self.max_skipped_steps < 0 or not (self.spike_factor == 0 or self.spike_factor > 1):
             raise ConfigError(f"train.max_skipped_steps={self.max_skipped_steps} must be >= 0 and "
                               f"train.spike_factor={self.spike_factor} 0 (off) or > 1")
@@ -276,6 +282,10 @@ def _check_context_parallel(cfg: RunConfig, cp: int) -> None:
         raise ConfigError(f"model.shift_logits reads each target's logits from its predecessor's row, which under "
                           f"parallel.context_parallel_size={cp} may live on another rank: use CP=1 (or "
                           f"model.shift_logits=false)")
+    if cfg.objective.options.every_row_logits:
+        raise ConfigError(f"objective.name={cfg.objective.name} with {'; '.join(cfg.objective.options.describe())} "
+                          f"reads logits on rows that under parallel.context_parallel_size={cp} may live on another "
+                          f"rank: use CP=1 (or leave that option at its default)")
     if cfg.data.packing:
         raise ConfigError(f"packed samples keep every conversation's attention and order to itself, which "
                           f"parallel.context_parallel_size={cp} cuts into chunks over ranks: use data.packing=false "

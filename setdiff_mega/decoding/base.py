@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from .sampling import COMMIT_RULES
 from .stopping import StopCriteria
 
 
@@ -32,7 +33,8 @@ class GenerationConfig:
     max_new_tokens: int = 64      # plain prompts: MASK positions appended after the prompt
     window: int = 4               # SetDLM: positional window W from the leftmost masked position
     tau: float = 0.9              # commit every token with confidence >= tau (> 1: one token per step)
-    commit_k: int = 1             # always commit the k most confident tokens of the active set
+    commit_k: int = 1             # always commit k tokens of the active set: the most confident ones, or
+    commit_rule: str = "confidence"   # "leftmost": the k leftmost active positions (AR-anchored; .sampling)
     block_size: int = 4           # BD3LM block size S; MDLM semi-autoregressive block size
     temperature: float = 0.0      # 0 = greedy
     top_p: float = 1.0            # nucleus filter (greedy too: the confidence is renormalised)
@@ -61,6 +63,8 @@ class GenerationConfig:
     def validate(self) -> "GenerationConfig":
         checks = [(self.window >= 1, f"window W={self.window} must be >= 1"),
                   (self.commit_k >= 1, f"commit_k={self.commit_k} must be >= 1"),
+                  (self.commit_rule in COMMIT_RULES,
+                   f"commit_rule={self.commit_rule!r} must be one of {', '.join(COMMIT_RULES)}"),
                   (self.block_size >= 1, f"block_size={self.block_size} must be >= 1"),
                   (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens} must be >= 0"),
                   (0 < self.top_p <= 1, f"top_p={self.top_p} must be in (0, 1]"),

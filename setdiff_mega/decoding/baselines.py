@@ -113,7 +113,7 @@ class BD3LMSampler(_Base):
             x, conf = choose(logits, q_idx, st)
             act = q_ok & st.masked.gather(1, q_idx)
             before = (live & in_block).any(1) if st.criteria.enabled else None
-            st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k), x, live, conf)
+            st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, cfg.commit_rule), x, live, conf)
             st.end_step()
             if before is not None:
                 done_block = _completed(st, before, in_block)
@@ -161,7 +161,7 @@ class MDLMSampler(_Base):
                 rel_q = view_rows(rel_q)
             x, conf = choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st)
             before = active.any(1) if st.criteria.enabled else None
-            st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k), x, active, conf)
+            st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, cfg.commit_rule), x, active, conf)
             st.end_step()
             if before is not None:
                 done_block = _completed(st, before, in_block)

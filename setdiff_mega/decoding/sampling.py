@@ -9,12 +9,19 @@ For candidate rows with (processed, :mod:`.processors`) logits [..., V]:
     greedy:  x = argmax p      sampled: x ~ p
     confidence c = p[x]                   (after the filter, as the reference does for greedy decoding too)
 
-Commit rule over the active set of a row (method.md 5.1, P11):
+Commit rule over the active set of a row (method.md 5.1, P11; ``commit_rule``):
 
-    commit = (the k most confident active positions) U {active p : c_p >= tau}
+    "confidence" (the paper):  commit = (the k most confident active positions) U {active p : c_p >= tau}
+    "leftmost" (not the paper, method.md 14):
+                               commit = (the k leftmost active positions)      U {active p : c_p >= tau}
 
 so tau > 1 commits exactly k tokens per step, and lowering tau never commits fewer tokens on the same
-logits. Rows are processed together; inactive slots carry ``active = False``.
+logits. Under "leftmost" the forced commit is the position a left-to-right model would write next; every
+other position must clear tau on its own, so no argmax compares the confidences of two differently
+calibrated predictors (with ``shift_logits`` the leftmost masked position reads its committed
+predecessor's clean row, the AR head, and the others mostly their own MASK rows): at tau > 1 the sampler
+decodes left to right. The active set arrives packed in ascending position (every sampler's
+:func:`~.base.pack` order). Rows are processed together; inactive slots carry ``active = False``.
 """
 from __future__ import annotations
 
@@ -48,12 +55,21 @@ def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 
     return tok, conf
 
 
-def commit_mask(conf: torch.Tensor, active: torch.Tensor, tau: float, k: int = 1) -> torch.Tensor:
-    """conf, active [B, A] -> bool [B, A]: top-k by confidence among active, plus conf >= tau."""
-    c = torch.where(active, conf, torch.full_like(conf, float("-inf")))
-    order = torch.sort(c, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(c.shape[-1], device=c.device).expand_as(order))
+COMMIT_RULES = ("confidence", "leftmost")
+
+
+def commit_mask(conf: torch.Tensor, active: torch.Tensor, tau: float, k: int = 1,
+                rule: str = "confidence") -> torch.Tensor:
+    """conf, active [B, A] (packed in ascending position) -> bool [B, A]: the k forced commits of ``rule`` (the
+    most confident, or the leftmost active positions), plus conf >= tau."""
+    if rule == "leftmost":
+        rank = active.long().cumsum(-1) - 1
+    else:
+        c = torch.where(active, conf, torch.full_like(conf, float("-inf")))
+        order = torch.sort(c, dim=-1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(-1, order,
+                                                torch.arange(c.shape[-1], device=c.device).expand_as(order))
     return active & ((rank < k) | (conf >= tau))
 
 
-__all__ = ["choose_tokens", "commit_mask", "top_p_filter"]
+__all__ = ["choose_tokens", "commit_mask", "top_p_filter", "COMMIT_RULES"]

@@ -27,6 +27,16 @@ micro-batch's own count); ``"token"`` averages over all masked target tokens
 in the batch, and with per-token ``weights`` (the 1/t ELBO weights) divides by the number of target
 tokens instead (the NELBO). Every loss also reports ``nll_sum`` and ``num_tokens`` so evaluation can
 compute token-weighted perplexities.
+
+Next-token loss beside the objective's (``ar_weight`` > 0, method.md 15; SetDLM's ``objective.ar_weight``): an
+objective may set ``ar_rows`` / ``ar_mask`` [B, N], for each target slot the output row (from ``logits_start``)
+of a clean-stream row that predicts that target as the next token without having seen it, and whether there
+is one. The training loss is then
+
+    loss = loss_objective + ar_weight * mean_ar,   mean_ar = the same normalisation over the pairs of ar_mask
+                                                   of -log p(target | its ar_rows row)
+
+while ``nll_sum`` / ``num_tokens`` (validation, perplexity) stay the objective's own.
 """
 from __future__ import annotations
 
@@ -58,6 +68,8 @@ class ModelInputs:
     logit_rows: Optional[torch.Tensor] = None   # [B, N] long: the output row each target reads (shift_logits)
     groups: Optional[torch.Tensor] = None       # [B, N] long: packed rows, the document of each target slot (-1)
     documents: Optional[float] = None           # "sequence" loss: the documents it divides by (module docstring)
+    ar_rows: Optional[torch.Tensor] = None      # [B, N] long: the clean row predicting each target as next token
+    ar_mask: Optional[torch.Tensor] = None      # [B, N] bool: targets with such a row (ar_weight > 0)
 
     def model_kwargs(self) -> dict:
         """Keyword arguments of the model's forward."""
@@ -68,11 +80,13 @@ class ModelInputs:
     def num_processed_tokens(self) -> int:
         return self.tokens.numel()
 
-    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The model's output [B, T - logits_start, V] -> the logits of each target [B, N, V]."""
-        if self.logit_rows is None:
+    def target_logits(self, logits: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The model's output [B, T - logits_start, V] -> the logits of each target [B, N, V] (read at ``rows``
+        instead of ``logit_rows`` when given)."""
+        rows = self.logit_rows if rows is None else rows
+        if rows is None:
             return logits
-        return logits.gather(1, self.logit_rows[..., None].expand(*self.logit_rows.shape, logits.shape[-1]))
+        return logits.gather(1, rows[..., None].expand(*rows.shape, logits.shape[-1]))
 
 
 def masked_token_nll(logits: torch.Tensor, targets: torch.Tensor, mask_id: int | None) -> torch.Tensor:
@@ -99,6 +113,7 @@ class Objective(abc.ABC):
     name: str = ""
     two_stream: bool = False
     shift_logits: bool = False       # the AR shift (model.shift_logits): targets read :meth:`shifted_rows`
+    ar_weight: float = 0.0           # the next-token loss's weight (module docstring; inputs carry ar_rows)
     normalization: str = "sequence"  # "sequence": per-sequence mean then batch mean; "token": global
     dense_masks: bool = True         # False: inputs carry the mask's pattern only (attention_mask None)
     position_extras: tuple = ()      # extras [B, N] that hold positions (packing offsets them: .packing)
@@ -151,20 +166,27 @@ class Objective(abc.ABC):
         w = m if inputs.weights is None else m * inputs.weights.to(nll.dtype)
         per_tok = nll * w
         den = inputs.denominators or {}        # a context-parallel shard divides by the full sequence's counts
-        if self.normalization == "sequence" and inputs.groups is not None:
-            loss = document_means(per_tok, m, inputs.groups).sum() / document_count(inputs)
-        elif self.normalization == "sequence":
-            per_seq = per_tok.sum(-1) / den.get("rows", m.sum(-1)).clamp(min=1.0)
-            loss = per_seq.sum() / inputs.documents if inputs.documents is not None else per_seq.mean()
-        elif inputs.weights is not None:  # NELBO: weighted masked NLL over all target tokens
-            loss = per_tok.sum() / den.get("targets", inputs.extras["num_targets"]).clamp(min=1)
-        else:
-            loss = per_tok.sum() / den.get("total", m.sum()).clamp(min=1.0)
+        loss = self._normalise(per_tok, m, inputs, den)
+        if self.ar_weight and inputs.ar_mask is not None:
+            ar_nll = masked_token_nll(inputs.target_logits(logits, inputs.ar_rows), inputs.targets, self.mask_id)
+            m_ar = inputs.ar_mask.to(ar_nll.dtype)
+            loss = loss + self.ar_weight * self._normalise(ar_nll * m_ar, m_ar, inputs, {})
         count = m.detach().sum()
         if inputs.weights is not None and self.normalization == "token":
             count = inputs.extras["num_targets"].to(count.dtype)   # NELBO is per target token
         stats = {"nll_sum": per_tok.detach().sum(), "num_tokens": count}
         return loss, stats
+
+    def _normalise(self, per_tok: torch.Tensor, m: torch.Tensor, inputs: ModelInputs, den: dict) -> torch.Tensor:
+        """The loss of weighted per-token NLLs ``per_tok`` over the slots of ``m`` [B, N] (module docstring)."""
+        if self.normalization == "sequence" and inputs.groups is not None:
+            return document_means(per_tok, m, inputs.groups).sum() / document_count(inputs)
+        if self.normalization == "sequence":
+            per_seq = per_tok.sum(-1) / den.get("rows", m.sum(-1)).clamp(min=1.0)
+            return per_seq.sum() / inputs.documents if inputs.documents is not None else per_seq.mean()
+        if inputs.weights is not None:  # NELBO: weighted masked NLL over all target tokens
+            return per_tok.sum() / den.get("targets", inputs.extras["num_targets"]).clamp(min=1)
+        return per_tok.sum() / den.get("total", m.sum()).clamp(min=1.0)
 
 
 def document_means(values: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
@@ -210,6 +232,8 @@ def collate_inputs(parts: list[ModelInputs]) -> ModelInputs:
                        targets=torch.cat([p.targets for p in parts]), loss_mask=torch.cat([p.loss_mask for p in parts]),
                        weights=None if first.weights is None else torch.cat([p.weights for p in parts]),
                        logit_rows=None if first.logit_rows is None else torch.cat([p.logit_rows for p in parts]),
+                       ar_rows=None if first.ar_rows is None else torch.cat([p.ar_rows for p in parts]),
+                       ar_mask=None if first.ar_mask is None else torch.cat([p.ar_mask for p in parts]),
                        groups=None if first.groups is None else torch.cat([p.groups for p in parts]),
                        extras=extras, attention_pattern=M.merge_patterns([p.attention_pattern for p in parts],
                                                                          [p.tokens.shape[0] for p in parts]))

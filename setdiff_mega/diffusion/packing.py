@@ -12,7 +12,8 @@ another, the padding last) becomes the inputs of its documents side by side:
    each stream (padding is last in every order). So its slots [0, m) of every stream go to slots [o, o + m)
    of the packed row (m = n, or the slots that fit: AR has T_s = L - 1), and so do its targets, loss mask and
    weights; a target's logit row (``logit_rows``, relative to ``logits_start``; input position p = stream
-   p // T_s, slot p % T_s) moves by the same offset; extras [1, N] are copied slot by slot (the ones holding
+   p // T_s, slot p % T_s) moves by the same offset, as does its next-token row (``ar_rows``, with ``ar_mask``
+   copied like the loss mask); extras [1, N] are copied slot by slot (the ones holding
    positions, ``Objective.position_extras``, offset by o), scalar extras summed.
 3. The mask is the objective's pattern restricted to the documents (:meth:`~.masks.MaskPattern.with_documents`:
    same document, blocks counted from each document's start), the padding tail invalid keys; ``groups`` [1, N]
@@ -73,6 +74,8 @@ def _assemble(objective: Objective, docs: list, pad_id: int) -> ModelInputs:
     groups = torch.full((1, N), -1, dtype=torch.long, device=dev)
     weights = None if first.weights is None else torch.zeros(1, N, dtype=first.weights.dtype, device=dev)
     rows = None if first.logit_rows is None else torch.arange(N, device=dev)[None].clone()
+    ar_rows = None if first.ar_rows is None else torch.arange(N, device=dev)[None].clone()
+    ar_mask = None if first.ar_mask is None else torch.zeros(1, N, dtype=torch.bool, device=dev)
     extras = _empty_extras(objective, first.extras, N, dev)
     for d, o, n, inp in docs:
         m = min(n, Ts - o)
@@ -82,9 +85,12 @@ def _assemble(objective: Objective, docs: list, pad_id: int) -> ModelInputs:
         targets[0, o:o + m], loss_mask[0, o:o + m], groups[0, o:o + m] = inp.targets[0, :m], inp.loss_mask[0, :m], d
         if weights is not None:
             weights[0, o:o + m] = inp.weights[0, :m]
-        if rows is not None:
-            p = inp.logit_rows[0, :m] + inp.logits_start           # the input position each target reads
-            rows[0, o:o + m] = (p // Ts) * Ts + o + p % Ts - inp.logits_start
+        for out, own in ((rows, inp.logit_rows), (ar_rows, inp.ar_rows)):
+            if out is not None:
+                p = own[0, :m] + inp.logits_start                  # the input position each target reads
+                out[0, o:o + m] = (p // Ts) * Ts + o + p % Ts - inp.logits_start
+        if ar_mask is not None:
+            ar_mask[0, o:o + m] = inp.ar_mask[0, :m]
         _copy_extras(objective, extras, inp.extras, o, m)
     valid = doc_of >= 0
     pattern = M.MaskPattern(first.attention_pattern.kind, T, first.attention_pattern.block_size)
@@ -92,7 +98,8 @@ def _assemble(objective: Objective, docs: list, pad_id: int) -> ModelInputs:
     return ModelInputs(tokens=tokens, position_ids=position_ids,
                        attention_mask=pattern.dense(dev) if objective.dense_masks else None,
                        logits_start=first.logits_start, targets=targets, loss_mask=loss_mask, weights=weights,
-                       extras=extras, attention_pattern=pattern, logit_rows=rows, groups=groups)
+                       extras=extras, attention_pattern=pattern, logit_rows=rows, groups=groups, ar_rows=ar_rows,
+                       ar_mask=ar_mask)
 
 
 def _empty_extras(objective: Objective, like: dict, N: int, dev) -> dict:

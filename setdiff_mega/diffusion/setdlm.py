@@ -5,7 +5,13 @@ perm], the noisy half's logits, no logit shift; the loss is the per-sequence mea
 the clean row of p - 1 when rank(p - 1) < r (that row saw exactly the tokens ranked up to p - 1: with the
 identity order, the AR model's state), else its own noisy row L + r.
 Options (:class:`SetDLMOptions`): D, S_max (2D unless set), the schedule's k or b, ``keep_clean_bos``,
-``eos_last`` and the fill-in-the-middle rows (not in the paper; method.md 12); D and S_max identify a run.
+``eos_last``, the fill-in-the-middle rows (not in the paper; method.md 12) and ``ar_weight`` (not in the paper;
+method.md 15): a next-token loss on the clean stream beside the any-order one, the clean row of rank j (position
+q) predicting x_{q+1} wherever rank(q + 1) > j (the clean stream is causal in rank order, so that row has not
+seen q + 1); the logits then cover both halves. With ``shift_logits`` these pairs are exactly the targets that
+read their predecessor's row, so the weight adds ``ar_weight`` times their mean to the loss (the AR head's
+share); without it the noisy rows keep predicting their own position and the clean rows learn the next token
+as Megatron-Bridge's NemotronLabsDiffusion does on its clean stream. D and S_max identify a run.
 It decodes sets inside a sliding window of W = D positions by default.
 """
 from __future__ import annotations
@@ -33,9 +39,14 @@ class SetDLMOptions(methods.Options):
     fim_rate: float = 0.0                        # not the paper: rows trained with a revealed prefix and the rest
     fim_max_middle: int = 0                      #   of the document (fill-in-the-middle; method.md 12), caps on
     fim_max_suffix: int = 0                      #   the middle's and the suffix's lengths (0 = none)
+    ar_weight: float = 0.0                       # not the paper: next-token loss on the clean stream (method.md 15)
 
     RUN_FIELDS = ("D", "S_max")
-    EXCLUSIVE = ("fim_rate",)
+    EXCLUSIVE = ("fim_rate", "ar_weight")
+
+    @property
+    def every_row_logits(self) -> bool:
+        return self.ar_weight > 0
 
     @property
     def s_max(self) -> int:
@@ -56,6 +67,8 @@ class SetDLMOptions(methods.Options):
             raise error("objective.k and objective.b are alternatives: set at most one")
         if self.k is not None and self.k <= 0:
             raise error(f"objective.k={self.k} must be > 0")
+        if not self.ar_weight >= 0:
+            raise error(f"objective.ar_weight={self.ar_weight} must be >= 0 (0: the paper's loss alone)")
         if not 0.0 <= self.fim_rate <= 1.0 or self.fim_max_middle < 0 or self.fim_max_suffix < 0:
             raise error(f"objective.fim_rate={self.fim_rate} must be in [0, 1] and objective.fim_max_middle="
                         f"{self.fim_max_middle} / fim_max_suffix={self.fim_max_suffix} >= 0 (0 = no cap)")
@@ -73,6 +86,8 @@ class SetDLMOptions(methods.Options):
         parts = [f"D = {self.D}, S_max = {self.s_max}"]
         if self.fim_rate:
             parts.append(f"fill-in-the-middle rate {self.fim_rate} (not in the paper's recipe)")
+        if self.ar_weight:
+            parts.append(f"next-token loss on the clean stream, weight {self.ar_weight} (not in the paper's recipe)")
         return parts
 
 
@@ -101,7 +116,7 @@ class SetDLMObjective(Objective):
     def __init__(self, mask_id: int, D: int, S_max: int | None = None, k: float | None = None,
                  b: float | None = None, keep_clean_bos: bool = False, eos_last: bool = False,
                  eos_id: int | None = None, fim_rate: float = 0.0, fim_max_middle: int = 0,
-                 fim_max_suffix: int = 0):
+                 fim_max_suffix: int = 0, ar_weight: float = 0.0):
         super().__init__(mask_id, "unweighted", eos_id)
         self.D, self.S_max = int(D), default_s_max(D, S_max)
         self.k, self.b = k, b
@@ -112,6 +127,9 @@ class SetDLMObjective(Objective):
             raise ValueError(f"fim_rate must be in [0, 1] and fim_max_middle / fim_max_suffix >= 0, got "
                              f"{fim_rate}, {fim_max_middle}, {fim_max_suffix}")
         self.fim_rate = float(fim_rate)
+        if not ar_weight >= 0:
+            raise ValueError(f"ar_weight must be >= 0, got {ar_weight}")
+        self.ar_weight = float(ar_weight)
         self.fim_max_middle, self.fim_max_suffix = int(fim_max_middle), int(fim_max_suffix)
 
     def schedule(self, L: int) -> StaggeredSchedule:
@@ -179,19 +197,31 @@ class SetDLMObjective(Objective):
             loss_mask = loss_mask.clone()
             loss_mask[:, 0] = False
         rank = invert(perm)
-        start, rows = (0, self.shifted_rows(perm, rank)) if self.shift_logits else (L, None)
+        pred_rank, before = self.predecessor_rows(perm, rank)
+        own = L + torch.arange(L, device=dev)[None].expand(B, L)      # each target's own noisy row
+        rows = torch.where(before, pred_rank, own) if self.shift_logits else own if self.ar_weight else None
+        ar_rows, ar_mask = (pred_rank, loss_mask & before) if self.ar_weight else (None, None)
         return ModelInputs(tokens=torch.cat([x0p, xtp], 1), position_ids=perm.repeat(1, 2),
-                           attention_mask=mask, logits_start=start, targets=x0p, loss_mask=loss_mask,
-                           extras={"perm": perm, "rank": rank}, attention_pattern=pattern, logit_rows=rows)
+                           attention_mask=mask, logits_start=L if rows is None else 0, targets=x0p,
+                           loss_mask=loss_mask, extras={"perm": perm, "rank": rank}, attention_pattern=pattern,
+                           logit_rows=rows, ar_rows=ar_rows, ar_mask=ar_mask)
 
     @staticmethod
-    def shifted_rows(perm: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-        """[B, L] the row of the 2L (rank-space) output the target of each rank reads under the AR shift."""
+    def predecessor_rows(perm: torch.Tensor, rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, L] the clean row (rank) of the predecessor p - 1 of the target of each rank (0 where p = 0),
+        [B, L] bool: p - 1 exists and comes earlier in the order, so its clean row has not seen p)."""
         L = perm.shape[1]
         pred = perm - 1                                        # the predecessor's position
         pred_rank = rank.gather(1, pred.clamp(min=0))
         r = torch.arange(L, device=perm.device)[None]
-        return torch.where((pred >= 0) & (pred_rank < r), pred_rank, L + r)
+        return pred_rank, (pred >= 0) & (pred_rank < r)
+
+    @classmethod
+    def shifted_rows(cls, perm: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        """[B, L] the row of the 2L (rank-space) output the target of each rank reads under the AR shift."""
+        pred_rank, before = cls.predecessor_rows(perm, rank)
+        L = perm.shape[1]
+        return torch.where(before, pred_rank, L + torch.arange(L, device=perm.device)[None])
 
 
 SETDLM = methods.register(methods.Method(

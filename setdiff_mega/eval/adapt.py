@@ -1,4 +1,5 @@
-"""The paper's AR-to-SetDLM recipe end to end at CPU scale (``tools/reproduce.py --adapt``).
+"""The paper's AR-to-SetDLM recipe end to end at CPU scale, and the study of what closes the gap to the AR parent
+(``tools/reproduce.py --adapt``).
 
 The GSM8K model of the paper is a pretrained AR model (Qwen3-1.7B-Base) fine-tuned as a SetDLM on
 chat-formatted worked solutions. Here, as a user with a real Qwen3 would do it:
@@ -13,21 +14,29 @@ chat-formatted worked solutions. Here, as a user with a real Qwen3 would do it:
    own (none equal to a held-out problem), each a user turn (the paper's GSM8K instruction + the question) and an
    assistant turn (the worked steps, then ``The answer is $\\boxed{n}$.``), preprocessed with
    ``tools/preprocess_data.py --sft``'s code and trained packed (``data.packing``).
-4. **Fine-tune** AR, MDLM, BD3LM (S = 4) and SetDLM (D = 2, 4) for ``finetune_steps`` each, from the exported
-   AR model with every seed of ``seeds`` (``train.seed`` and ``data.seed``: the training noise, orders and
-   masks, and the order of the conversations vary; the pretrained model is shared; an AR fine-tune has no noise,
-   so its spread is the data order's) and from scratch with ``seed`` (the same architecture and
-   hyperparameters),
-   the diffusion models with the AR head alignment (``model.shift_logits``, method.md 13: a target reads its
-   predecessor's row, so the imported head keeps its meaning).
-5. **Evaluate** exact match on the held-out arithmetic problems asked as chat prompts (the last ``\\boxed{}``),
-   greedy, batch 1, against tokens/s and tokens per step (tau sweep; W in {D, 2D}), and the pretrained AR on the
-   plain prompt for reference; seed means and standard deviations per setting (``frontier``); the speed claim
-   (SetDLM at BD3LM's best accuracy at >= 1.5x its tokens/s) on those means, for the adapted and for the
-   from-scratch models; the report section (:mod:`.adapt_report`).
+4. **Fine-tune** arms (:mod:`.adapt_levers`), every model of an arm once per seed of ``seeds`` (``train.seed`` and
+   ``data.seed``: the training noise, orders and masks and the order of the conversations vary; the pretrained
+   parent is shared; an AR fine-tune has no noise, so its spread is the data order's):
+
+   * the baseline recipe: AR, BD3LM (S = 4) and SetDLM (D = 4) for ``finetune_steps``, the diffusion models with
+     the AR head alignment (``model.shift_logits``, method.md 13);
+   * one arm per lever (``levers``): the lever model (SetDLM D = 4) with that lever alone;
+   * the recommended recipe (``recipe``): the levers the study favours, combined, for AR, BD3LM and SetDLM alike.
+
+5. **Evaluate** (:mod:`.adapt_eval`) exact match on ``limit`` held-out problems (:mod:`.adapt_data`: none in the
+   supervised set or the pretraining corpus) asked as chat prompts, greedy, in batches, for every sampler setting
+   (tau x commit rule, SetDLM also W); then, with nothing else of the recipe running, the decoding speed of every
+   setting at batch 1 on the first ``speed_limit`` problems (tokens/s, forwards); the pretrained AR on the plain
+   prompt for reference. Seed means and standard deviations per setting; the claims (:mod:`.adapt_claims`) on
+   those means; the report section (:mod:`.adapt_report`).
+
+Everything is reused on a re-run: the parent, each arm's models (their directory names carry a hash of the arm's
+training options), the distilled data and every cached accuracy; only the timings are measured again.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -42,8 +51,12 @@ from setdiff_mega.data.sft import preprocess_sft
 from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.inference.engine import decoding_model
 
+from . import adapt_claims as C
+from . import adapt_eval as E
 from . import adapt_report as R
 from . import frontier as F
+from .adapt_data import corpus_questions, eval_problems, problems_hash
+from .adapt_levers import BASELINE, LEVERS, RECIPE, Arm, Lever, distill_data
 from .reproduce import CPU_OVERRIDES
 from .tasks import GSM8K_INSTRUCTION, load_task
 
@@ -53,9 +66,7 @@ QWEN3_ARCH = ["model.family=qwen3", "model.normalization=RMSNorm", "model.norm_e
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}\n"
                  "{% elif m['role'] == 'assistant' %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
                  "{% if add_generation_prompt %}Assistant:{% endif %}")
-FINETUNED = [{"objective": "ar"}, {"objective": "mdlm"}, {"objective": "bd3lm", "block_size": 4},
-             {"objective": "setdlm", "D": 2}, {"objective": "setdlm", "D": 4}]
-INITS = ("ar", "scratch")
+FINETUNED = [{"objective": "ar"}, {"objective": "bd3lm", "block_size": 4}, {"objective": "setdlm", "D": 4}]
 
 
 @dataclass
@@ -69,14 +80,20 @@ class AdaptConfig:
         "data.seq_length=256", "data.packing=true", "data.split=95,5,0", "train.micro_batch_size=8",
         "train.lr=1e-3", "train.min_lr=1e-4", "train.warmup_steps=20", "train.eval_interval=50",
         "train.eval_iters=4"])
-    seed: int = 1234                          # pretraining, the supervised set, the from-scratch fine-tunes
-    seeds: list = field(default_factory=lambda: [1234, 7, 42])    # the fine-tunes from the AR model
+    seed: int = 1234                          # pretraining, the supervised set, the held-out problems
+    seeds: list = field(default_factory=lambda: [1234, 7, 42])    # every fine-tune
     conversations: int = 4000
-    models: list = field(default_factory=lambda: [dict(m) for m in FINETUNED])
-    taus: list = field(default_factory=lambda: [0.5, 0.9, 1e6])
-    limit: int = 64                           # held-out arithmetic problems per point
+    models: list = field(default_factory=lambda: [dict(m) for m in FINETUNED])   # the baseline and recipe arms
+    lever_model: dict = field(default_factory=lambda: {"objective": "setdlm", "D": 4})
+    levers: list = field(default_factory=lambda: list(LEVERS))
+    recipe: Lever | None = RECIPE
+    taus: list = field(default_factory=lambda: [0.5, 0.7, 0.9, 1e6])
+    rules: tuple = E.RULES
+    lever_windows: tuple = (1,)               # the lever arms' W (units of D); baseline and recipe: (1, 2)
+    limit: int = 512                          # held-out problems per accuracy
+    speed_limit: int = 64                     # of them, decoded at batch 1 for the speed figures
+    eval_batch: int = 64
     max_new_tokens: int = 48
-    batch_size: int = 1
     tasks: str = "data/embedded/tasks"
     engine: str = "auto"
     data: str | None = None                   # the pretraining corpus (None: the base config's)
@@ -85,8 +102,23 @@ class AdaptConfig:
         if budget != 1:
             self.pretrain_steps = max(1, round(self.pretrain_steps * budget))
             self.finetune_steps = max(1, round(self.finetune_steps * budget))
-            self.limit = max(1, min(128, round(self.limit * budget)))
+            self.levers = [dataclasses.replace(lv, steps=max(1, round(lv.steps * budget))) if lv.steps else lv
+                           for lv in self.levers]
+            if self.recipe is not None and self.recipe.steps:
+                self.recipe = dataclasses.replace(self.recipe, steps=max(1, round(self.recipe.steps * budget)))
+            self.limit = max(8, round(self.limit * budget))
+            self.speed_limit = max(4, min(self.limit, round(self.speed_limit * budget)))
         return self
+
+    def arms(self) -> list[Arm]:
+        out = [Arm(BASELINE, [dict(m) for m in self.models])]
+        out += [Arm(lv, [dict(self.lever_model)]) for lv in self.levers]
+        if self.recipe is not None:
+            out.append(Arm(self.recipe, [dict(m) for m in self.models]))
+        return out
+
+    def windows(self, arm: Arm) -> tuple:
+        return (1, 2) if arm.lever.name in (BASELINE.name, getattr(self.recipe, "name", None)) else self.lever_windows
 
 
 def chat_tokenizer(corpus_tokenizer: str | Path, out: Path) -> Path:
@@ -126,6 +158,15 @@ def prepare(ac: AdaptConfig, corpus_tokenizer: str, held_out: list[dict], log=pr
     return tok, prefix
 
 
+def held_out(ac: AdaptConfig, corpus_prefix: str) -> tuple[list[dict], bool]:
+    """(the ``limit`` held-out problems, whether the pretraining corpus was searched too; :mod:`.adapt_data`)."""
+    chats = (Path(ac.out_dir) / "sft" / "arith_chat.jsonl").read_text(encoding="utf-8").splitlines()
+    exclude = {json.loads(c)["messages"][0]["content"][len(GSM8K_INSTRUCTION):] for c in chats if c.strip()}
+    corpus = corpus_questions(corpus_prefix)
+    return eval_problems(ac.limit, ac.seed, load_task(ac.tasks, "arith"), exclude | (corpus or set())), \
+        corpus is not None
+
+
 def pretrain_and_export(ac: AdaptConfig, tok: Path, log=print) -> tuple[dict, Path]:
     """Pretrain the Qwen3-architecture AR model, export it in Qwen3's layout: (its training record, export dir)."""
     data = [f"data.path={ac.data}"] if ac.data else []
@@ -136,87 +177,122 @@ def pretrain_and_export(ac: AdaptConfig, tok: Path, log=print) -> tuple[dict, Pa
     if not (export / "config.json").is_file() or rec.get("reused") is False:
         export_model(rec["dir"], export, overwrite=export.exists())
         log(f"exported the pretrained AR model in Qwen3's layout to {export}")
-    return {**rec, "spec": spec}, export
+    return {**rec, "spec": spec, "arm": "pretrained"}, export
 
 
-def finetune_all(ac: AdaptConfig, tok: Path, prefix: Path, export: Path, log=print) -> list[dict]:
-    """Every model of ``ac.models`` from the exported AR model and from scratch (same data, steps, settings)."""
-    out = []
-    for init in INITS:
-        start = [f"train.init_from=hf:{export}"] if init == "ar" else QWEN3_ARCH
-        for m, seed in [(m, s) for s in (ac.seeds if init == "ar" else [ac.seed]) for m in ac.models]:
+def arm_dir(ac: AdaptConfig, lever: Lever) -> Path:
+    """``<out>/arms/<name>_<hash of what the arm trains with>`` (a changed lever trains anew)."""
+    what = json.dumps([lever.overrides, lever.data, lever.steps or ac.finetune_steps, lever.shift, ac.finetune,
+                       ac.overrides], default=str)
+    return Path(ac.out_dir) / "arms" / f"{lever.name}_{hashlib.sha256(what.encode()).hexdigest()[:6]}"
+
+
+def train_arm(ac: AdaptConfig, arm: Arm, tok: Path, data: dict, export: Path, log=print) -> list[dict]:
+    """Every model of ``arm`` with every seed, from the exported AR model; ``data``: {"sft": prefix, "distill":
+    prefix or a function building it}."""
+    lv, out = arm.lever, []
+    prefix = data[lv.data]() if callable(data[lv.data]) else data[lv.data]
+    for seed in ac.seeds:
+        for m in arm.models:
             spec = {**m, "seed": seed}
-            shift = [] if methods.get(m["objective"]).causal else ["model.shift_logits=true"]   # AR: shifted
+            shift = [] if methods.get(m["objective"]).causal else [f"model.shift_logits={str(lv.shift).lower()}"]
             over = [*ac.overrides, *ac.finetune, "data.format=sft", f"data.path={prefix}", f"data.tokenizer={tok}",
-                    f"data.seed={seed}", *start, *shift]
-            rec = F.train_model(spec, ac.finetune_steps, Path(ac.out_dir) / f"from_{init}", ac.base_config, over, log)
-            out.append({**rec, "spec": spec, "init": init})
+                    f"data.seed={seed}", f"train.init_from=hf:{export}", *shift, *lv.overrides]
+            rec = F.train_model(spec, lv.steps or ac.finetune_steps, arm_dir(ac, lv), ac.base_config, over, log)
+            out.append({**rec, "spec": spec, "arm": lv.name, "lever": lv.label})
     return out
 
 
-def evaluate(ac: AdaptConfig, pretrained: dict, tuned: list[dict], rows: list[dict], log=print,
-             progress=None) -> list[dict]:
-    """Math points of every fine-tuned model (chat prompts) and of the pretrained AR model (plain prompt)."""
-    points = []
-    for rec in [{**pretrained, "init": "pretrained"}, *tuned]:
-        model, objective, tok, cfg = load_model(rec["dir"])
-        dec = (decoding_model(model, cfg, tok, ac.engine), objective, tok, cfg)
-        chat = None if rec["init"] == "pretrained" else ChatRenderer.of(tok)
-        for p in F.math_points(rec["spec"], dec, rows, ac.taus, ac.max_new_tokens, ac.batch_size, progress,
-                               chat=chat):
-            points.append({**p, "init": rec["init"], "prompt": "plain" if chat is None else "chat"})
-            log(f"  {rec['init']:<10} {p['tag']:<18} W={p['window']} tau={p['tau']:g}: acc {p['accuracy']:.3f}, "
-                f"{p['tokens_per_s']:.0f} tok/s, {p['tokens_per_step']:.2f} tok/step")
+def train_all(ac: AdaptConfig, tok: Path, sft: Path, export: Path, log=print) -> tuple[list[dict], dict]:
+    """Every arm, the baseline first (its first AR fine-tune is the distillation teacher)."""
+    arms, tuned, info = ac.arms(), [], {}
+
+    def distilled():
+        teacher = next(t for t in tuned if t["arm"] == BASELINE.name and methods.get(t["spec"]["objective"]).causal)
+        prefix, info["distill"] = distill_data(teacher["dir"], sft.with_suffix(".jsonl"), sft.parent, tok,
+                                               ac.max_new_tokens, ac.eval_batch, log)
+        return prefix
+
+    for arm in arms:
+        tuned += train_arm(ac, arm, tok, {"sft": sft, "distill": distilled}, export, log)
+    return tuned, info
+
+
+def accuracy_all(ac: AdaptConfig, models: list[dict], rows: list[dict], log=print) -> list[dict]:
+    """Every model's accuracy points (batched, cached); the pretrained AR on the plain prompt."""
+    arms = {a.lever.name: a for a in ac.arms()}
+    key, points = problems_hash(rows), []
+    for rec in models:
+        loaded = _loaded(rec["dir"], ac.engine)
+        chat = None if rec["arm"] == "pretrained" else ChatRenderer.of(loaded[2])
+        arm = arms.get(rec["arm"])
+        for s in E.settings(rec["spec"], ac.taus, ac.rules, ac.windows(arm) if arm else (1,)):
+            a = E.accuracy_point(rec["dir"], loaded, rows, s, chat, key, ac.eval_batch, ac.engine, ac.max_new_tokens)
+            p = {"arm": rec["arm"], "lever": rec.get("lever", "pretrained AR"), "dir": str(rec["dir"]),
+                 "method": F.method_label(rec["spec"]), **rec["spec"], "window": s.get("window"), "tau": s["tau"],
+                 "rule": s["commit_rule"], "prompt": "plain" if chat is None else "chat", **a}
+            points.append(p)
+            log(f"  {rec['arm']:<14} {p['method']:<14} s{p['seed']:<5} W={p['window']} tau={p['tau']:g} "
+                f"{p['rule']:<10}: acc {a['accuracy']:.3f}, {a['tokens_per_step']:.2f} tok/step")
     return points
 
 
-FRONTIER_KEYS = ("init", "method", "objective", "D", "block_size", "window", "tau")
-FRONTIER_METRICS = ("accuracy", "step_accuracy", "tokens_per_s", "tokens_per_step", "forwards", "ms_per_forward")
+def speed_all(ac: AdaptConfig, points: list[dict], rows: list[dict], log=print) -> None:
+    """Batch-1 timings of every point (in place), model by model, after all training and accuracy work."""
+    by_dir: dict = {}
+    for p in points:
+        by_dir.setdefault(p["dir"], []).append(p)
+    sub = rows[:ac.speed_limit]
+    for d, pts in by_dir.items():
+        loaded = _loaded(d, ac.engine)
+        chat = None if pts[0]["prompt"] == "plain" else ChatRenderer.of(loaded[2])
+        for p in pts:
+            s = {"tau": p["tau"], "commit_rule": p["rule"], **({"window": p["window"]} if p["window"] else {})}
+            p.update(E.speed_point(loaded, sub, s, chat, p["texts"][:len(sub)], ac.max_new_tokens))
+        log(f"  timed {pts[0]['arm']} {pts[0]['method']} s{pts[0]['seed']}: "
+            + ", ".join(f"{p['tokens_per_s']:.0f}" for p in pts) + " tok/s")
+
+
+def _loaded(run_dir, engine: str) -> tuple:
+    model, objective, tok, cfg = load_model(run_dir)
+    return decoding_model(model, cfg, tok, engine), objective, tok, cfg
+
+
+KEYS = ("arm", "lever", "method", "objective", "D", "block_size", "window", "tau", "rule", "prompt")
+METRICS = ("accuracy", "step_accuracy", "tokens_per_s", "tokens_per_step", "forwards", "ms_per_forward", "agreement")
 
 
 def frontier(points: list[dict]) -> list[dict]:
-    """Seed means (and standard deviations) of every setting, per initialisation."""
-    return F.aggregate(points, FRONTIER_KEYS, FRONTIER_METRICS)
-
-
-def speed_claims(frontier_rows: list[dict]) -> list[dict]:
-    """The from-scratch reproduction's failed speed claim, on the adapted and on the from-scratch models (seed
-    means)."""
-    out = []
-    for init in INITS:
-        s = F.summarise([p for p in frontier_rows if p["init"] == init]).get("accuracy")
-        if not s:
-            continue
-        b, f, sp = s["bd3lm_best"], s["setdlm_fastest_at_least_as_accurate"], s["speedup"]
-        found = (f"SetDLM {f['tokens_per_s']:.0f} tok/s ({sp:.2f}x; {f['method']}, W={f['window']}, tau "
-                 f"{f['tau']:g}; {f['tokens_per_step']:.2f} tok/step, {f['forwards']:.0f} forwards of "
-                 f"{f['ms_per_forward']:.2f} ms)") if f else "no SetDLM setting reaches it"
-        out.append({"claim": f"from {'the AR model' if init == 'ar' else 'scratch'}: SetDLM reaches BD3LM's best "
-                             f"accuracy at >= 1.5x its tokens/s",
-                    "value": f"BD3LM best {b['accuracy']:.3f} ({b['method']}, tau {b['tau']:g}) at "
-                             f"{b['tokens_per_s']:.0f} tok/s ({b['tokens_per_step']:.2f} tok/step, "
-                             f"{b['forwards']:.0f} forwards of {b['ms_per_forward']:.2f} ms); {found}",
-                    "holds": bool(sp and sp >= 1.5), "init": init, "speedup": sp})
-    return out
+    """Seed means (and standard deviations) of every setting of every arm."""
+    return F.aggregate(points, KEYS, METRICS)
 
 
 def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, corpus_tokenizer: str,
-        log=print) -> dict:
-    """Prepare, pretrain, export, fine-tune, evaluate; write ``adapt.json``, the assets and the report section."""
+        corpus_prefix: str, log=print) -> dict:
+    """Prepare, pretrain, export, fine-tune the arms, evaluate, time; write ``adapt.json``, the assets and the
+    report section."""
     t0 = time.perf_counter()
-    rows = load_task(ac.tasks, "arith", ac.limit)
-    tok, prefix = prepare(ac, corpus_tokenizer, load_task(ac.tasks, "arith"), log)
+    tok, sft = prepare(ac, corpus_tokenizer, load_task(ac.tasks, "arith"), log)
+    rows, corpus_searched = held_out(ac, corpus_prefix)
     pretrained, export = pretrain_and_export(ac, tok, log)
-    tuned = finetune_all(ac, tok, prefix, export, log)
+    tuned, info = train_all(ac, tok, sft, export, log)
     t_train = time.perf_counter() - t0
-    points = evaluate(ac, pretrained, tuned, rows, log)
+    points = accuracy_all(ac, [pretrained, *tuned], rows, log)
+    t_acc = time.perf_counter()
+    speed_all(ac, points, rows, log)
+    t_speed = time.perf_counter() - t_acc
+    for p in points:
+        p.pop("texts", None)
+        p.pop("correct", None)
     means = frontier(points)
     results = {"points": points, "frontier": means, "training": R.training_rows(pretrained, tuned),
-               "claims": speed_claims(means)}
+               "claims": C.claims(means, ac), "levers": C.lever_rows(means, points, ac),
+               "resolution": C.design_resolution(means, points, ac), "distill": info.get("distill"),
+               "held_out": {"n": len(rows), "corpus_searched": corpus_searched}}
     wall = time.perf_counter() - t0
     trained = [pretrained, *tuned]
     results["meta"] = R.meta(ac, command, wall, t_train, sum(t["seconds"] for t in trained) + wall - t_train,
-                             any(t["reused"] for t in trained))
+                             any(t["reused"] for t in trained), t_speed)
     Path(ac.out_dir, "adapt.json").write_text(json.dumps(results, indent=1, default=str))
     files = R.write_assets(results, trained, Path(assets))
     if report_path:
@@ -225,15 +301,19 @@ def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, cor
 
 
 def toy_config(out_dir: str, data: str, tasks: str) -> AdaptConfig:
-    """A seconds-sized run with the whole pipeline and report (the test suite runs it)."""
+    """A seconds-sized run with the whole pipeline and report (the test suite runs it): the baseline arm (AR and
+    SetDLM, two seeds) and one lever arm that trains on the distilled data with the next-token loss."""
     tiny = ["model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads=2", "data.seq_length=128",
             "train.micro_batch_size=4", "train.eval_iters=1", "train.warmup_steps=1", "train.log_interval=2",
             "train.eval_interval=2"]
+    lever = Lever("distill_ar", "self-distillation + next-token loss", "the toy run", ("objective.ar_weight=1.0",),
+                  data="distill", steps=3)
     return AdaptConfig(out_dir=out_dir, overrides=CPU_OVERRIDES + tiny, pretrain_steps=3, finetune_steps=2,
                        finetune=["data.seq_length=128", "data.packing=true", "data.split=90,10,0"], conversations=40,
-                       models=[{"objective": "setdlm", "D": 2}], seeds=[1234, 7], taus=[1e6], limit=2,
-                       max_new_tokens=8, tasks=tasks, data=data)
+                       models=[{"objective": "ar"}, {"objective": "setdlm", "D": 2}],
+                       lever_model={"objective": "setdlm", "D": 2}, levers=[lever], recipe=None, seeds=[1234, 7],
+                       taus=[0.9, 1e6], limit=6, speed_limit=3, eval_batch=4, max_new_tokens=8, tasks=tasks, data=data)
 
 
 __all__ = ["AdaptConfig", "QWEN3_ARCH", "CHAT_TEMPLATE", "FINETUNED", "conversations", "run", "toy_config",
-           "frontier", "speed_claims"]
+           "frontier", "held_out", "arm_dir"]

@@ -129,8 +129,9 @@ def _speed(results: list[dict]) -> dict:
 
 
 def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_size: int = 8,
-                  progress=None, chat=None) -> dict:
-    """Exact match of the extracted answer (module docstring); ``chat``: a ChatRenderer for chat prompts."""
+                  progress=None, chat=None, keep_texts: bool = False) -> dict:
+    """Exact match of the extracted answer (module docstring); ``chat``: a ChatRenderer for chat prompts;
+    ``keep_texts``: also every generation (``texts``) and whether it was right (``correct``), in row order."""
     if chat is None:
         prompts = [(r, f"Question: {r['question']}\nAnswer:") for r in rows]
         ids = [[tok.bos] + tok.encode(q) for _, q in prompts]
@@ -146,7 +147,8 @@ def math_accuracy(model, tok, method, rows: list[dict], gc, context: int, batch_
     correct = [extract_answer(o["text"]) == str(r["answer"]).replace(",", "") for o, r in zip(out, rows)]
     eq = [equation_counts(o["text"]) for o in out]
     copied = [_first_number(o["text"]) == _first_number(r["question"]) for o, r in zip(out, rows)]
-    return {"task": "math", "n": len(rows), "skipped_too_long": len(prompts) - len(rows),
+    kept = {"texts": [o["text"] for o in out], "correct": correct} if keep_texts else {}
+    return {"task": "math", "n": len(rows), "skipped_too_long": len(prompts) - len(rows), **kept,
             "accuracy": sum(correct) / max(len(rows), 1),
             "step_accuracy": sum(c for c, _ in eq) / max(sum(t for _, t in eq), 1),
             "copy_accuracy": sum(copied) / max(len(rows), 1), **_speed(out),

@@ -108,8 +108,9 @@ def shard_inputs(inp, streams: int, cp: int, rank: int):
     """This CP rank's :class:`~setdiff_mega.diffusion.objectives.ModelInputs` of the full micro-batch ``inp``:
     its positions, its mask rows (from the pattern where there is one, which then travels as a view for the
     core attention), its logit rows and the full micro-batch's loss denominators."""
-    if inp.logit_rows is not None:
-        raise ValueError("context parallelism cannot gather shifted logit rows (model.shift_logits): use CP=1")
+    if inp.logit_rows is not None or inp.ar_rows is not None:
+        raise ValueError("context parallelism cannot gather logit rows read across streams (model.shift_logits, "
+                         "a next-token loss on the clean stream): use CP=1")
     B, T = inp.tokens.shape
     idx, Lp = shard_indices(T, streams, cp, rank)
     perm = torch.cat([shard_indices(T, streams, cp, r)[0] for r in range(cp)])

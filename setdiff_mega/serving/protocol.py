@@ -7,7 +7,7 @@ A body is a JSON object. Fields (every other name is refused with the list of kn
                 return_token_ids (not OpenAI's: each choice also carries its generated token ids)
     accepted at OpenAI's neutral value only: presence_penalty / frequency_penalty 0, logprobs null / 0,
                 echo false, best_of null / n, logit_bias null / {}
-    diffusion   the GenerationConfig names: window, tau, commit_k, block_size, repetition_penalty,
+    diffusion   the GenerationConfig names: window, tau, commit_k, commit_rule, block_size, repetition_penalty,
                 length_penalty [start, factor], min_new_tokens, stop_at_eos, fht_cache_order,
                 infill_full_context, stop_regex, stop_regex_count, stop_repeat, stop_confidence,
                 stop_patience, stop_entropy, stop_entropy_window; ``preset`` (gsm8k, cnndm, owt, infill)
@@ -35,9 +35,10 @@ SHARED = {"model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "s
           "return_token_ids", "preset"}
 NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (None, 0, False),
            "echo": (False,), "logit_bias": (None, {}), "best_of": (None,)}
-DIFFUSION = ("window", "tau", "commit_k", "block_size", "repetition_penalty", "length_penalty", "min_new_tokens",
-             "stop_at_eos", "fht_cache_order", "infill_full_context", "stop_regex", "stop_regex_count", "stop_repeat",
-             "stop_confidence", "stop_patience", "stop_entropy", "stop_entropy_window")
+DIFFUSION = ("window", "tau", "commit_k", "commit_rule", "block_size", "repetition_penalty", "length_penalty",
+             "min_new_tokens", "stop_at_eos", "fht_cache_order", "infill_full_context", "stop_regex",
+             "stop_regex_count", "stop_repeat", "stop_confidence", "stop_patience", "stop_entropy",
+             "stop_entropy_window")
 OWN = {"completions": {"prompt", "suffix"}, "chat": {"messages", "chat_template_kwargs", "max_completion_tokens"},
        "infill": {"prefix", "suffix", "span", "prompt"}}
 MAX_N = 16

@@ -46,16 +46,17 @@ def norm_parameters(mc, width: int) -> int:
     return width * (2 if mc.normalization == "LayerNorm" and mc.norm_bias else 1)
 
 
-def flops_terms(mc, padded_vocab: int, objective: str, L: int) -> dict:
-    """The linear, head and attention terms of :func:`flops_per_sample` (see the module docstring)."""
-    T, N = processed_positions(objective, L, mc.shift_logits)
+def flops_terms(mc, padded_vocab: int, objective: str, L: int, every_row: bool = False) -> dict:
+    """The linear, head and attention terms of :func:`flops_per_sample` (see the module docstring);
+    ``every_row``: the objective's options read logits on every row (``Options.every_row_logits``)."""
+    T, N = processed_positions(objective, L, mc.shift_logits or every_row)
     return {"linear": 6.0 * T * body_parameters(mc), "head": 6.0 * N * mc.hidden_size * padded_vocab,
             "attention": 12.0 * mc.num_layers * mc.hidden_size * T * T}
 
 
-def flops_per_sample(mc, padded_vocab: int, objective: str, L: int) -> float:
+def flops_per_sample(mc, padded_vocab: int, objective: str, L: int, every_row: bool = False) -> float:
     """Model FLOPs (forward + backward) of one L-token training sample."""
-    return sum(flops_terms(mc, padded_vocab, objective, L).values())
+    return sum(flops_terms(mc, padded_vocab, objective, L, every_row).values())
 
 
 def peak_flops(override_tflops: float | None = None) -> float | None:

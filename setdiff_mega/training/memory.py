@@ -99,12 +99,13 @@ def _layer_activations(mc, b: int, T_loc: int, tp: int, a: int) -> float:
 
 def activation_bytes(mc, objective: str, L: int, b: int, tp: int = 1, pp: int = 1, cp: int = 1,
                      padded_vocab: int = 0, precision: str = "fp32", recompute: bool = True,
-                     micro_batches: int = 1, split: bool = False, pattern_block: int = 1):
+                     micro_batches: int = 1, split: bool = False, pattern_block: int = 1, every_row: bool = False):
     """Activation bytes of one rank at the backward's peak (see the module docstring); ``recompute=False``
     ignores the config's recomputation; ``split=True`` returns (kept after the forward, recomputation
     workspace and other transient or resident buffers); ``pattern_block``: the block size of the
-    objective's mask pattern (its options' ``pattern_block``)."""
-    T, N = processed_positions(objective, L, mc.shift_logits)
+    objective's mask pattern (its options' ``pattern_block``); ``every_row``: its options read logits on every
+    row (``every_row_logits``)."""
+    T, N = processed_positions(objective, L, mc.shift_logits or every_row)
     streams = methods.get(objective).streams
     Ls = T // streams
     Ls_p = -(-Ls // (2 * cp)) * 2 * cp
@@ -184,7 +185,8 @@ def estimate(cfg, padded_vocab: int, world_size: int | None = None) -> MemoryEst
     ema = 4.0 * n if tc.ema_decay > 0 else 0.0
     args = (mc, cfg.objective.name, cfg.data.seq_length, tc.micro_batch_size, tp, pp, cp, padded_vocab, tc.precision)
     act = {r: activation_bytes(*args, recompute=r, micro_batches=tc.grad_accum_steps,
-                               pattern_block=cfg.objective.options.pattern_block) for r in (True, False)}
+                               pattern_block=cfg.objective.options.pattern_block,
+                               every_row=cfg.objective.options.every_row_logits) for r in (True, False)}
     return MemoryEstimate(parameters=n, weights=weights, gradients=grads, optimizer=optim, ema=ema,
                           activations=act[True], activations_no_recompute=act[False])
 

@@ -48,6 +48,8 @@ from setdiff_mega.data.indexed import DataWatch, check_dataset, check_matches
 from setdiff_mega.data.loader import build_splits, parse_blend, wrap_ids
 from setdiff_mega.diffusion import inputs_for
 from setdiff_mega.model import padded_vocab_size
+from setdiff_mega.model.token_rows import mean_token_rows
+from setdiff_mega.model.transformer import model_chunks
 from setdiff_mega.parallel import initialize
 
 from . import optim
@@ -174,6 +176,10 @@ class Trainer:
         elif tc.init_from:
             ck = load_weights(model, self.init_path, cfg.model)
             self.log(f"initialised the weights from {ck}")
+            if tc.init_mask_row == "mean":
+                mean_token_rows(model_chunks(model), [self.tok.mask], self.tok.vocab_size)
+                self.log(f"MASK's row (token {self.tok.mask}) := the mean of the other {self.tok.vocab_size - 1} "
+                         f"tokens' rows (train.init_mask_row=mean)")
         model.train()
         self.backend = optimizer_backend(model, cfg)        # AdamW (+ DDP) or a DeepSpeed ZeRO engine
         self.ema = EMA(model, tc.ema_decay) if tc.ema_decay > 0 else None   # after ZeRO-3 partitions exist
@@ -187,7 +193,8 @@ class Trainer:
         cfg, tc, dc, model, resumed = self.cfg, self.cfg.train, self.cfg.data, self.model, self.resumed
         self.n_params = total_parameters(model)
         L = self.L = dc.seq_length
-        self.sample_flops = flops_per_sample(cfg.model, model.padded_vocab_size, self.objective.name, L)
+        self.sample_flops = flops_per_sample(cfg.model, model.padded_vocab_size, self.objective.name, L,
+                                             cfg.objective.options.every_row_logits)
         self.peak = peak_flops(tc.peak_tflops)
         self.proc_per_sample = methods.get(self.objective.name).positions(L)[0]
         self.log(f"model: {self.n_params / 1e6:.2f}M parameters, vocab {self.vocab} (padded "

@@ -84,3 +84,30 @@ def test_tp2_setcausal_backend_matches_tp1_dense_reference():
         torch.testing.assert_close(o["logits"][rows], ref["logits"][rows], rtol=1e-5, atol=1e-5)
         for k in ("g_qkv", "g_fc2", "g_norm"):
             torch.testing.assert_close(o[k], ref[k], rtol=1e-4, atol=1e-6)
+
+
+def _mask_row_logits(rank, world, tp, tie):
+    from setdiff_mega.config import ModelConfig
+    from setdiff_mega.model import build_model
+    from setdiff_mega.model.token_rows import mean_token_rows
+    from setdiff_mega.parallel import initialize
+
+    initialize(tensor_model_parallel_size=tp, seed=1234)
+    torch.manual_seed(0)
+    mc = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, zero_init_head=False, head_bias=not tie,
+                     make_vocab_size_divisible_by=8, tie_embeddings=tie)
+    model = build_model(mc, V)
+    mean_token_rows([model], [MASK], V - 1)                 # MASK = 60 = the last of the tokenizer's 61 tokens
+    x = torch.randint(0, 58, (1, L), generator=torch.Generator().manual_seed(1))
+    x[0, 3] = MASK
+    with torch.no_grad():
+        return model(x, torch.arange(L)[None], torch.ones(1, L, L, dtype=torch.bool).tril()[None], 0)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tp2_mask_row_mean_matches_tp1(tie):
+    """train.init_mask_row=mean: MASK's embedding / head row (and head bias) := the other tokens' mean, over TP
+    shards as in one process (the MASK input then embeds as that mean; its logit is the mean logit)."""
+    ref = run_ranks(_mask_row_logits, world=1, args=(1, tie))[0]
+    for o in run_ranks(_mask_row_logits, world=2, args=(2, tie)).values():
+        torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-5)

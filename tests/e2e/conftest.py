@@ -21,8 +21,8 @@ TINY = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads
 
 def _run(args, **kw):
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, **kw)
+    kw.setdefault("timeout", 300)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, **kw)
 
 
 @functools.cache

@@ -66,35 +66,54 @@ def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
 
 def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(data_dir, tmp_path):
     """--adapt at toy size: the Qwen3-architecture AR model is pretrained, exported in Qwen3's layout (with the
-    chat template) and imported back by the fine-tune; the chat set holds no held-out problem; the fine-tunes from
-    AR and from scratch are evaluated on chat prompts; the section, CSVs and plots are written."""
+    chat template) and imported back by every fine-tune; the chat set holds no task problem and the held-out
+    problems none of the chat set's; the baseline arm (AR, SetDLM, two seeds) and a lever arm (the AR parent's
+    distilled answers, the next-token loss) are evaluated on chat prompts for every tau x commit rule (x W), the
+    batch-1 timings agree with the batched answers; the section, CSVs and plots are written; a re-run reuses every
+    model and every accuracy."""
     out, report = tmp_path / "run", tmp_path / "docs" / "results.md"
     args = ["tools/reproduce.py", "--adapt", "--toy", "--data", str(data_dir / "corpus"), "--tasks",
             str(data_dir / "tasks"), "--out", str(out), "--report", str(report)]
-    r = _run(args)
+    r = _run(args, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     text, assets = report.read_text(), report.parent / "results" / "adapt"
-    for section in ("## Adapting a pretrained AR model", "### Training", "### Best accuracy per model",
-                    "### Seeds", "### Every setting", "* Command: `python tools/reproduce.py --adapt --toy"):
+    for section in ("## Adapting a pretrained AR model", "### Claims", "### Levers", "### tau against exact match",
+                    "### Training", "### Every setting", "* Resolution:",
+                    "* Command: `python tools/reproduce.py --adapt --toy"):
         assert section in text, section
-    for name in ("adapt_points", "adapt_frontier", "adapt_training"):
+    for name in ("adapt_points", "adapt_frontier", "adapt_training", "adapt_claims", "adapt_levers", "adapt_collapse"):
         assert list(csv.DictReader(open(assets / f"{name}.csv"))), name
-    assert all((assets / f"adapt_{n}.png").stat().st_size > 1000 for n in ("frontier", "curves"))
+    assert all((assets / f"adapt_{n}.png").stat().st_size > 1000 for n in ("frontier", "levers", "tau", "curves"))
     export = out / "adapt" / "qwen3_export"
     assert json.loads((export / "config.json").read_text())["model_type"] == "qwen3"
     assert "Assistant:" in json.loads((export / "tokenizer_config.json").read_text())["chat_template"]
-    held = {json.loads(x)["question"] for x in (data_dir / "tasks" / "arith.jsonl").read_text().splitlines()}
+    task = {json.loads(x)["question"] for x in (data_dir / "tasks" / "arith.jsonl").read_text().splitlines()}
     chats = [json.loads(x) for x in (out / "adapt" / "sft" / "arith_chat.jsonl").read_text().splitlines()]
-    assert len(chats) == 40 and all(c["messages"][0]["content"].split("$. ", 1)[1] not in held for c in chats)
+    asked = {c["messages"][0]["content"].split("$. ", 1)[1] for c in chats}
+    assert len(chats) == 40 and not asked & task
     assert all(c["messages"][1]["content"].endswith("}$.") for c in chats)
+    distilled = list((out / "adapt" / "sft").glob("distill_*.jsonl"))
+    assert len(distilled) == 1 and [json.loads(x)["messages"][0] for x in distilled[0].read_text().splitlines()] \
+        == [c["messages"][0] for c in chats]                           # the same prompts, the teacher's answers
     res = json.loads((out / "adapt" / "adapt.json").read_text())
-    assert {(p["init"], p["prompt"]) for p in res["points"]} == {("pretrained", "plain"), ("ar", "chat"),
-                                                                 ("scratch", "chat")}
-    seeds = {(p["init"], p["seed"]) for p in res["points"]}
-    assert seeds == {("pretrained", 1234), ("ar", 1234), ("ar", 7), ("scratch", 1234)}     # seeds from AR
-    means = {r["init"]: r for r in res["frontier"]}
-    assert means["ar"]["seeds"] == 2 and means["ar"]["accuracy_sd"] is not None and means["scratch"]["seeds"] == 1
-    ck = out / "adapt" / "from_ar" / "models" / "setdlm_D2_s1234" / "checkpoints" / "step_0000002" / "config.yaml"
-    cfg = yaml.safe_load(ck.read_text())
+    assert res["held_out"]["n"] == 6 and res["held_out"]["corpus_searched"]
+    assert {p["arm"] for p in res["points"]} == {"pretrained", "baseline", "distill_ar"}
+    assert {(p["arm"], p["seed"]) for p in res["points"] if p["objective"] == "setdlm"} == {
+        (a, s) for a in ("baseline", "distill_ar") for s in (1234, 7)}
+    base = [p for p in res["points"] if p["arm"] == "baseline" and p["objective"] == "setdlm" and p["seed"] == 7]
+    assert {(p["window"], p["tau"], p["rule"]) for p in base} == {
+        (w, t, r) for w in (2, 4) for t in (0.9, 1e6) for r in ("confidence", "leftmost")}
+    assert all(p["agreement"] == 1.0 and p["speed_n"] == 3 and p["n"] == 6 for p in res["points"])
+    means = [r for r in res["frontier"] if r["arm"] == "baseline" and r["method"] == "AR"]
+    assert means[0]["seeds"] == 2 and means[0]["accuracy_sd"] is not None
+    assert {c["arm"] for c in res["claims"]} == {"baseline", "all"} and len(res["levers"]) == 2
+    arm = next((out / "adapt" / "arms").glob("distill_ar_*"))
+    cfg = yaml.safe_load((arm / "models" / "setdlm_D2_s1234" / "checkpoints" / "step_0000003" / "config.yaml")
+                         .read_text())
     assert cfg["train"]["init_from"] == f"hf:{export}" and cfg["model"]["family"] == "qwen3"
     assert cfg["model"]["shift_logits"] is True and cfg["data"]["packing"] is True
+    assert cfg["objective"]["ar_weight"] == 1.0 and "distill_" in cfg["data"]["path"]
+    cached = len(list(out.glob("adapt/arms/*/models/*/eval_cache/*.json")))
+    r2 = _run(args, timeout=600)                                        # a re-run: nothing trained or evaluated
+    assert r2.returncode == 0 and "training " not in r2.stdout and "distillation:" not in r2.stdout, r2.stdout[-2000:]
+    assert len(list(out.glob("adapt/arms/*/models/*/eval_cache/*.json"))) == cached

@@ -4,7 +4,8 @@ One matrix runs the native path (megatron-core model, setdiff_mega.inference) an
 ``model.generate`` (plain PyTorch remote code) on the same checkpoints: SetDLM W in {1, 4} x tau in
 {0.5, 1e6} with a prompt, with BOS only and infilling, decoding past the training length (the crop);
 AR, BD3LM and MDLM; each diffusion method also with the AR head alignment (``model.shift_logits``); sampling,
-stop strings. Greedy (and seeded sampled) tokens must be identical. A
+stop strings; the AR-anchored commit rule (``commit_rule="leftmost"``). Greedy (and seeded sampled) tokens
+must be identical. A
 fresh interpreter in which ``setdiff_mega`` and ``megatron`` cannot be imported loads and decodes the
 export; bad export directories fail at load with one clear error.
 """
@@ -101,6 +102,10 @@ CASES = ([("setdlm", kind, {"window": W, "tau": tau}) for W in (1, 4) for tau in
          + [(m, kind, {}) for m in ("ar", "bd3lm", "mdlm") for kind in TEXTS]
          + [("setdlm_shift", kind, {"window": 4, "tau": 0.5}) for kind in TEXTS]
          + [(m, kind, {}) for m in ("bd3lm_shift", "mdlm_shift") for kind in ("prompt", "infill")]
+         + [("setdlm_shift", kind, {"window": 4, "tau": t, "commit_rule": "leftmost"}) for kind in TEXTS
+            for t in (0.5, 1e6)]
+         + [("bd3lm_shift", "prompt", {"tau": 0.5, "commit_rule": "leftmost"}),
+            ("setdlm", "infill", {"window": 4, "tau": 0.7, "commit_rule": "leftmost"})]
          + [("setdlm", "prompt", {"temperature": 1.0, "top_p": 0.9, "seed": 5, "window": 4, "tau": 0.7}),
             ("bd3lm", "prompt", {"temperature": 0.8, "seed": 2}),
             ("setdlm", "prompt", {"repetition_penalty": 1.3, "window": 2})])

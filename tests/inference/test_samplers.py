@@ -87,6 +87,24 @@ def test_lower_tau_never_commits_fewer_on_the_same_logits():
         assert not (commit_mask(conf, active, 0.0) & ~active).any()   # only active positions
 
 
+def test_leftmost_rule_forces_the_leftmost_active_positions_and_thresholds_the_rest():
+    """commit_rule="leftmost": the k leftmost active positions always, every other one only at conf >= tau; the
+    same threshold set as the paper's rule, only the forced commits differ."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        conf = torch.rand(6, 9, generator=g)
+        active = torch.rand(6, 9, generator=g) < 0.6
+        for k in (1, 2):
+            for tau in (1.5, 0.7, 0.3):
+                got = commit_mask(conf, active, tau, k, "leftmost")
+                first_k = active & (active.long().cumsum(1) <= k)
+                assert torch.equal(got, first_k | (active & (conf >= tau)))
+                paper = commit_mask(conf, active, tau, k)
+                assert torch.equal(got & ~first_k, paper & ~first_k & (conf >= tau))
+    with pytest.raises(ValueError, match="commit_rule='random' must be one of confidence, leftmost"):
+        GenerationConfig(commit_rule="random").validate()
+
+
 def test_committed_tokens_never_change(rand_model):
     out = _run(SetDLMSampler, rand_model, PROMPTS["prompt"] + PROMPTS["infill"][:1], window=4, tau=0.5,
                record=True)

@@ -69,6 +69,9 @@ def test_the_rows_targets_read_never_saw_their_token(rand_model, name, options):
 @pytest.mark.parametrize("cls,kw", [(SetDLMSampler, {"window": 1, "tau": 2.0}),
                                     (SetDLMSampler, {"window": 4, "tau": 0.5}),
                                     (SetDLMSampler, {"window": 3, "tau": 0.9, "commit_k": 2}),
+                                    (SetDLMSampler, {"window": 4, "tau": 0.5, "commit_rule": "leftmost"}),
+                                    (SetDLMSampler, {"window": 4, "tau": 2.0, "commit_rule": "leftmost"}),
+                                    (BD3LMSampler, {"block_size": 4, "tau": 0.5, "commit_rule": "leftmost"}),
                                     (BD3LMSampler, {"block_size": 4, "tau": 0.5}),
                                     (BD3LMSampler, {"block_size": 3, "tau": 1.5})])
 def test_shifted_decoding_is_cache_exact_and_batch_invariant(rand_model, kind, cls, kw):
@@ -79,6 +82,19 @@ def test_shifted_decoding_is_cache_exact_and_batch_invariant(rand_model, kind, c
     for i, p in enumerate(PROMPTS[kind]):
         assert _run(cls, model, [p], **kw).tokens[0] == a.tokens[i]
     assert a.tokens != _run(cls, rand_model, PROMPTS[kind], **kw).tokens      # the shift is read
+
+
+@torch.no_grad()
+def test_the_leftmost_rule_at_high_tau_decodes_left_to_right_as_window_one(rand_model):
+    """commit_rule="leftmost" with tau > 1 commits the leftmost masked position every step, whatever the window: the
+    tokens of W = 4 equal those of W = 1 (which has only that position), one token per step, for both heads; the
+    paper's rule at W = 4 commits elsewhere (the random model's confidences are not left to right)."""
+    prompts = PROMPTS["prompt"]
+    for model in (rand_model, Shifted(rand_model)):
+        one = _run(SetDLMSampler, model, prompts, window=1, tau=2.0)
+        left = _run(SetDLMSampler, model, prompts, window=4, tau=2.0, commit_rule="leftmost")
+        assert left.tokens == one.tokens and all(s == len(t) for s, t in zip(left.steps, left.tokens))
+        assert _run(SetDLMSampler, model, prompts, window=4, tau=2.0).tokens != one.tokens
 
 
 @torch.no_grad()

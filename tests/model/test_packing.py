@@ -14,7 +14,8 @@ MASK_ID, PAD, VOCAB, L = 60, 59, 61, 24
 CONVERSATIONS = [(9, 3), (7, 2), (13, 4), (5, 1), (11, 5), (24, 6), (6, 2), (10, 3)]
 PACKS = [[0, 1, 3], [2, 4], [5], [6, 7]]              # at most L tokens each; conversation j = padded sample j
 OBJECTIVES = [("ar", {}), ("mdlm", {}), ("bd3lm", {"block_size": 4}), ("setdlm", {"D": 2}),
-              ("setdlm", {"D": 3, "keep_clean_bos": True, "eos_last": True, "eos_id": 2})]
+              ("setdlm", {"D": 3, "keep_clean_bos": True, "eos_last": True, "eos_id": 2}),
+              ("setdlm", {"D": 2, "ar_weight": 0.5})]
 
 
 def _conversations():
