@@ -10,7 +10,9 @@ EOS stop), on the checkpoint and on a larger random-weight model (--ratio-model)
 by side (native megatron-core model vs the plain-PyTorch model of the export format, interleaved, same
 prompts and settings, identical tokens checked): SetDLM with the cache decoding --long-length positions,
 SetDLM / AR / BD3LM on the math prompts, and for the long SetDLM case the split of a decode step into
-the model forward and the samplers' own work (shared by both engines). ``--checkpoint`` may be a
+the model forward and the samplers' own work (shared by both engines); then SetDLM's and BD3LM's decode
+step on the same model and chunk (--same-chunk S: W = S, tau 0, S pending + S query rows every step;
+same_chunk.json). ``--checkpoint`` may be a
 Hugging Face export: its own remote code is then the plain engine. The grid decodes with --engine
 (default auto: plain when unsharded).
 Writes bench_generate.csv, cache_speedup.json, engine_speedup.json and speed_vs_tau.png.
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
     p.add_argument("--engine", choices=("auto", "plain", "native"), default="auto", help="engine of the grid")
     p.add_argument("--engine-repeats", type=int, default=3, help="interleaved repeats of the engine comparison")
     p.add_argument("--no-engine-comparison", action="store_true")
+    p.add_argument("--same-chunk", type=int, default=4, help="SetDLM's and BD3LM's decode step on the same model and "
+                   "chunk (W = S = this, tau 0: this many pending + this many query rows every step; 0: skip)")
     args = p.parse_args(argv)
 
     out = claim_output_dir(args.out_dir, [args.checkpoint, args.tasks], flag="--out-dir", tool="bench_generate",
@@ -101,6 +105,15 @@ def main(argv=None) -> int:
     (out / "cache_speedup.json").write_text(json.dumps(speedup, indent=2))
     if not args.no_engine_comparison:
         compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out)
+    if args.same_chunk:
+        same = benchmark.same_chunk(model, tok, prompts, args.same_chunk, args.max_new_tokens // args.same_chunk
+                                    * args.same_chunk, repeats=args.engine_repeats)
+        same["setdlm_over_bd3lm"] = same["setdlm"]["step_ms"] / same["bd3lm"]["step_ms"]
+        (out / "same_chunk.json").write_text(json.dumps(same, indent=2))
+        for m in ("setdlm", "bd3lm"):
+            print(f"same chunk {m:6s} per step {same[m]['step_ms']:.3f} ms: forward {same[m]['forward_ms']:.3f} ms, "
+                  f"sampler {same[m]['sampler_ms']:.3f} ms (chunk {same[m]['chunk']})", file=sys.stderr)
+        print(f"same chunk: SetDLM / BD3LM = {same['setdlm_over_bd3lm']:.2f}")
     plot_speed_vs_tau(rows, out / "speed_vs_tau.png")
     print(json.dumps(speedup))
     print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")

@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--toy", action="store_true", help="a seconds-sized run with the full report structure")
     p.add_argument("--study", action="store_true", help="also train and report the head study (zero vs normal head)")
     p.add_argument("--adapt", action="store_true", help="the AR-to-SetDLM adaptation recipe instead")
+    p.add_argument("--no-timing", action="store_true", help="--adapt: train and evaluate the accuracies only (they "
+                   "are reused), no timings and no report: the timings need a machine with nothing else running")
     p.add_argument("--data", default=None, help="dataset prefix (default: the base config's)")
     p.add_argument("--engine", default="auto", choices=["auto", "plain", "native"],
                    help="decoding engine (auto: the plain-PyTorch inference model for unsharded checkpoints)")
@@ -93,7 +95,12 @@ def adapt(args, p, argv) -> int:
     prefix = parse_blend(ac.data or load_config(ac.base_config, ac.overrides).data.path)[0][0]
     given = argv if argv is not None else sys.argv[1:]
     command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
-    res = A.run(ac, command.strip(), args.report, assets, str(Path(prefix).parent / "tokenizer.json"), prefix)
+    res = A.run(ac, command.strip(), args.report, assets, str(Path(prefix).parent / "tokenizer.json"), prefix,
+                timings=not args.no_timing)
+    if res is None:
+        print("trained and evaluated every arm (accuracies cached); run again without --no-timing for the timings "
+              "and the report")
+        return 0
     for c in res["claims"]:
         print(f"[{'holds' if c['holds'] else 'FAILS'}] {c['claim']}: {c['value']}")
     print(f"wrote {args.report} and {assets}/ in {res['meta']['wall_s'] / 60:.1f} min "

@@ -12,7 +12,7 @@ For candidate rows with (processed, :mod:`.processors`) logits [..., V]:
 Commit rule over the active set of a row (method.md 5.1, P11; ``commit_rule``):
 
     "confidence" (the paper):  commit = (the k most confident active positions) U {active p : c_p >= tau}
-    "leftmost" (not the paper, method.md 14):
+    "leftmost" (not the paper, method.md 15):
                                commit = (the k leftmost active positions)      U {active p : c_p >= tau}
 
 so tau > 1 commits exactly k tokens per step, and lowering tau never commits fewer tokens on the same

@@ -49,6 +49,7 @@ from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.data.corpus import arith_problems, write_jsonl
 from setdiff_mega.data.sft import preprocess_sft
 from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.inference.benchmark import same_chunk as bench_same_chunk
 from setdiff_mega.inference.engine import decoding_model
 
 from . import adapt_claims as C
@@ -181,10 +182,16 @@ def pretrain_and_export(ac: AdaptConfig, tok: Path, log=print) -> tuple[dict, Pa
 
 
 def arm_dir(ac: AdaptConfig, lever: Lever) -> Path:
-    """``<out>/arms/<name>_<hash of what the arm trains with>`` (a changed lever trains anew)."""
-    what = json.dumps([lever.overrides, lever.data, lever.steps or ac.finetune_steps, lever.shift, ac.finetune,
-                       ac.overrides], default=str)
-    return Path(ac.out_dir) / "arms" / f"{lever.name}_{hashlib.sha256(what.encode()).hexdigest()[:6]}"
+    """``<out>/arms/<hash of what the arm trains with>``: a changed lever trains anew, and two arms that train alike
+    (the recipe's length and the length lever) share their models; ``arms.json`` there names the arms."""
+    what = json.dumps([list(lever.overrides), lever.data, lever.steps or ac.finetune_steps, lever.shift,
+                       ac.finetune, ac.overrides], default=str)
+    d = Path(ac.out_dir) / "arms" / hashlib.sha256(what.encode()).hexdigest()[:10]
+    d.mkdir(parents=True, exist_ok=True)
+    names = json.loads((d / "arms.json").read_text()) if (d / "arms.json").is_file() else {}
+    if names.get(lever.name) != lever.label:
+        (d / "arms.json").write_text(json.dumps({**names, lever.name: lever.label}, indent=1))
+    return d
 
 
 def train_arm(ac: AdaptConfig, arm: Arm, tok: Path, data: dict, export: Path, log=print) -> list[dict]:
@@ -203,9 +210,10 @@ def train_arm(ac: AdaptConfig, arm: Arm, tok: Path, data: dict, export: Path, lo
     return out
 
 
-def train_all(ac: AdaptConfig, tok: Path, sft: Path, export: Path, log=print) -> tuple[list[dict], dict]:
-    """Every arm, the baseline first (its first AR fine-tune is the distillation teacher)."""
-    arms, tuned, info = ac.arms(), [], {}
+def train_arms(ac: AdaptConfig, tok: Path, sft: Path, export: Path, info: dict, log=print):
+    """Yield (arm, its trained models) arm by arm, the baseline first (its first AR fine-tune is the distillation
+    teacher; ``info["distill"]`` gets the distilled set's counts)."""
+    tuned: list = []
 
     def distilled():
         teacher = next(t for t in tuned if t["arm"] == BASELINE.name and methods.get(t["spec"]["objective"]).causal)
@@ -213,9 +221,10 @@ def train_all(ac: AdaptConfig, tok: Path, sft: Path, export: Path, log=print) ->
                                                ac.max_new_tokens, ac.eval_batch, log)
         return prefix
 
-    for arm in arms:
-        tuned += train_arm(ac, arm, tok, {"sft": sft, "distill": distilled}, export, log)
-    return tuned, info
+    for arm in ac.arms():
+        recs = train_arm(ac, arm, tok, {"sft": sft, "distill": distilled}, export, log)
+        tuned += recs
+        yield arm, recs
 
 
 def accuracy_all(ac: AdaptConfig, models: list[dict], rows: list[dict], log=print) -> list[dict]:
@@ -238,7 +247,8 @@ def accuracy_all(ac: AdaptConfig, models: list[dict], rows: list[dict], log=prin
 
 
 def speed_all(ac: AdaptConfig, points: list[dict], rows: list[dict], log=print) -> None:
-    """Batch-1 timings of every point (in place), model by model, after all training and accuracy work."""
+    """Batch-1 timings of every point (in place), model by model, after all training and accuracy work (a model
+    and setting two arms share is timed once)."""
     by_dir: dict = {}
     for p in points:
         by_dir.setdefault(p["dir"], []).append(p)
@@ -246,11 +256,31 @@ def speed_all(ac: AdaptConfig, points: list[dict], rows: list[dict], log=print) 
     for d, pts in by_dir.items():
         loaded = _loaded(d, ac.engine)
         chat = None if pts[0]["prompt"] == "plain" else ChatRenderer.of(loaded[2])
+        done: dict = {}
         for p in pts:
             s = {"tau": p["tau"], "commit_rule": p["rule"], **({"window": p["window"]} if p["window"] else {})}
-            p.update(E.speed_point(loaded, sub, s, chat, p["texts"][:len(sub)], ac.max_new_tokens))
-        log(f"  timed {pts[0]['arm']} {pts[0]['method']} s{pts[0]['seed']}: "
-            + ", ".join(f"{p['tokens_per_s']:.0f}" for p in pts) + " tok/s")
+            key = json.dumps(s, sort_keys=True)
+            if key not in done:
+                done[key] = E.speed_point(loaded, sub, s, chat, p["texts"][:len(sub)], ac.max_new_tokens)
+            p.update(done[key])
+        log(f"  timed {pts[0]['method']} s{pts[0]['seed']} ({d}): "
+            + ", ".join(f"{v['tokens_per_s']:.0f}" for v in done.values()) + " tok/s")
+
+
+def same_chunk(ac: AdaptConfig, tuned: list[dict], rows: list[dict]) -> dict | None:
+    """SetDLM's and BD3LM's decode step on the baseline SetDLM of the first seed, at the same chunk (W = S = D, tau
+    0: D pending + D query rows; :func:`setdiff_mega.inference.benchmark.same_chunk`), on chat prompts."""
+    rec = next((t for t in tuned if t["arm"] == BASELINE.name and t["spec"]["objective"] == ac.lever_model["objective"]
+                and t["spec"]["seed"] == ac.seeds[0]), None)
+    if rec is None:
+        return None
+    model, _, tok, _ = _loaded(rec["dir"], ac.engine)
+    chat = ChatRenderer.of(tok)
+    prompts = [{"input_ids": chat.prompt_ids(GSM8K_INSTRUCTION + r["question"])} for r in rows[:8]]
+    size = int(ac.lever_model.get("D", 4))
+    out = bench_same_chunk(model, tok, prompts, size, (ac.max_new_tokens // size) * size)
+    return {**out, "setdlm_over_bd3lm": out["setdlm"]["step_ms"] / out["bd3lm"]["step_ms"], "size": size,
+            "model": F.method_label(rec["spec"]), "seed": rec["spec"]["seed"]}
 
 
 def _loaded(run_dir, engine: str) -> tuple:
@@ -259,7 +289,8 @@ def _loaded(run_dir, engine: str) -> tuple:
 
 
 KEYS = ("arm", "lever", "method", "objective", "D", "block_size", "window", "tau", "rule", "prompt")
-METRICS = ("accuracy", "step_accuracy", "tokens_per_s", "tokens_per_step", "forwards", "ms_per_forward", "agreement")
+METRICS = ("accuracy", "step_accuracy", "tokens_per_s", "tokens_per_step", "forwards", "ms_per_forward",
+           "rows_per_forward", "agreement")
 
 
 def frontier(points: list[dict]) -> list[dict]:
@@ -268,18 +299,24 @@ def frontier(points: list[dict]) -> list[dict]:
 
 
 def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, corpus_tokenizer: str,
-        corpus_prefix: str, log=print) -> dict:
+        corpus_prefix: str, log=print, timings: bool = True) -> dict | None:
     """Prepare, pretrain, export, fine-tune the arms, evaluate, time; write ``adapt.json``, the assets and the
-    report section."""
+    report section. ``timings=False`` stops after the (cached) accuracies: the long part, which may share the
+    machine; a later run with timings reuses all of it."""
     t0 = time.perf_counter()
     tok, sft = prepare(ac, corpus_tokenizer, load_task(ac.tasks, "arith"), log)
     rows, corpus_searched = held_out(ac, corpus_prefix)
     pretrained, export = pretrain_and_export(ac, tok, log)
-    tuned, info = train_all(ac, tok, sft, export, log)
+    points, tuned, info = accuracy_all(ac, [pretrained], rows, log), [], {}
+    for _, recs in train_arms(ac, tok, sft, export, info, log):      # each arm evaluated once it is trained
+        tuned += recs
+        points += accuracy_all(ac, recs, rows, log)
     t_train = time.perf_counter() - t0
-    points = accuracy_all(ac, [pretrained, *tuned], rows, log)
+    if not timings:
+        return None
     t_acc = time.perf_counter()
     speed_all(ac, points, rows, log)
+    same = same_chunk(ac, tuned, rows)
     t_speed = time.perf_counter() - t_acc
     for p in points:
         p.pop("texts", None)
@@ -288,7 +325,7 @@ def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, cor
     results = {"points": points, "frontier": means, "training": R.training_rows(pretrained, tuned),
                "claims": C.claims(means, ac), "levers": C.lever_rows(means, points, ac),
                "resolution": C.design_resolution(means, points, ac), "distill": info.get("distill"),
-               "held_out": {"n": len(rows), "corpus_searched": corpus_searched}}
+               "held_out": {"n": len(rows), "corpus_searched": corpus_searched}, "same_chunk": same}
     wall = time.perf_counter() - t0
     trained = [pretrained, *tuned]
     results["meta"] = R.meta(ac, command, wall, t_train, sum(t["seconds"] for t in trained) + wall - t_train,

@@ -10,7 +10,8 @@ decoding speed at batch 1, measured apart.
   under the model's run directory, keyed by the checkpoint's ``state.json`` (its files' SHA-256s), the setting, the
   problems, the batch size, the engine and :data:`EVAL_VERSION`.
 * :func:`speed_point`: the same setting at batch 1 on the first ``n`` problems, timed (tokens/s = generated tokens
-  / decoding seconds, prefill included; forwards; ms per forward), and the agreement of its answers with the
+  / decoding seconds, prefill included; forwards; ms per forward; rows per forward: the chunk's width, prefills
+  included), and the agreement of its answers with the
   batched run's on those problems: 1.0 means the batched accuracies are batch 1's (a code change since the cached
   accuracy would show here). The recipe runs every timing after all training and accuracy work, so nothing else
   of the recipe shares the machine with it.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from setdiff_mega import methods
 from setdiff_mega.checkpoint.io import latest_checkpoint
+from setdiff_mega.inference.benchmark import TimedModel
 from setdiff_mega.inference.options import generation_config
 
 from .tasks import math_accuracy
@@ -86,10 +88,12 @@ def speed_point(loaded: tuple, rows: list[dict], setting: dict, chat, batched_te
                 max_new_tokens: int) -> dict:
     """Batch-1 speed of one setting on ``rows`` and the agreement with the batched answers (module docstring)."""
     model, objective, tok, cfg = loaded
-    r = math_accuracy(model, tok, objective, rows, _gc(cfg, setting, max_new_tokens), cfg.data.seq_length, 1,
+    timed = TimedModel(model)
+    r = math_accuracy(timed, tok, objective, rows, _gc(cfg, setting, max_new_tokens), cfg.data.seq_length, 1,
                       chat=chat, keep_texts=True)
     same = sum(a == b for a, b in zip(r["texts"], batched_texts))
     return {"tokens_per_s": r["tokens_per_s"], "forwards": r["forwards"], "ms_per_forward": r["ms_per_forward"],
+            "rows_per_forward": sum(timed.widths) / max(len(timed.widths), 1),
             "speed_tokens_per_step": r["tokens_per_step"], "speed_n": r["n"],
             "agreement": same / max(len(r["texts"]), 1)}
 

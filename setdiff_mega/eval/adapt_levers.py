@@ -10,7 +10,8 @@ recommended recipe (:data:`RECIPE`, the levers the measurements favour, combined
 alike, so their comparisons are at equal training. Decoding levers (``commit_rule``) are sampler settings, swept
 for every model (:func:`.adapt_eval.settings`).
 
-An arm is (lever or None, the models it trains); its run directories are ``<out>/arms/<arm>/models/<tag>``.
+An arm is (a lever, the models it trains); its run directories are ``<out>/arms/<hash>/models/<tag>``, the hash of
+what it trains with (arms that train alike share them).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ LEVERS = [
     Lever("lr_3e-3", "learning rate 3e-3 (min 3e-4)", "learning-rate sweep", ("train.lr=3e-3", "train.min_lr=3e-4")),
     Lever("lr_3e-4", "learning rate 3e-4 (min 3e-5)", "learning-rate sweep (the paper: 1e-6 at 1.7B parameters)",
           ("train.lr=3e-4", "train.min_lr=3e-5")),
+    Lever("steps_600", "600 fine-tuning steps", "the paper fine-tunes for 75k steps", steps=600),
     Lever("steps_900", "900 fine-tuning steps", "the paper fine-tunes for 75k steps", steps=900),
     Lever("distill", "self-distillation (the AR parent's greedy answers)",
           "sequence-level KD (Kim & Rush 2016); the paper's GSM8K data is a teacher's answers", data="distill"),
@@ -59,7 +61,7 @@ LEVERS = [
           ("train.init_mask_row=mean",)),
 ]
 RECIPE = Lever("recipe", "recommended recipe", "the levers the study favours, combined (docs/results.md)",
-               ("objective.ar_weight=1.0",), steps=900)
+               steps=900)
 
 
 @dataclass

@@ -80,7 +80,8 @@ def _header(results: dict) -> list[str]:
     d = results.get("distill")
     return [f"* Command: `{m['command']}`", f"* Commit: {m['commit']}{' (uncommitted changes)' if m['dirty'] else ''}",
             f"* Machine: {m['machine']}",
-            f"* Wall time of this run: {m['wall_s'] / 60:.1f} min (training {m['train_wall_s'] / 60:.1f} min"
+            f"* Wall time of this run: {m['wall_s'] / 60:.1f} min (training and accuracies "
+            f"{m['train_wall_s'] / 60:.1f} min"
             + (", some models reused from an earlier run" if m["models_reused"] else "")
             + f"; batch-1 timings {m['speed_wall_s'] / 60:.1f} min); from scratch: {m['from_scratch_s'] / 60:.1f} min",
             f"* Parent: AR with Qwen3's architecture, {m['pretrain_steps']} steps on the embedded corpus, exported in "
@@ -102,6 +103,18 @@ def _header(results: dict) -> list[str]:
             f"freedom)"]
 
 
+def _same_chunk(s: dict | None) -> list[str]:
+    if not s:
+        return []
+    n = s["size"]
+    lines = ["", f"### One decode step on the same model and chunk ({s['model']}, seed {s['seed']}; SetDLM W = {n} "
+                 f"against BD3LM S = {n}, tau 0: {n} pending + {n} query rows every step, batch 1)", ""]
+    lines += _table(["sampler", "ms per step", "model forward", "sampler's own work", "steps timed", "chunk widths"],
+                    [[m, _f(s[m]["step_ms"], 3), _f(s[m]["forward_ms"], 3), _f(s[m]["sampler_ms"], 3), s[m]["steps"],
+                      ", ".join(map(str, s[m]["chunk"]))] for m in ("setdlm", "bd3lm")])
+    return lines + ["", f"SetDLM / BD3LM per step: **{s['setdlm_over_bd3lm']:.2f}x**."]
+
+
 def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     fr, lines = results["frontier"], [BEGIN, "## Adapting a pretrained AR model (`tools/reproduce.py --adapt`)", "",
                                       "Written by the command below; do not edit by hand (re-run it).", ""]
@@ -121,6 +134,7 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     lines += _table(["arm", "W", "commit rule", "lowest tau", "exact match there", "at tau 1e6", "gap"],
                     [[c["lever"], c["window"], c["rule"], _f(c["low_tau"], 1), _f(c["accuracy_low"]),
                       _f(c["accuracy_1e6"]), f"{c['gap']:+.3f}"] for c in collapse_rows(fr)])
+    lines += _same_chunk(results.get("same_chunk"))
     lines += ["", "### Training (validation loss on held-out conversations, seed means)", ""]
     agg = F.aggregate(results["training"], ("arm", "lever", "method", "steps"),
                       ("initial_val_loss", "final_val_loss", "final_val_loss_ema", "train_seconds"))
@@ -131,11 +145,11 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     full = {a for a, _ in _full_arms(results)} | {"pretrained"}
     lines += ["", "### Every setting of the arms with every method (seed means ± sd)", ""]
     lines += _table(["arm", "method", "seeds", "W", "tau", "rule", "exact match", "step accuracy", "tokens/s",
-                     "tokens/step", "forwards", "ms/forward", "agreement"],
+                     "tokens/step", "forwards", "ms/forward", "rows/forward", "agreement"],
                     [[p["lever"], p["method"], p["seeds"], _f(p["window"]), _tau(p), p["rule"], _pm(p, "accuracy"),
                       _f(p["step_accuracy"]), _pm(p, "tokens_per_s", 0), _f(p["tokens_per_step"], 2),
-                      _f(p.get("forwards"), 0), _f(p.get("ms_per_forward"), 2), _f(p.get("agreement"), 2)]
-                     for p in fr if p["arm"] in full])
+                      _f(p.get("forwards"), 0), _f(p.get("ms_per_forward"), 2), _f(p.get("rows_per_forward"), 1),
+                      _f(p.get("agreement"), 2)] for p in fr if p["arm"] in full])
     lines += ["", "Every lever arm's settings: [adapt_frontier.csv](" + rel + "/adapt_frontier.csv).", "",
               "Plots: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".png"))
               + "; tables: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".csv")) + ".",

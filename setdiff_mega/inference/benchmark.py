@@ -109,7 +109,7 @@ class TimedModel:
 
     def __init__(self, model, stub_vocab: int | None = None):
         self._model, self._stub = model, stub_vocab
-        self._cache, self.seconds, self.calls, self.vocab = None, 0.0, 0, None
+        self._cache, self.seconds, self.calls, self.vocab, self.widths = None, 0.0, 0, None, []
         self._gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
 
     def __getattr__(self, name):
@@ -138,6 +138,7 @@ class TimedModel:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+        self.widths.append(tokens.shape[1])
         return out
 
 
@@ -162,6 +163,37 @@ def step_breakdown(engines: dict, tokenizer, method: str, prompts: list, cfg: Ge
                            "forward_ms": 1e3 * timed.seconds / timed.calls,
                            "sampler_ms": 1e3 * own / max(stub.calls, 1), "stub_calls": stub.calls})
     return {n: min(rows, key=lambda x: x["step_ms"]) for n, rows in out.items()}
+
+
+def same_chunk(model, tokenizer, prompts: list, size: int, new_tokens: int, repeats: int = 3,
+               methods_: tuple = ("setdlm", "bd3lm")) -> dict:
+    """Per decode step (ms) of SetDLM (W = ``size``) and BD3LM (S = ``size``) on the same model and chunk:
+    tau = 0 commits every active position, so after the prefill every forward of both is ``size`` pending +
+    ``size`` query rows; a step is timed from one step's end to the next (the first, which holds the prefill, is
+    left out), its forward inside it, and the rest is the sampler's own work. Methods interleaved per repeat,
+    the fastest repeat kept. Returns {method: {step_ms, forward_ms, sampler_ms, steps, chunk}}."""
+    out = {m: [] for m in methods_}
+    dev = next(model.parameters()).device
+    ids = [encode_request(tokenizer, p) for p in prompts]
+    for r in range(repeats + 1):                              # the first round warms up
+        for m in (methods_ if r % 2 == 0 else methods_[::-1]):
+            cfg = GenerationConfig(max_new_tokens=new_tokens, window=size, block_size=size, tau=0.0,
+                                   stop_at_eos=False)
+            timed = TimedModel(model)
+            sampler = build_sampler(m, timed, tokenizer, cfg)
+            marks, fwd, widths = [], [], set()
+            sampler.observer = lambda st: marks.append((time.perf_counter(), timed.seconds, timed.calls))
+            for p in ids:
+                marks.clear()
+                sampler.generate(Canvas.from_prompts([p], tokenizer.mask, tokenizer.pad, new_tokens, device=dev))
+                (t0, f0, c0), (t1, f1, c1) = marks[0], marks[-1]
+                fwd.append((t1 - t0, f1 - f0, c1 - c0))
+                widths |= set(timed.widths[c0:c1])
+            wall, f, n = (sum(x[i] for x in fwd) for i in range(3))
+            if r:
+                out[m].append({"step_ms": 1e3 * wall / n, "forward_ms": 1e3 * f / n,
+                               "sampler_ms": 1e3 * (wall - f) / n, "steps": n, "chunk": sorted(widths)})
+    return {m: min(rows, key=lambda x: x["step_ms"]) for m, rows in out.items()}
 
 
 def default_grid(base: GenerationConfig, windows=(1, 2, 4, 8), taus=(1e6, 0.9, 0.7, 0.5),
