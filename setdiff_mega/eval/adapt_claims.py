@@ -7,12 +7,14 @@
   tokens/s (:func:`.frontier.summarise`);
 * **collapse**: per arm, SetDLM window and commit rule, exact match at the lowest tau minus at tau 1e6; under
   the AR-anchored rule ("leftmost") no gap may exceed ``COLLAPSE_POINTS``;
-* **levers** (:func:`lever_rows`): per arm, the lever model's most accurate setting against the baseline's
-  (difference and its 95% interval, Welch with t at 2 (k - 1) degrees of freedom), its AR mode (the leftmost rule
-  at tau 1e6) and the fastest setting within ``PARITY_POINTS`` of the baseline AR fine-tune;
-* **resolution** (:func:`design_resolution`): the binomial standard error of one seed, and the smallest
-  difference of two arms' means the seeds resolve (:func:`.adapt_eval.resolution`, at the pooled seed sd of the
-  SetDLM arms' best settings).
+* **levers** (:func:`lever_rows`): per arm, the lever model's most accurate setting against the baseline's: the
+  difference of the means and its 95% interval from the per-seed differences (:func:`paired`: every arm trains
+  with the same seeds, i.e. the same noise draws and data order, so a lucky seed is lucky in both; t at k - 1
+  degrees of freedom; the unpaired Welch interval is kept in the CSV), its AR mode (the leftmost rule at tau
+  1e6) and the fastest setting within ``PARITY_POINTS`` of the baseline AR fine-tune;
+* **resolution** (:func:`design_resolution`): the binomial standard error of one seed, the smallest difference
+  of two arms' means the seeds resolve unpaired (:func:`.adapt_eval.resolution`, at the pooled seed sd of the
+  SetDLM arms' best settings) and paired (at the pooled sd of the levers' per-seed differences).
 """
 from __future__ import annotations
 
@@ -124,6 +126,23 @@ def _diff(a: dict, b: dict) -> tuple[float, float | None]:
     return d, t95(2 * (k - 1)) * math.sqrt(a["accuracy_sd"] ** 2 / a["seeds"] + b["accuracy_sd"] ** 2 / b["seeds"])
 
 
+def _seeds_at(points: list[dict], at: dict) -> dict:
+    """{seed: exact match} of the points of ``at``'s arm, model and setting."""
+    key = ("arm", "objective", "D", "block_size", "window", "tau", "rule")
+    return {p["seed"]: p["accuracy"] for p in points if all(p.get(k) == at.get(k) for k in key)}
+
+
+def paired(a: dict, b: dict) -> tuple[float | None, float | None, int]:
+    """(mean, 95% half-width (t at k - 1), k) of the per-seed differences a[s] - b[s] over the common seeds: the
+    arms share their seeds (the same ``train.seed`` and ``data.seed``: noise draws and data order), so a seed's
+    luck cancels in its difference."""
+    diffs = [a[s] - b[s] for s in sorted(set(a) & set(b))]
+    if not diffs:
+        return None, None, 0
+    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+    return statistics.fmean(diffs), half, len(diffs)
+
+
 def lever_rows(means: list[dict], points: list[dict], ac) -> list[dict]:
     """Per arm, the lever model's most accurate setting against the baseline's (module docstring)."""
     obj = ac.lever_model["objective"]
@@ -139,13 +158,15 @@ def lever_rows(means: list[dict], points: list[dict], ac) -> list[dict]:
             continue
         best = _best(sel)
         d, ci = _diff(best, b)
+        pd, pci, _ = paired(_seeds_at(points, best), _seeds_at(points, b))
         ar_mode = [p for p in sel if p["rule"] == "leftmost" and p["tau"] >= HIGH_TAU and p["window"] == best["window"]]
         near = [p for p in sel if ar and p["accuracy"] >= ar[0]["accuracy"] - PARITY_POINTS]
         fast = max(near, key=lambda p: p["tokens_per_s"]) if near else None
         out.append({"arm": arm.lever.name, "lever": arm.lever.label, "source": arm.lever.source,
                     "best": best["accuracy"], "best_sd": best["accuracy_sd"], "seeds": best["seeds"],
                     "setting": _setting(best), "tokens_per_s": best["tokens_per_s"],
-                    "tokens_per_step": best["tokens_per_step"], "delta": d, "delta_95": ci,
+                    "tokens_per_step": best["tokens_per_step"], "delta": d, "delta_95": pci,
+                    "delta_welch_95": ci,
                     "ar_mode": ar_mode[0]["accuracy"] if ar_mode else None,
                     "near_ar_speedup": fast["tokens_per_s"] / ar[0]["tokens_per_s"] if fast else None,
                     "near_ar_setting": _setting(fast) if fast else None})
@@ -161,8 +182,21 @@ def design_resolution(means: list[dict], points: list[dict], ac) -> dict:
     acc = statistics.median(p["accuracy"] for p in bests) if bests else 0.5
     n = max((p["n"] for p in points), default=0)
     r = resolution(n, len(ac.seeds), acc, pooled)
-    return {"n": n, "seeds": len(ac.seeds), "accuracy": acc, "pooled_seed_sd": pooled, **r}
+    base = [p for p in means if p["arm"] == "baseline" and p["objective"] == obj]
+    diffs = []
+    if base:
+        b = _seeds_at(points, _best(base))
+        for p in bests:
+            if p["arm"] != "baseline":
+                a = _seeds_at(points, p)
+                common = sorted(set(a) & set(b))
+                if len(common) > 1:
+                    diffs.append(statistics.stdev(a[s] - b[s] for s in common))
+    k = len(ac.seeds)
+    pooled_pair = math.sqrt(statistics.fmean(x * x for x in diffs)) if diffs else None
+    return {"n": n, "seeds": k, "accuracy": acc, "pooled_seed_sd": pooled, **r, "pooled_pair_sd": pooled_pair,
+            "paired_difference_95": t95(k - 1) * pooled_pair / math.sqrt(k) if pooled_pair is not None else None}
 
 
-__all__ = ["claims", "lever_rows", "collapse_rows", "design_resolution", "PARITY_POINTS", "PARITY_SPEEDUP",
+__all__ = ["claims", "lever_rows", "collapse_rows", "design_resolution", "paired", "PARITY_POINTS", "PARITY_SPEEDUP",
            "COLLAPSE_POINTS"]

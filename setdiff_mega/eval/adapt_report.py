@@ -99,8 +99,10 @@ def _header(results: dict) -> list[str]:
             f"* Resolution: one seed's exact match has a binomial standard error of {r['binomial_se']:.3f} at "
             f"{r['accuracy']:.2f} on {r['n']} problems; with {r['seeds']} seeds per arm and the SetDLM arms' pooled "
             f"seed sd of {_f(r['pooled_seed_sd'])}, two arms' means must differ by more than "
-            f"{r['difference_95']:.3f} to be told apart at 95% (Welch, t at {2 * (r['seeds'] - 1)} degrees of "
-            f"freedom)"]
+            f"{r['difference_95']:.3f} to be told apart at 95% unpaired (Welch, t at {2 * (r['seeds'] - 1)} degrees "
+            f"of freedom); paired by seed (the arms share their seeds: noise draws and data order), with the levers' "
+            f"pooled sd of per-seed differences of {_f(r.get('pooled_pair_sd'))}, by more than "
+            f"{_f(r.get('paired_difference_95'))} (t at {r['seeds'] - 1})"]
 
 
 def _same_chunk(s: dict | None) -> list[str]:
@@ -123,7 +125,7 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                                                      for c in results["claims"]])
     lines += ["", "### Levers (SetDLM, seed means ± sd; every lever alone against the baseline recipe)", ""]
     lines += _table(["arm", "lever", "where the idea comes from", "best exact match", "at", "tokens/s",
-                     "tokens/step", "vs baseline (95%)", "AR mode (leftmost, tau 1e6)",
+                     "tokens/step", "vs baseline (paired 95%)", "AR mode (leftmost, tau 1e6)",
                      "fastest within 3 points of the AR fine-tune"],
                     [[r["arm"], r["lever"], r["source"], _pm({"a": r["best"], "a_sd": r["best_sd"]}, "a"),
                       r["setting"], _f(r["tokens_per_s"], 0), _f(r["tokens_per_step"], 2),
