@@ -257,6 +257,9 @@ def speed_all(ac: AdaptConfig, points: list[dict], rows: list[dict], log=print) 
         loaded = _loaded(d, ac.engine)
         chat = None if pts[0]["prompt"] == "plain" else ChatRenderer.of(loaded[2])
         done: dict = {}
+        first = {"tau": pts[0]["tau"], "commit_rule": pts[0]["rule"],
+                 **({"window": pts[0]["window"]} if pts[0]["window"] else {})}
+        E.speed_point(loaded, sub[:2], first, chat, [], ac.max_new_tokens)        # warm-up, untimed
         for p in pts:
             s = {"tau": p["tau"], "commit_rule": p["rule"], **({"window": p["window"]} if p["window"] else {})}
             key = json.dumps(s, sort_keys=True)
@@ -322,8 +325,9 @@ def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, cor
         p.pop("texts", None)
         p.pop("correct", None)
     means = frontier(points)
-    results = {"points": points, "frontier": means, "training": R.training_rows(pretrained, tuned),
-               "claims": C.claims(means, ac), "levers": C.lever_rows(means, points, ac),
+    training = R.training_rows(pretrained, tuned)
+    results = {"points": points, "frontier": means, "training": training,
+               "claims": C.claims(means, ac), "levers": C.lever_rows(means, points, ac, training),
                "resolution": C.design_resolution(means, points, ac), "distill": info.get("distill"),
                "held_out": {"n": len(rows), "corpus_searched": corpus_searched}, "same_chunk": same}
     wall = time.perf_counter() - t0

@@ -143,8 +143,17 @@ def paired(a: dict, b: dict) -> tuple[float | None, float | None, int]:
     return statistics.fmean(diffs), half, len(diffs)
 
 
-def lever_rows(means: list[dict], points: list[dict], ac) -> list[dict]:
-    """Per arm, the lever model's most accurate setting against the baseline's (module docstring)."""
+def _val_losses(training: list[dict], arm: str, spec: dict) -> dict:
+    """{seed: final validation loss (EMA)} of the lever model in ``arm``."""
+    return {r["seed"]: r["final_val_loss_ema"] for r in training
+            if r["arm"] == arm and r["objective"] == spec["objective"] and r.get("D") == spec.get("D")
+            and r.get("final_val_loss_ema") is not None}
+
+
+def lever_rows(means: list[dict], points: list[dict], ac, training: list[dict] | None = None) -> list[dict]:
+    """Per arm, the lever model's most accurate setting against the baseline's (module docstring), and its
+    final validation loss (EMA weights; a continuous measure, less noisy than exact match) against the
+    baseline's, paired by seed."""
     obj = ac.lever_model["objective"]
     base = _of(means, "baseline", obj)
     ar = _of(means, "baseline", AR.name)
@@ -159,6 +168,8 @@ def lever_rows(means: list[dict], points: list[dict], ac) -> list[dict]:
         best = _best(sel)
         d, ci = _diff(best, b)
         pd, pci, _ = paired(_seeds_at(points, best), _seeds_at(points, b))
+        vl = _val_losses(training or [], arm.lever.name, ac.lever_model)
+        vd, vci, _ = paired(vl, _val_losses(training or [], "baseline", ac.lever_model))
         ar_mode = [p for p in sel if p["rule"] == "leftmost" and p["tau"] >= HIGH_TAU and p["window"] == best["window"]]
         near = [p for p in sel if ar and p["accuracy"] >= ar[0]["accuracy"] - PARITY_POINTS]
         fast = max(near, key=lambda p: p["tokens_per_s"]) if near else None
@@ -166,7 +177,9 @@ def lever_rows(means: list[dict], points: list[dict], ac) -> list[dict]:
                     "best": best["accuracy"], "best_sd": best["accuracy_sd"], "seeds": best["seeds"],
                     "setting": _setting(best), "tokens_per_s": best["tokens_per_s"],
                     "tokens_per_step": best["tokens_per_step"], "delta": d, "delta_95": pci,
-                    "delta_welch_95": ci,
+                    "delta_welch_95": ci, "val_loss": statistics.fmean(vl.values()) if vl else None,
+                    "val_loss_sd": statistics.stdev(vl.values()) if len(vl) > 1 else None, "val_delta": vd,
+                    "val_delta_95": vci,
                     "ar_mode": ar_mode[0]["accuracy"] if ar_mode else None,
                     "near_ar_speedup": fast["tokens_per_s"] / ar[0]["tokens_per_s"] if fast else None,
                     "near_ar_setting": _setting(fast) if fast else None})

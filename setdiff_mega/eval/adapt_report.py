@@ -67,6 +67,12 @@ def write_assets(results: dict, trained: list[dict], assets: Path) -> dict:
                                      "adapt_curves.png"]}
 
 
+def _delta(r: dict, key: str, nd: int) -> str:
+    if r.get(key) is None:
+        return ""
+    return f"{r[key]:+.{nd}f}" + (f" ± {r[key + '_95']:.{nd}f}" if r.get(key + "_95") is not None else "")
+
+
 def _tau(p: dict) -> str:
     return "1e6" if p["tau"] >= 100 else _f(p["tau"], 1)
 
@@ -126,12 +132,16 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     lines += ["", "### Levers (SetDLM, seed means ± sd; every lever alone against the baseline recipe)", ""]
     lines += _table(["arm", "lever", "where the idea comes from", "best exact match", "at", "tokens/s",
                      "tokens/step", "vs baseline (paired 95%)", "AR mode (leftmost, tau 1e6)",
-                     "fastest within 3 points of the AR fine-tune"],
+                     "fastest within 3 points of the AR fine-tune", "val loss (EMA)", "vs baseline (paired 95%)"],
                     [[r["arm"], r["lever"], r["source"], _pm({"a": r["best"], "a_sd": r["best_sd"]}, "a"),
-                      r["setting"], _f(r["tokens_per_s"], 0), _f(r["tokens_per_step"], 2),
-                      f"{r['delta']:+.3f}" + (f" ± {r['delta_95']:.3f}" if r["delta_95"] is not None else ""),
+                      r["setting"], _f(r["tokens_per_s"], 0), _f(r["tokens_per_step"], 2), _delta(r, "delta", 3),
                       _f(r["ar_mode"]), f"{r['near_ar_speedup']:.2f}x ({r['near_ar_setting']})"
-                      if r["near_ar_speedup"] else "none"] for r in results["levers"]])
+                      if r["near_ar_speedup"] else "none",
+                      _pm({"v": r.get("val_loss"), "v_sd": r.get("val_loss_sd")}, "v", 4) if r.get("val_loss")
+                      else "", _delta(r, "val_delta", 4)] for r in results["levers"]])
+    lines += ["", "Exact match is at each arm's most accurate setting (seed means); the differences are paired by seed. "
+              "Validation loss: the any-order NLL per token of the held-out conversations (an upper bound), EMA "
+              "weights; the self-distilled arm validates on the teacher's answers, so its loss is not comparable."]
     lines += ["", "### tau against exact match (SetDLM, W = D: the collapse and the commit rules)", ""]
     lines += _table(["arm", "W", "commit rule", "lowest tau", "exact match there", "at tau 1e6", "gap"],
                     [[c["lever"], c["window"], c["rule"], _f(c["low_tau"], 1), _f(c["accuracy_low"]),
