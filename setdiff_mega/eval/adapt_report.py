@@ -139,8 +139,8 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                       if r["near_ar_speedup"] else "none",
                       _pm({"v": r.get("val_loss"), "v_sd": r.get("val_loss_sd")}, "v", 4) if r.get("val_loss")
                       else "", _delta(r, "val_delta", 4)] for r in results["levers"]])
-    lines += ["", "Exact match is at each arm's most accurate setting (seed means); the differences are paired by seed. "
-              "Validation loss: the any-order NLL per token of the held-out conversations (an upper bound), EMA "
+    lines += ["", "Exact match is at each arm's most accurate setting (seed means); the differences are paired by "
+              "seed. Validation loss: the any-order NLL per token of the held-out conversations (an upper bound), EMA "
               "weights; the self-distilled arm validates on the teacher's answers, so its loss is not comparable."]
     lines += ["", "### tau against exact match (SetDLM, W = D: the collapse and the commit rules)", ""]
     lines += _table(["arm", "W", "commit rule", "lowest tau", "exact match there", "at tau 1e6", "gap"],
