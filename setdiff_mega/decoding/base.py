@@ -34,7 +34,8 @@ class GenerationConfig:
     window: int = 4               # SetDLM: positional window W from the leftmost masked position
     tau: float = 0.9              # commit every token with confidence >= tau (> 1: one token per step)
     commit_k: int = 1             # always commit k tokens of the active set: the most confident ones, or
-    commit_rule: str = "confidence"   # "leftmost": the k leftmost active positions (AR-anchored; .sampling)
+    commit_rule: str = "auto"     # with "leftmost" the k leftmost active positions (AR-anchored); "auto":
+                                  # leftmost for a SetDLM with the AR head shift, else "confidence" (.sampling)
     block_size: int = 4           # BD3LM block size S; MDLM semi-autoregressive block size
     temperature: float = 0.0      # 0 = greedy
     top_p: float = 1.0            # nucleus filter (greedy too: the confidence is renormalised)
@@ -63,8 +64,8 @@ class GenerationConfig:
     def validate(self) -> "GenerationConfig":
         checks = [(self.window >= 1, f"window W={self.window} must be >= 1"),
                   (self.commit_k >= 1, f"commit_k={self.commit_k} must be >= 1"),
-                  (self.commit_rule in COMMIT_RULES,
-                   f"commit_rule={self.commit_rule!r} must be one of {', '.join(COMMIT_RULES)}"),
+                  (self.commit_rule in ("auto", *COMMIT_RULES),
+                   f"commit_rule={self.commit_rule!r} must be one of auto, {', '.join(COMMIT_RULES)}"),
                   (self.block_size >= 1, f"block_size={self.block_size} must be >= 1"),
                   (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens} must be >= 0"),
                   (0 < self.top_p <= 1, f"top_p={self.top_p} must be in (0, 1]"),

@@ -29,7 +29,7 @@ import torch
 from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
 from .processors import LogitsPipeline
 from .runner import ChunkRunner
-from .sampling import commit_mask
+from .sampling import commit_mask, resolve_rule
 from .setdlm import context_budget
 from .shift import block_rows, view_rows
 
@@ -41,6 +41,7 @@ class _Base:
         self.cfg = config.validate()
         self.tokenizer = tokenizer
         self.shift = bool(getattr(model, "shift_logits", False))
+        self.rule = resolve_rule(self.cfg.commit_rule, anchored=False)     # "auto": the paper's rule here
         self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
 
     def _start(self, canvas: Canvas):
@@ -113,7 +114,7 @@ class BD3LMSampler(_Base):
             x, conf = choose(logits, q_idx, st)
             act = q_ok & st.masked.gather(1, q_idx)
             before = (live & in_block).any(1) if st.criteria.enabled else None
-            st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, cfg.commit_rule), x, live, conf)
+            st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.rule), x, live, conf)
             st.end_step()
             if before is not None:
                 done_block = _completed(st, before, in_block)
@@ -161,7 +162,7 @@ class MDLMSampler(_Base):
                 rel_q = view_rows(rel_q)
             x, conf = choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st)
             before = active.any(1) if st.criteria.enabled else None
-            st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, cfg.commit_rule), x, active, conf)
+            st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, self.rule), x, active, conf)
             st.end_step()
             if before is not None:
                 done_block = _completed(st, before, in_block)

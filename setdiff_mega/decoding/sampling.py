@@ -22,6 +22,10 @@ calibrated predictors (with ``shift_logits`` the leftmost masked position reads 
 predecessor's clean row, the AR head, and the others mostly their own MASK rows): at tau > 1 the sampler
 decodes left to right. The active set arrives packed in ascending position (every sampler's
 :func:`~.base.pack` order). Rows are processed together; inactive slots carry ``active = False``.
+
+``commit_rule="auto"`` (the default, :func:`resolve_rule`) is "leftmost" for a SetDLM read with the AR head
+shift (an AR model adapted with ``model.shift_logits``: the setting where the measurements in
+``docs/results.md`` favour it at every tau) and the paper's "confidence" for everything else.
 """
 from __future__ import annotations
 
@@ -58,6 +62,14 @@ def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 
 COMMIT_RULES = ("confidence", "leftmost")
 
 
+def resolve_rule(rule: str, anchored: bool) -> str:
+    """``rule``, with "auto" resolved: "leftmost" when ``anchored`` (a SetDLM read with the AR head shift), else
+    "confidence" (module docstring)."""
+    if rule != "auto":
+        return rule
+    return "leftmost" if anchored else "confidence"
+
+
 def commit_mask(conf: torch.Tensor, active: torch.Tensor, tau: float, k: int = 1,
                 rule: str = "confidence") -> torch.Tensor:
     """conf, active [B, A] (packed in ascending position) -> bool [B, A]: the k forced commits of ``rule`` (the
@@ -72,4 +84,4 @@ def commit_mask(conf: torch.Tensor, active: torch.Tensor, tau: float, k: int = 1
     return active & ((rank < k) | (conf >= tau))
 
 
-__all__ = ["choose_tokens", "commit_mask", "top_p_filter", "COMMIT_RULES"]
+__all__ = ["choose_tokens", "commit_mask", "top_p_filter", "COMMIT_RULES", "resolve_rule"]

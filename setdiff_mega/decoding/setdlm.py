@@ -39,7 +39,7 @@ import torch
 from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
 from .processors import LogitsPipeline
 from .runner import ChunkRunner
-from .sampling import commit_mask
+from .sampling import commit_mask, resolve_rule
 from .shift import PredecessorRows
 
 
@@ -141,6 +141,7 @@ class SetDLMSession:
         self.runner, self.fht = sampler._setup(canvas, st)
         self.choose = LogitsPipeline(self.cfg, sampler.mask_id, sampler.eos_id)
         self.shifted = PredecessorRows() if getattr(sampler.model, "shift_logits", False) else None
+        self.rule = resolve_rule(self.cfg.commit_rule, anchored=self.shifted is not None)
         self.rows = "queries" if self.shifted is None else "all"
         B, N = st.tokens.shape
         self.prefill = torch.zeros(B, N, dtype=torch.bool, device=st.tokens.device)
@@ -230,7 +231,7 @@ class SetDLMSession:
         if q_idx.shape[1] == 0:                          # prefills only: nothing to commit
             return True
         x, conf = self.choose(logits, q_idx, st)
-        sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, cfg.commit_rule), x, active, conf)
+        sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, self.rule), x, active, conf)
         if self._waiting:                                # l2r promotion of uncached context
             reach = torch.where(sel, st.pos[None], torch.full_like(st.pos[None], -1)).max(1).values
             promote = self.waiting & (st.pos[None] <= reach[:, None])

@@ -35,7 +35,8 @@ _FLAGS = [  # (option, type, help)
     ("window", int, "SetDLM window W (default: the checkpoint's D)"),
     ("tau", float, "commit threshold; > 1 commits one token per step"),
     ("commit_k", int, "tokens always committed per step (the most confident ones, or see --commit-rule)"),
-    ("commit_rule", str, "which k tokens are always committed: confidence (the paper) or leftmost (AR-anchored)"),
+    ("commit_rule", str, "which k tokens are always committed: confidence (the paper), leftmost (AR-anchored) or "
+                         "auto (leftmost for a SetDLM with the AR head shift, else confidence)"),
     ("block_size", int, "BD3LM / MDLM block (default: training block / 32)"),
     ("temperature", float, "0 = greedy"), ("top_p", float, "nucleus filter"),
     ("repetition_penalty", float, "> 1 penalises tokens already in the context"),

@@ -101,7 +101,7 @@ def test_leftmost_rule_forces_the_leftmost_active_positions_and_thresholds_the_r
                 assert torch.equal(got, first_k | (active & (conf >= tau)))
                 paper = commit_mask(conf, active, tau, k)
                 assert torch.equal(got & ~first_k, paper & ~first_k & (conf >= tau))
-    with pytest.raises(ValueError, match="commit_rule='random' must be one of confidence, leftmost"):
+    with pytest.raises(ValueError, match="commit_rule=.random. must be one of auto, confidence, leftmost"):
         GenerationConfig(commit_rule="random").validate()
 
 

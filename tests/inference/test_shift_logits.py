@@ -88,13 +88,20 @@ def test_shifted_decoding_is_cache_exact_and_batch_invariant(rand_model, kind, c
 def test_the_leftmost_rule_at_high_tau_decodes_left_to_right_as_window_one(rand_model):
     """commit_rule="leftmost" with tau > 1 commits the leftmost masked position every step, whatever the window: the
     tokens of W = 4 equal those of W = 1 (which has only that position), one token per step, for both heads; the
-    paper's rule at W = 4 commits elsewhere (the random model's confidences are not left to right)."""
+    paper's rule at W = 4 commits elsewhere (the random model's confidences are not left to right). The default
+    ("auto") is the leftmost rule for the shifted SetDLM and the paper's for the unshifted one and for BD3LM."""
     prompts = PROMPTS["prompt"]
     for model in (rand_model, Shifted(rand_model)):
         one = _run(SetDLMSampler, model, prompts, window=1, tau=2.0)
         left = _run(SetDLMSampler, model, prompts, window=4, tau=2.0, commit_rule="leftmost")
         assert left.tokens == one.tokens and all(s == len(t) for s, t in zip(left.steps, left.tokens))
-        assert _run(SetDLMSampler, model, prompts, window=4, tau=2.0).tokens != one.tokens
+        paper = _run(SetDLMSampler, model, prompts, window=4, tau=2.0, commit_rule="confidence")
+        assert paper.tokens != one.tokens
+        auto = _run(SetDLMSampler, model, prompts, window=4, tau=2.0)
+        assert auto.tokens == (left.tokens if isinstance(model, Shifted) else paper.tokens)
+        bd = [_run(BD3LMSampler, model, prompts, block_size=4, tau=2.0, commit_rule=r).tokens
+              for r in ("auto", "confidence")]
+        assert bd[0] == bd[1]
 
 
 @torch.no_grad()
