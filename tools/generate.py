@@ -8,6 +8,7 @@
     python tools/generate.py --checkpoint runs/tiny_cpu --demo data/embedded/tasks    # the README's samples
     python tools/generate.py --checkpoint exported/tiny_setdlm --prompt "Once"   # a Hugging Face export
     python tools/generate.py --checkpoint runs/tiny_cpu --prompt "" --preset owt --max-new-tokens 300
+    python tools/generate.py --checkpoint runs/ar_chat --distill sft.jsonl --out distilled.jsonl   # self-distill
 
 --checkpoint takes a native checkpoint (run, checkpoints/ or step directory) or a directory written by
 ``tools/convert_checkpoint.py to-hf``; the sampler is rebuilt from the method recorded in either.
@@ -20,6 +21,11 @@ Decoding flags (setdiff_mega/inference/options.py; the README's table gives the 
 --preset gsm8k|cnndm|owt|infill applies the paper's protocol for that evaluation, explicit flags win.
 With --demo the unconditional sample follows the OWT protocol (BOS prompt, nucleus 0.95, repetition
 penalty 1.05, one token per step, no EOS / low-confidence stop before max_new_tokens / 3 tokens).
+
+--distill SFT.jsonl (with --out): sequence-level self-distillation data. Every supervised record keeps its
+conversation up to its last assistant turn, which becomes this model's answer to it (chat template, decoding
+flags as given, greedy by default); the output is a supervised file for tools/preprocess_data.py --sft
+(setdiff_mega/inference/distill.py; the adaptation recipe's "distill" lever).
 """
 import argparse
 import json
@@ -102,6 +108,32 @@ def demo_unconditional_config(objective_cfg, seq_length: int, args):
                                                                  "seed": args.seed or 0})
 
 
+def distill(args, model, objective, tok, cfg) -> int:
+    """--distill: the records of ``args.distill`` answered by the model, to ``args.out``."""
+    from setdiff_mega.data.chat import ChatRenderer
+    from setdiff_mega.inference.distill import distill_records
+
+    src = Path(args.distill)
+    if not src.is_file():
+        raise FileNotFoundError(f"--distill '{src}' does not exist")
+    records = []
+    for lineno, line in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{src}:{lineno}: not valid JSON ({e.msg})") from None
+    bar = tqdm(total=len(records), desc="distill", unit="rec", file=sys.stderr)
+    out, stats = distill_records(model, tok, objective, records, config_from_args(args, cfg.objective,
+                                 cfg.data.seq_length), ChatRenderer.of(tok, args.chat_template_kwargs),
+                                 cfg.data.seq_length, args.batch_size, progress=bar.update)
+    bar.close()
+    write_file_atomic(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+    print(f"wrote {stats['answers']} distilled records to {args.out} ({stats['cut']} cut at --max-new-tokens)",
+          file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
@@ -115,6 +147,8 @@ def main(argv=None) -> int:
     p.add_argument("--span", type=int, default=16, help="infill span length in tokens")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", help="write JSONL here instead of printing")
+    p.add_argument("--distill", metavar="SFT_JSONL", help="answer the last assistant turn of every supervised record "
+                   "with this model and write the records to --out (self-distillation data)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--weights", choices=("ema", "raw"), default=None,
                    help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
@@ -123,12 +157,17 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1 (got {args.batch_size})")
+    if args.distill and not args.out:
+        raise ValueError("--distill writes supervised records: give --out FILE.jsonl")
     if args.out:
-        check_output_file(args.out, [args.checkpoint, args.file, args.demo], flag="--out", overwrite=args.overwrite)
+        check_output_file(args.out, [args.checkpoint, args.file, args.demo, args.distill], flag="--out",
+                          overwrite=args.overwrite)
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     model = decoding_model(model, cfg, tok, args.engine)
     L = cfg.data.seq_length
+    if args.distill:
+        return distill(args, model, objective, tok, cfg)
     refs = None
     if args.demo:
         requests, refs = fitting(*demo_requests(args.demo, tok), tok, L)

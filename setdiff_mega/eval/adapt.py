@@ -211,8 +211,9 @@ def train_arm(ac: AdaptConfig, arm: Arm, tok: Path, data: dict, export: Path, lo
 
 
 def train_arms(ac: AdaptConfig, tok: Path, sft: Path, export: Path, info: dict, log=print):
-    """Yield (arm, its trained models) arm by arm, the baseline first (its first AR fine-tune is the distillation
-    teacher; ``info["distill"]`` gets the distilled set's counts)."""
+    """Yield (arm, its trained models) arm by arm: the baseline first (its first AR fine-tune is the distillation
+    teacher; ``info["distill"]`` gets the distilled set's counts), then the recipe (the headline a stopped and
+    resumed study reaches soonest), then the levers."""
     tuned: list = []
 
     def distilled():
@@ -221,7 +222,8 @@ def train_arms(ac: AdaptConfig, tok: Path, sft: Path, export: Path, info: dict, 
                                                ac.max_new_tokens, ac.eval_batch, log)
         return prefix
 
-    for arm in ac.arms():
+    arms = ac.arms()
+    for arm in arms[:1] + arms[-1:] + arms[1:-1] if ac.recipe is not None else arms:
         recs = train_arm(ac, arm, tok, {"sft": sft, "distill": distilled}, export, log)
         tuned += recs
         yield arm, recs

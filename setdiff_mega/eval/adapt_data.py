@@ -1,5 +1,5 @@
 """The adaptation recipe's data beside its supervised conversations (:mod:`.adapt`): the held-out evaluation
-problems and the self-distilled supervised set.
+problems (the self-distilled supervised set is :mod:`setdiff_mega.inference.distill`'s).
 
 **Held-out problems** (:func:`eval_problems`): an evaluation that resolves a few points needs hundreds of
 problems (one problem of 512 is 0.002; the binomial standard error at 85% exact match is 0.016). The arithmetic
@@ -7,13 +7,6 @@ task file holds 128 (held out of the pretraining corpus by ``tools/prepare_data.
 then new problems from a stream of their own (``seed + 303``), skipping every question of the supervised
 conversations, of the pretraining corpus (regenerated from the corpus directory's ``embedded.json`` when the corpus
 is the embedded one; other corpora are not searched, and the report says so) and every repeat, until ``n``.
-
-**Self-distillation** (:func:`distilled_conversations`; sequence-level knowledge distillation, Kim & Rush 2016,
-the standard data for non-autoregressive decoders since; the paper's own GSM8K model is fine-tuned on a larger
-model's answers, interop.md 1b): every supervised conversation keeps its user turn, and its assistant turn
-becomes the teacher's greedy answer to that turn (the AR fine-tune of the first seed, asked as chat prompts,
-decoded in batches), so the targets are the parent's own, lower-entropy outputs, right or wrong. Answers that
-end without EOS within ``max_new_tokens`` are kept as cut (the recipe reports how many).
 """
 from __future__ import annotations
 
@@ -65,25 +58,8 @@ def problems_hash(rows: list[dict]) -> str:
     return h.hexdigest()[:16]
 
 
-def distilled_conversations(records: list[dict], answers: list[str]) -> list[dict]:
-    """``records`` (chat records: user turn, assistant turn) with each assistant turn replaced by ``answers``."""
-    if len(records) != len(answers):
-        raise ValueError(f"{len(answers)} teacher answers for {len(records)} conversations")
-    out = []
-    for rec, ans in zip(records, answers):
-        user = [m for m in rec["messages"] if m["role"] != "assistant"]
-        out.append({"messages": [*user, {"role": "assistant", "content": ans.strip() or "."}]})
-    return out
-
-
-def user_turns(records: list[dict]) -> list[str]:
-    """The user turn of each chat record (what the teacher is asked)."""
-    return [next(m["content"] for m in rec["messages"] if m["role"] == "user") for rec in records]
-
-
 def read_jsonl(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-__all__ = ["corpus_questions", "eval_problems", "problems_hash", "distilled_conversations", "user_turns",
-           "read_jsonl", "write_jsonl", "GSM8K_INSTRUCTION"]
+__all__ = ["corpus_questions", "eval_problems", "problems_hash", "read_jsonl", "write_jsonl", "GSM8K_INSTRUCTION"]

@@ -15,6 +15,7 @@ what it trains with (arms that train alike share them).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,11 @@ from setdiff_mega.checkpoint import load_model
 from setdiff_mega.checkpoint.io import latest_checkpoint
 from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.data.sft import preprocess_sft
-from setdiff_mega.inference import generate
+from setdiff_mega.inference.distill import distill_records
 from setdiff_mega.inference.engine import decoding_model
 from setdiff_mega.inference.options import generation_config
 
-from .adapt_data import distilled_conversations, read_jsonl, user_turns, write_jsonl
+from .adapt_data import read_jsonl, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,13 @@ class Arm:
 
 def distill_data(teacher_dir: Path, records_path: Path, out: Path, tokenizer: Path, max_new_tokens: int,
                  batch_size: int = 64, log=print) -> tuple[Path, dict]:
-    """The self-distilled supervised set (:mod:`.adapt_data`): the teacher's greedy answers to the user turns of
-    ``records_path``, preprocessed under ``out / distill_<teacher checkpoint key>`` (reused when present);
-    returns (dataset prefix, {answers, cut: answers without EOS within max_new_tokens})."""
+    """The self-distilled supervised set (:func:`setdiff_mega.inference.distill.distill_records`): the teacher's
+    greedy answers to the conversations of ``records_path``, preprocessed under ``out / distill_<teacher checkpoint
+    key>`` (reused when present); returns (dataset prefix, {answers, cut: answers without EOS within
+    max_new_tokens})."""
     ck = latest_checkpoint(teacher_dir)
     if ck is None:
         raise FileNotFoundError(f"the distillation teacher '{teacher_dir}' holds no checkpoint")
-    import hashlib
     key = hashlib.sha256((Path(ck) / "state.json").read_bytes()).hexdigest()[:12]
     prefix, stats_f = out / f"distill_{key}", out / f"distill_{key}.stats.json"
     if Path(f"{prefix}.idx").is_file() and stats_f.is_file():
@@ -88,13 +89,11 @@ def distill_data(teacher_dir: Path, records_path: Path, out: Path, tokenizer: Pa
     model = decoding_model(model, cfg, tok, "auto")
     gc = generation_config(cfg.objective, cfg.data.seq_length, None, {"max_new_tokens": max_new_tokens})
     log(f"distillation: {len(records)} answers from {teacher_dir} (greedy, batches of {batch_size})")
-    outs = generate(model, tok, objective, user_turns(records), gc, context=cfg.data.seq_length,
-                    batch_size=batch_size, chat=ChatRenderer.of(tok))
-    eos = tok.token(tok.eos)
-    answers = [o["text"].split(eos)[0] for o in outs]
-    stats = {"answers": len(answers), "cut": sum(eos not in o["text"] for o in outs), "teacher": str(teacher_dir)}
+    distilled, stats = distill_records(model, tok, objective, records, gc, ChatRenderer.of(tok),
+                                       cfg.data.seq_length, batch_size)
+    stats["teacher"] = str(teacher_dir)
     src = out / f"distill_{key}.jsonl"
-    write_jsonl(distilled_conversations(records, answers), src)
+    write_jsonl(distilled, src)
     preprocess_sft([str(src)], str(prefix), str(tokenizer), workers=2, progress=False, log=log)
     stats_f.write_text(json.dumps(stats))
     return prefix, stats

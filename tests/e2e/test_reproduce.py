@@ -113,6 +113,13 @@ def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(d
     assert cfg["train"]["init_from"] == f"hf:{export}" and cfg["model"]["family"] == "qwen3"
     assert cfg["model"]["shift_logits"] is True and cfg["data"]["packing"] is True
     assert cfg["objective"]["ar_weight"] == 1.0 and "distill_" in cfg["data"]["path"]
+    teacher = next(d for d in (out / "adapt" / "arms").iterdir() if "baseline" in (d / "arms.json").read_text())
+    again = tmp_path / "distilled.jsonl"                                # the CLI gives the recipe's records
+    r1 = _run(["tools/generate.py", "--checkpoint", str(teacher / "models" / "ar_s1234"), "--distill",
+               str(out / "adapt" / "sft" / "arith_chat.jsonl"), "--out", str(again), "--max-new-tokens", "8"])
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    assert [json.loads(x) for x in again.read_text().splitlines()] == \
+        [json.loads(x) for x in distilled[0].read_text().splitlines()]
     cached = len(list(out.glob("adapt/arms/*/models/*/eval_cache/*.json")))
     r2 = _run(args, timeout=600)                                        # a re-run: nothing trained or evaluated
     assert r2.returncode == 0 and "training " not in r2.stdout and "distillation:" not in r2.stdout, r2.stdout[-2000:]

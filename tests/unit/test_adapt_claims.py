@@ -1,13 +1,13 @@
 """The adaptation study's verdicts on synthetic seed means (setdiff_mega/eval/adapt_claims.py): parity with the AR
 fine-tune, the speed claim, the tau collapse per commit rule, the lever table's differences and intervals, the
-design's resolution; the held-out problems and the distilled records (adapt_data.py)."""
+design's resolution; the held-out problems (adapt_data.py)."""
 import math
 
 import pytest
 
 from setdiff_mega.eval import adapt_claims as C
 from setdiff_mega.eval.adapt import AdaptConfig
-from setdiff_mega.eval.adapt_data import distilled_conversations, eval_problems, user_turns
+from setdiff_mega.eval.adapt_data import eval_problems
 from setdiff_mega.eval.adapt_eval import resolution, settings, t95
 from setdiff_mega.eval.adapt_levers import Lever
 
@@ -98,12 +98,3 @@ def test_held_out_problems_avoid_the_training_questions_and_repeat_none():
     assert len(rows) == 40 and len({r["question"] for r in rows}) == 40
     assert [r["question"] for r in rows[:4]] == ["q0", "q2", "q3", "q4"] and "q1" not in {r["question"] for r in rows}
     assert eval_problems(40, 3, task, exclude={"q1"}) == rows                  # deterministic
-
-
-def test_distilled_records_keep_the_prompts_and_take_the_answers():
-    recs = [{"messages": [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]},
-            {"messages": [{"role": "user", "content": "u2"}, {"role": "assistant", "content": "a2"}]}]
-    out = distilled_conversations(recs, [" t1\n", ""])
-    assert user_turns(out) == ["u1", "u2"] and [m["messages"][1]["content"] for m in out] == ["t1", "."]
-    with pytest.raises(ValueError, match="1 teacher answers for 2 conversations"):
-        distilled_conversations(recs, ["x"])
