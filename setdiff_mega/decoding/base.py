@@ -144,6 +144,16 @@ class Canvas:
         return Canvas(torch.full((batch, width), pad_id, dtype=torch.long, device=device), z, z.clone(),
                       torch.zeros(batch, dtype=torch.bool, device=device))
 
+    def put_row(self, b: int, ids: list[int], mask_id: int, pad_id: int, max_new_tokens: int) -> None:
+        """Row ``b`` holds request ``ids`` instead (continuous batching; the layout of :meth:`from_prompts`)."""
+        row = Canvas.from_prompts([ids], mask_id, pad_id, max_new_tokens, device=self.tokens.device)
+        n, N = row.tokens.shape[1], self.tokens.shape[1]
+        if n > N:
+            raise ValueError(f"a request of {n} positions does not fit the session's width of {N}")
+        self.tokens[b], self.generate[b], self.valid[b] = pad_id, False, False
+        self.tokens[b, :n], self.generate[b, :n], self.valid[b, :n] = row.tokens[0], row.generate[0], row.valid[0]
+        self.infill[b] = row.infill[0]
+
     @staticmethod
     def from_prompts(prompts: list[list[int]], mask_id: int, pad_id: int, max_new_tokens: int,
                      device="cpu") -> "Canvas":

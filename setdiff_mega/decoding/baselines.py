@@ -17,6 +17,11 @@
   longer than the context L is seen through a window of L positions ending at the current block's end
   (or at L), positions absolute.
 
+Each sampler's decode is a session (:mod:`.calls`: a state machine of steps, ``next_calls`` / ``advance``) over
+rows that requests may join (:meth:`_Session.admit`) and leave (:meth:`_Session.retire`) between steps; every
+row's bookkeeping is batched, and rows without work are left out of the forward. ``generate`` drives a session
+whose rows all join before the first step.
+
 AR and BD3LM keep cache + chunk <= L like SetDLM (:mod:`.context`); ``use_cache=False`` gives their
 uncached reference (the whole history recomputed with the visibility the cache implies). A model with
 ``shift_logits`` (method.md 13) is read with the AR shift of its training objective (:mod:`.shift`); AR
@@ -27,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
+from .calls import Call, Stepper, drive
 from .processors import LogitsPipeline
 from .runner import ChunkRunner
 from .sampling import commit_mask, resolve_rule
@@ -35,6 +41,8 @@ from .shift import block_rows, view_rows
 
 
 class _Base:
+    session_class = None
+
     def __init__(self, model, mask_id: int, pad_id: int, eos_id: int, config: GenerationConfig, tokenizer=None,
                  order_prior=None):
         self.model, self.mask_id, self.pad_id, self.eos_id = model, mask_id, pad_id, eos_id
@@ -44,38 +52,95 @@ class _Base:
         self.rule = resolve_rule(self.cfg.commit_rule, anchored=False)     # "auto": the paper's rule here
         self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
 
-    def _start(self, canvas: Canvas):
-        st = DecodeState(canvas, self.cfg, self.eos_id, self.mask_id, self.tokenizer, self.observer)
-        return st, LogitsPipeline(self.cfg, self.mask_id, self.eos_id)
+    def session(self, canvas: Canvas):
+        """A decode of ``canvas`` whose rows may be replaced by new requests between steps."""
+        return self.session_class(self, canvas)
 
-
-class ARSampler(_Base):
-    @torch.no_grad()
     def generate(self, canvas: Canvas):
-        cfg = self.cfg
-        st, choose = self._start(canvas)
-        B, N = st.tokens.shape
-        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache,
-                             context_budget(self.model, cfg))
-        first = first_true(st.masked)
+        """Decode every row of ``canvas`` (:func:`~.calls.drive` over a session)."""
+        session = self.session(canvas)
+        drive(self.model, session)
+        return session.output()
+
+
+class _Session(Stepper):
+    """The decode state of one of the baselines (module docstring): the canvas, its :class:`DecodeState`, the
+    token choice, and (cached methods) a :class:`ChunkRunner`; :meth:`_reset` clears a row's method state."""
+
+    cached = True
+
+    def __init__(self, sampler: _Base, canvas: Canvas):
+        self.sampler, self.cfg, self.canvas = sampler, sampler.cfg, canvas
+        self.st = DecodeState(canvas, self.cfg, sampler.eos_id, sampler.mask_id, sampler.tokenizer, sampler.observer)
+        self.choose = LogitsPipeline(self.cfg, sampler.mask_id, sampler.eos_id)
+        self.runner = ChunkRunner(sampler.model, self.st.tokens, sampler.mask_id, sampler.pad_id, self.cfg.use_cache,
+                                  context_budget(sampler.model, self.cfg)) if self.cached else None
+        self.nfe = 0
+
+    def admit(self, b: int, ids: list[int], max_new_tokens: int) -> None:
+        """Row ``b`` (finished) decodes request ``ids`` from the next step on; the other rows are untouched."""
+        if self.in_step:
+            raise RuntimeError("a row joins between steps, not while a step's call is out")
+        s = self.sampler
+        self.canvas.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
+        self.st.reset_row(b)
+        if self.runner is not None:
+            self.runner.reset_row(b)
+        self._reset(b)
+
+    def retire(self, b: int) -> None:
+        """Row ``b`` stops decoding now (a cancelled request); its slot may be admitted again."""
+        self.st.done[b] = True
+
+    def _reset(self, b: int) -> None:
+        pass
+
+    def output(self, rows: slice = slice(None)):
+        r = self.runner
+        return self.st.output(self.nfe if r is None else r.nfe, 0 if r is None else r.evicted, rows=rows)
+
+
+class ARSession(_Session):
+    """AR decoding: each step feeds every row's pending tokens (its prompt when it joins, else its last token)
+    and commits the next position from the last pending row's logits."""
+
+    def __init__(self, sampler, canvas):
+        super().__init__(sampler, canvas)
+        self.pend = self._left(slice(None))
+
+    def _left(self, rows) -> torch.Tensor:
+        """The left context of ``rows`` (also for infill: AR cannot see the right side), their first pending."""
+        st = self.st
+        first = first_true(st.masked[rows])
         if bool((first == 0).any()):
             raise ValueError("AR decoding needs at least one visible token (e.g. BOS) before the first MASK")
-        pend = canvas.valid & (st.pos[None] < first[:, None])         # left context only (also for infill)
-        while True:
-            live = st.live()
-            if not live.any():
-                break
-            idx, ok, cnt = pack(pend)
-            logits = runner.run(idx, ok, idx[:, :0], ok[:, :0], logits_rows="all")
-            runner.persist()
-            last = (cnt - 1).clamp(min=0)
-            target = first_true(live).clamp(max=N - 1)                 # the next position to fill
-            x, conf = choose(logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1])), target[:, None], st)
-            pend = st.commit(target[:, None], (~st.done)[:, None], x, live, conf)
-            st.end_step()
-            if st.criteria.enabled:
-                st.check_stops(first_true(st.masked))
-        return st.output(runner.nfe, runner.evicted)
+        return self.canvas.valid[rows] & (st.pos[None] < first[:, None])
+
+    def _reset(self, b: int) -> None:
+        self.pend[b] = self._left(slice(b, b + 1))[0]
+
+    def retire(self, b: int) -> None:
+        super().retire(b)
+        self.pend[b] = False
+
+    def _step(self):
+        st, runner = self.st, self.runner
+        live = st.live()
+        if not bool(live.any()):
+            return False
+        B, N = st.tokens.shape
+        idx, ok, cnt = pack(self.pend)
+        logits = yield from runner.run(idx, ok, idx[:, :0], ok[:, :0], logits_rows="all")
+        runner.persist()
+        last = (cnt - 1).clamp(min=0)
+        target = first_true(live).clamp(max=N - 1)                 # the next position to fill
+        x, conf = self.choose(logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1])), target[:, None],
+                              st)
+        self.pend = st.commit(target[:, None], live.any(1)[:, None], x, live, conf)
+        st.end_step()
+        if st.criteria.enabled:
+            st.check_stops(first_true(st.masked))
+        return True
 
 
 def _completed(st: DecodeState, before: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
@@ -83,92 +148,135 @@ def _completed(st: DecodeState, before: torch.Tensor, block: torch.Tensor) -> to
     return before & ~(st.masked & block).any(1) & ~st.done
 
 
+class BD3LMSession(_Session):
+    """Block diffusion: every row's current block against the cache, its completed blocks written in the next
+    forward (module docstring)."""
+
+    def __init__(self, sampler, canvas):
+        super().__init__(sampler, canvas)
+        st = self.st
+        self.blk = st.pos // self.cfg.block_size
+        self.cached_blocks = torch.zeros(st.tokens.shape[0], dtype=torch.long, device=st.tokens.device)
+        self.edge = None                 # shift_logits: the clean row of the current block's predecessor
+
+    def _reset(self, b: int) -> None:
+        self.cached_blocks[b] = 0
+        if self.edge is not None:
+            self.edge[b] = 0
+
+    def _step(self):
+        cfg, st, runner, blk = self.cfg, self.st, self.runner, self.blk
+        live = st.live()
+        if not bool(live.any()):
+            return False
+        N = st.tokens.shape[1]
+        cur = torch.where(live.any(1), blk[first_true(live).clamp(max=N - 1)], blk[-1] + 1)   # current block
+        rows = self.canvas.valid & ~st.done[:, None]
+        p_idx, p_ok, _ = pack(rows & (blk[None] >= self.cached_blocks[:, None]) & (blk[None] < cur[:, None]))
+        in_block = blk[None] == cur[:, None]
+        q_idx, q_ok, _ = pack(rows & in_block)
+        q_tok = st.tokens.gather(1, q_idx).masked_fill(st.masked.gather(1, q_idx), self.sampler.mask_id)
+        shift = self.sampler.shift
+        logits = yield from runner.run(p_idx, p_ok, q_idx, q_ok, q_tokens=q_tok, pend_group=blk[p_idx],
+                                       query_mask=q_ok[:, :, None] & q_ok[:, None, :],      # bidirectional block
+                                       logits_rows="all" if shift else "queries")
+        runner.persist()
+        if shift:
+            logits, self.edge = block_rows(logits, p_idx.shape[1], p_idx, p_ok, q_idx, self.edge)
+        self.cached_blocks = torch.maximum(self.cached_blocks, cur)
+        x, conf = self.choose(logits, q_idx, st)
+        act = q_ok & st.masked.gather(1, q_idx)
+        before = (live & in_block).any(1) if st.criteria.enabled else None
+        st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.sampler.rule), x, live, conf)
+        st.end_step()
+        if before is not None:
+            done_block = _completed(st, before, in_block)
+            if done_block.any():
+                st.check_stops((cur + 1) * cfg.block_size, rows=done_block)
+        return True
+
+
+class MDLMSession(_Session):
+    """Masked diffusion: every live row's view of the canvas recomputed each step (no cache); rows without work
+    are left out of the forward."""
+
+    cached = False
+
+    def __init__(self, sampler, canvas):
+        super().__init__(sampler, canvas)
+        st = self.st
+        N = st.tokens.shape[1]
+        budget = context_budget(sampler.model, self.cfg)
+        self.width = N if budget is None else min(N, int(budget))
+        self.start = first_true(canvas.generate)
+        self.rel = (st.pos[None] - self.start[:, None]).clamp(min=0) // self.cfg.block_size   # block id in region
+        self.n_valid = canvas.valid.sum(1)
+        self.view = None                 # (win, ok, vis): fixed while the canvas fits the context
+
+    def _reset(self, b: int) -> None:
+        st, cv = self.st, self.canvas
+        self.start[b] = first_true(cv.generate[b:b + 1])[0]
+        self.rel[b] = (st.pos - self.start[b]).clamp(min=0) // self.cfg.block_size
+        self.n_valid[b] = cv.valid[b].sum()
+        self.view = None
+
+    def _views(self, block_end):
+        width, N, dev = self.width, self.st.tokens.shape[1], self.st.tokens.device
+        if self.view is None or width < N:
+            hi = torch.minimum(self.n_valid, block_end.clamp(min=width))
+            win = (hi - width).clamp(min=0)[:, None] + torch.arange(width, device=dev)[None]   # canvas positions
+            ok = win < self.n_valid[:, None]
+            win = win.clamp(max=N - 1)
+            eye = torch.eye(width, dtype=torch.bool, device=dev)[None]
+            self.view = (win, ok, (ok[:, None, :] & ok[:, :, None]) | eye)
+        return self.view
+
+    def _step(self):
+        cfg, st, s = self.cfg, self.st, self.sampler
+        live = st.live()
+        busy = live.any(1)
+        if not bool(busy.any()):
+            return False
+        N = st.tokens.shape[1]
+        cur = self.rel.gather(1, first_true(live).clamp(max=N - 1)[:, None])[:, 0]
+        in_block = self.rel == cur[:, None]
+        active = live & in_block
+        block_end = (self.start + (cur + 1) * cfg.block_size).clamp(max=self.n_valid)
+        win, ok, vis = self._views(block_end)
+        tok = st.tokens.gather(1, win).masked_fill(~ok, s.pad_id)
+        self.nfe += 1
+        if bool(busy.all()):
+            logits = yield Call(tok, win * ok, vis, 0)
+        else:                            # only the rows with work (a session's free or finished slots skip)
+            idx = busy.nonzero()[:, 0]
+            part = yield Call(tok[idx], (win * ok)[idx], vis[idx], 0)
+            logits = part.new_zeros(st.tokens.shape[0], *part.shape[1:])
+            logits[idx] = part
+        q_idx, q_ok, _ = pack(active)
+        rel_q = (q_idx - win[:, :1]).clamp(min=0, max=self.width - 1)
+        if s.shift:
+            rel_q = view_rows(rel_q)
+        x, conf = self.choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st)
+        before = active.any(1) if st.criteria.enabled else None
+        st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, s.rule), x, active, conf)
+        st.end_step()
+        if before is not None:
+            done_block = _completed(st, before, in_block)
+            if done_block.any():
+                st.check_stops(block_end, rows=done_block)
+        return True
+
+
+class ARSampler(_Base):
+    session_class = ARSession
+
+
 class BD3LMSampler(_Base):
-    @torch.no_grad()
-    def generate(self, canvas: Canvas):
-        cfg = self.cfg
-        st, choose = self._start(canvas)
-        B, N = st.tokens.shape
-        blk = st.pos // cfg.block_size
-        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache,
-                             context_budget(self.model, cfg))
-        cached_blocks = torch.zeros(B, dtype=torch.long, device=st.tokens.device)   # blocks [0, n) are cached
-        edge = None                      # shift_logits: the clean row of the current block's predecessor
-        while True:
-            live = st.live()
-            if not live.any():
-                break
-            cur = torch.where(live.any(1), blk[first_true(live).clamp(max=N - 1)], blk[-1] + 1)   # current block
-            rows = canvas.valid & ~st.done[:, None]
-            p_idx, p_ok, _ = pack(rows & (blk[None] >= cached_blocks[:, None]) & (blk[None] < cur[:, None]))
-            in_block = blk[None] == cur[:, None]
-            q_idx, q_ok, _ = pack(rows & in_block)
-            q_tok = st.tokens.gather(1, q_idx).masked_fill(st.masked.gather(1, q_idx), self.mask_id)
-            logits = runner.run(p_idx, p_ok, q_idx, q_ok, q_tokens=q_tok, pend_group=blk[p_idx],
-                                query_mask=q_ok[:, :, None] & q_ok[:, None, :],      # bidirectional block
-                                logits_rows="all" if self.shift else "queries")
-            runner.persist()
-            if self.shift:
-                logits, edge = block_rows(logits, p_idx.shape[1], p_idx, p_ok, q_idx, edge)
-            cached_blocks = torch.maximum(cached_blocks, cur)
-            x, conf = choose(logits, q_idx, st)
-            act = q_ok & st.masked.gather(1, q_idx)
-            before = (live & in_block).any(1) if st.criteria.enabled else None
-            st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.rule), x, live, conf)
-            st.end_step()
-            if before is not None:
-                done_block = _completed(st, before, in_block)
-                if done_block.any():
-                    st.check_stops((cur + 1) * cfg.block_size, rows=done_block)
-        return st.output(runner.nfe, runner.evicted)
+    session_class = BD3LMSession
 
 
 class MDLMSampler(_Base):
-    @torch.no_grad()
-    def generate(self, canvas: Canvas):
-        cfg = self.cfg
-        st, choose = self._start(canvas)
-        B, N = st.tokens.shape
-        dev = st.tokens.device
-        start = first_true(canvas.generate)
-        rel = (st.pos[None] - start[:, None]).clamp(min=0) // cfg.block_size      # block id in the region
-        budget = context_budget(self.model, cfg)
-        width = N if budget is None else min(N, int(budget))
-        n_valid = canvas.valid.sum(1)
-        j = torch.arange(width, device=dev)[None]
-        view = None                      # (win, ok, vis): fixed when the canvas fits the context
-        nfe = 0
-        while True:
-            live = st.live()
-            if not live.any():
-                break
-            cur = rel.gather(1, first_true(live).clamp(max=N - 1)[:, None])[:, 0]
-            in_block = rel == cur[:, None]
-            active = live & in_block
-            block_end = (start + (cur + 1) * cfg.block_size).clamp(max=n_valid)
-            if view is None or width < N:
-                hi = torch.minimum(n_valid, block_end.clamp(min=width))
-                win = (hi - width).clamp(min=0)[:, None] + j                 # [B, width] canvas positions
-                ok = win < n_valid[:, None]
-                win = win.clamp(max=N - 1)
-                eye = torch.eye(width, dtype=torch.bool, device=dev)[None]
-                view = (win, ok, (ok[:, None, :] & ok[:, :, None]) | eye)
-            win, ok, vis = view
-            logits = self.model(st.tokens.gather(1, win).masked_fill(~ok, self.pad_id), win * ok, vis, 0)
-            nfe += 1
-            q_idx, q_ok, _ = pack(active)
-            rel_q = (q_idx - win[:, :1]).clamp(min=0, max=width - 1)
-            if self.shift:
-                rel_q = view_rows(rel_q)
-            x, conf = choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st)
-            before = active.any(1) if st.criteria.enabled else None
-            st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, self.rule), x, active, conf)
-            st.end_step()
-            if before is not None:
-                done_block = _completed(st, before, in_block)
-                if done_block.any():
-                    st.check_stops(block_end, rows=done_block)
-        return st.output(nfe)
+    session_class = MDLMSession
 
 
-__all__ = ["ARSampler", "BD3LMSampler", "MDLMSampler"]
+__all__ = ["ARSampler", "BD3LMSampler", "MDLMSampler", "ARSession", "BD3LMSession", "MDLMSession"]

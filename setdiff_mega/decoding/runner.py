@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .cache import KVCache
+from .calls import Call
 from .context import Ledger
 
 
@@ -98,7 +99,9 @@ class ChunkRunner:
 
     def run(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens=None, pend_group=None, query_mask=None,
             logits_rows: str = "queries"):
-        """One forward; returns logits [B, A, V] for the queries (``logits_rows="all"``: [B, P + A, V])."""
+        """One forward, as a generator (:mod:`.calls`: it yields its :class:`~.calls.Call` and is sent the
+        logits; ``logits = yield from runner.run(...)``); returns logits [B, A, V] for the queries
+        (``logits_rows="all"``: [B, P + A, V]), None for an uncached forward with nothing to predict."""
         f = self.forwards
         self.forwards += 1
         keep = self.ledger.evict_for(pend_ok.sum(1) + q_ok.sum(1), f, pend_idx.shape[1] + q_idx.shape[1])
@@ -118,7 +121,7 @@ class ChunkRunner:
         tok, posi, ok, allowed = self._chunk(pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask)
         start = 0 if logits_rows == "all" else pend_idx.shape[1]
         if self.cache is not None:
-            out = self._cached_forward(tok, posi, allowed, ok, start)
+            out = yield from self._cached_forward(tok, posi, allowed, ok, start)
             if logits_rows != "all":
                 return out[:, :A]
             return torch.cat([out[:, :P], out[:, pend_idx.shape[1]:pend_idx.shape[1] + A]], 1)
@@ -134,7 +137,7 @@ class ChunkRunner:
         mask[:, H:, :H] = seen[:, None, :] & ok[:, :, None]
         mask[:, H:, H:] = allowed
         self.nfe += 1
-        return self.model(torch.cat([htok, tok], 1), torch.cat([hpos, posi], 1), mask, H + start)
+        return (yield Call(torch.cat([htok, tok], 1), torch.cat([hpos, posi], 1), mask, H + start))
 
     def _cached_forward(self, tok, posi, allowed, ok, start):
         """The forward through the cache; rows with nothing in the chunk (finished, or free slots of a serving
@@ -144,11 +147,9 @@ class ChunkRunner:
         self.nfe += 1
         rows = ok.any(1)
         if B == 1 or self.static_chunk is not None or int(rows.sum()) in (0, B):     # one host sync
-            with self.model.use_cache(self.cache):
-                return self.model(tok, posi, keep, start)
+            return (yield Call(tok, posi, keep, start, self.cache))
         idx = rows.nonzero()[:, 0]
-        with self.model.use_cache(self.cache.rows(idx)):
-            part = self.model(tok[idx], posi[idx], keep[idx], start)
+        part = yield Call(tok[idx], posi[idx], keep[idx], start, self.cache.rows(idx))
         out = part.new_zeros(B, *part.shape[1:])
         out[idx] = part
         return out

@@ -37,6 +37,7 @@ import zlib
 import torch
 
 from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
+from .calls import Stepper, drive
 from .processors import LogitsPipeline
 from .runner import ChunkRunner
 from .sampling import commit_mask, resolve_rule
@@ -117,22 +118,22 @@ class SetDLMSampler:
         """A decode of ``canvas`` whose rows may be replaced by new requests between steps (:class:`SetDLMSession`)."""
         return SetDLMSession(self, canvas)
 
-    @torch.no_grad()
     def generate(self, canvas: Canvas):
+        """Decode every row of ``canvas`` (:func:`~.calls.drive` over a session)."""
         session = self.session(canvas)
-        while session.step():
-            pass
-        return session.st.output(session.runner.nfe, session.runner.evicted)
+        drive(self.model, session)
+        return session.output()
 
 
-class SetDLMSession:
+class SetDLMSession(Stepper):
     """One batched SetDLM decode, step by step (the module docstring's loop), over rows that requests may join
     and leave between steps: :meth:`admit` rewrites a finished row of the canvas with a new request and resets
     that row's state (decode state, stopping counters, ledger, KV-cache window, FHT times, kept predecessor
     rows) without touching the others. A row's first step after it joined is its prefill (its visible tokens
     as pending, no queries), fused with the other rows' decode steps; its stopping criteria follow its own
-    step count. :meth:`SetDLMSampler.generate` is a session whose rows all join before the first step, so
-    both give the same tokens per row."""
+    step count. The session is a decode state (:mod:`.calls`: ``next_calls`` / ``advance``);
+    :meth:`SetDLMSampler.generate` drives a session whose rows all join before the first step, so both give the
+    same tokens per row."""
 
     def __init__(self, sampler: SetDLMSampler, canvas: Canvas):
         self.sampler, self.cfg, self.canvas = sampler, sampler.cfg, canvas
@@ -163,20 +164,18 @@ class SetDLMSession:
 
     def admit(self, b: int, ids: list[int], max_new_tokens: int) -> None:
         """Row ``b`` (finished) decodes request ``ids`` from the next step on (see the class docstring)."""
+        if self.in_step:
+            raise RuntimeError("a row joins between steps, not while a step's call is out")
         s, cv, st = self.sampler, self.canvas, self.st
-        row = Canvas.from_prompts([ids], s.mask_id, s.pad_id, max_new_tokens, device=cv.tokens.device)
-        n, N = row.tokens.shape[1], cv.tokens.shape[1]
-        if n > N:
-            raise ValueError(f"a request of {n} positions does not fit the session's width of {N}")
-        cv.tokens[b], cv.generate[b], cv.valid[b] = s.pad_id, False, False
-        cv.tokens[b, :n], cv.generate[b, :n], cv.valid[b, :n] = row.tokens[0], row.generate[0], row.valid[0]
-        cv.infill[b] = row.infill[0]
+        cv.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
+        n = len(ids) if s.mask_id in ids else len(ids) + max_new_tokens
         st.reset_row(b)
         self.runner.reset_row(b)
         if self.fht is not None:
             self.fht[b] = float("-inf")
+            row = Canvas(cv.tokens[b:b + 1, :n], cv.generate[b:b + 1, :n], cv.valid[b:b + 1, :n], cv.infill[b:b + 1])
             self.fht[b, :n] = first_hitting_times(row, self.cfg, context_budget(s.model, self.cfg), s.order_prior)[0]
-            self.runner.ledger.by_position[b] = not bool(row.infill[0])
+            self.runner.ledger.by_position[b] = not bool(cv.infill[b])
         if self.shifted is not None:
             self.shifted.reset_row(b)
         for t in (self.prefill, self.waiting, self.pending):
@@ -204,9 +203,14 @@ class SetDLMSession:
         ok = torch.where(rows[:, None], pad(pre_ok, False), pad(pend_ok, False))
         return idx, ok, rows
 
+    def output(self, rows: slice = slice(None)):
+        """The decoded rows so far (:meth:`~.base.DecodeState.output`)."""
+        return self.st.output(self.runner.nfe, self.runner.evicted, rows=rows)
+
     @torch.no_grad()
-    def step(self) -> bool:
-        """One forward for every live row (a joining row: its prefill); False when no row has work left."""
+    def _step(self):
+        """One forward for every live row (a joining row: its prefill), as a generator (:class:`~.calls.Stepper`);
+        returns False when no row has work left."""
         st, cfg, runner = self.st, self.cfg, self.runner
         pend_idx, pend_ok, joining = self._pending()
         if joining is None:
@@ -218,7 +222,7 @@ class SetDLMSession:
         f = first_true(live)
         active = live & (st.pos[None] < (f + cfg.window)[:, None])
         q_idx, q_ok, _ = pack(active)
-        logits = runner.run(pend_idx, pend_ok, q_idx, q_ok, logits_rows=self.rows)
+        logits = yield from runner.run(pend_idx, pend_ok, q_idx, q_ok, logits_rows=self.rows)
         runner.persist()
         if joining is not None:                          # every joining row ran its prefill
             self.prefill.zero_()

@@ -1,7 +1,7 @@
 """One generation being served: its prompt, options, the text that became final, and its events.
 
-A job's sampler runs in its own thread (:mod:`.scheduler`); after every decode step the sampler's
-:class:`~setdiff_mega.decoding.base.DecodeState` is shown to :meth:`Job.observe`, which finds the tokens that
+A job decodes in a row of one of the scheduler's decodes (:mod:`.sessions`); after every decode step the
+sampler's :class:`~setdiff_mega.decoding.base.DecodeState` is shown to :meth:`Job.observe`, which finds the tokens that
 can no longer change and emits the new text. With the row's generation region starting at g, its leftmost
 still-masked position f and its end e (set once the row is done):
 
@@ -78,7 +78,7 @@ class Job:
             self.emit("delta", delta)
 
     def observe(self, st, row: int = 0) -> bool:
-        """After a decode step (decoding thread): emit what became final in canvas row ``row``; True when a stop
+        """After a decode step (the scheduler loop): emit what became final in canvas row ``row``; True when a stop
         string ended the text."""
         self.committed_last = int(st.history[-1][row]) if st.history else 0
         self.steps += self.committed_last > 0

@@ -1,20 +1,22 @@
-"""The scheduler: one loop owns the model and runs every decoding thread's next call as one fused forward.
+"""The scheduler: one loop owns the model and every decode; each step is one fused forward over every decode's
+next call.
 
     loop:
         expire     queued jobs past their deadline fail (504); running ones are cancelled
-        admit      queued jobs join while running < max_batch: a job whose options allow it joins the
-                   :class:`~.workers.SessionWorker` of its options (a slot of one batched SetDLM decode; its
-                   prefill rides in that session's next step), any other starts a :class:`~.workers.SoloWorker`
-        wait       until every decoding thread is parked in a model call or has finished
-        retire     finished jobs leave (EOS, stop string, max_tokens, cancellation, error)
-        step       the parked calls -> :func:`~.fusion.fused_forward` (cached and uncached calls apart) -> each
-                   thread gets its logits and runs its rows' bookkeeping up to its next call
+        admit      queued jobs join while running < max_batch: a job whose options allow it takes a row of the
+                   shared decode of its options (its prefill rides in that decode's next step), any other gets
+                   a private decode (:mod:`.sessions`)
+        sweep      finished jobs leave (EOS, stop string, max_tokens, cancellation, error); their rows are free
+        calls      every decode's ``next_calls()`` (:mod:`setdiff_mega.decoding.calls`)
+        step       the calls -> :func:`~setdiff_mega.decoding.calls.fused_forward` (cached and uncached calls
+                   apart) -> each decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
 
-Each session (and each solo job) has its own KV cache; a job joining or leaving a session resets or frees
-its row only (:meth:`~setdiff_mega.decoding.setdlm.SetDLMSession.admit`). The queue is bounded
-(``max_queue``: :class:`QueueFull`, HTTP 429). Client disconnects and timeouts cancel a job: a session
-retires its row before its next step, a solo job's thread raises :class:`~.fusion.Cancelled` at its next
-model call. A failing forward fails the jobs in it (HTTP 500), not the loop.
+No thread per request and no hand-off per step: the HTTP side only queues jobs (:meth:`Scheduler.submit`),
+flags cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV
+cache; a job joining or leaving resets or frees its row only. The queue is bounded (``max_queue``:
+:class:`QueueFull`, HTTP 429). Client disconnects and timeouts cancel a job: its row is retired before the next
+step. A failing forward fails the jobs of the decodes in it (HTTP 500), a failing decode its own jobs, not the
+loop. ``host_seconds`` accumulates each step's time outside the model forward (the per-step host overhead).
 """
 from __future__ import annotations
 
@@ -24,11 +26,10 @@ import time
 
 import torch
 
-from setdiff_mega import methods
+from setdiff_mega.decoding.calls import fused_forward
 
-from .fusion import BatchedModel, StepHub, fused_forward
 from .job import Job
-from .workers import SessionWorker, SoloWorker, session_key
+from .sessions import USER, Decode, session_key
 
 
 class QueueFull(Exception):
@@ -38,25 +39,23 @@ class QueueFull(Exception):
 class Scheduler:
     def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None,
                  width: int = 4096):
-        """``width``: a session's canvas positions (the longest prompt plus ``max_tokens`` it admits)."""
+        """``width``: a shared decode's canvas positions (the longest prompt plus ``max_tokens`` it admits)."""
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch ({max_batch}) and max_queue ({max_queue}) must be >= 1")
         self.model, self.tokenizer, self.method = model, tokenizer, method
         self.max_batch, self.max_queue, self.metrics = max_batch, max_queue, metrics
-        self.hub = StepHub()
-        self.proxy = BatchedModel(model, self.hub)
         self.device = next(model.parameters()).device
+        self.cond = threading.Condition()
         self.queue: collections.deque = collections.deque()
         self.running: dict[int, Job] = {}
-        self.left: set = set()           # keys of jobs that finished
         self.width = width
-        self.sessions: dict = {}         # session key -> SessionWorker
-        self.worker_of: dict = {}        # job key -> its SessionWorker (session jobs)
-        name = getattr(method, "name", method)
-        self.sampler_cls = methods.get(name).sampler_class()
+        self.decodes: list[Decode] = []
+        self.shared: dict = {}           # session key -> its shared Decode
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="setdiff-scheduler", daemon=True)
         self.steps = 0
+        self.forward_seconds = 0.0       # inside the model forwards
+        self.host_seconds = 0.0          # the rest of the steps: bookkeeping, fusion, admission
 
     # -- the HTTP side ---------------------------------------------------------------------------------
     def start(self) -> "Scheduler":
@@ -64,19 +63,20 @@ class Scheduler:
         return self
 
     def close(self) -> None:
-        with self.hub.cond:
+        with self.cond:
             self._closing = True
             for job in list(self.queue):
                 job.fail(503, "the server is shutting down")
             self.queue.clear()
-            for job in list(self.running.values()):
-                self._stop(job)
-            self.hub.cond.notify_all()
-        self._thread.join(timeout=10)
+            for job in self.running.values():
+                job.cancelled = True
+            self.cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue ``jobs`` (all or none: :class:`QueueFull`)."""
-        with self.hub.cond:
+        with self.cond:
             if self._closing:
                 raise QueueFull("the server is shutting down")
             if len(self.queue) + len(jobs) > self.max_queue:
@@ -84,11 +84,11 @@ class Scheduler:
                                 f"retry later")
             self.queue.extend(jobs)
             self._gauge()
-            self.hub.cond.notify_all()
+            self.cond.notify_all()
 
     def cancel(self, job: Job, reason: str = "cancelled") -> None:
-        """Stop ``job`` (client gone, timeout): dropped from the queue, or cancelled at its next step."""
-        with self.hub.cond:
+        """Stop ``job`` (client gone, timeout): dropped from the queue, or retired before the next step."""
+        with self.cond:
             if job in self.queue:
                 self.queue.remove(job)
                 job.reason = reason
@@ -97,13 +97,8 @@ class Scheduler:
                 return
             if job.key in self.running and job.reason is None and not job.done:
                 job.reason = reason
-                self._stop(job)
-
-    def _stop(self, job: Job) -> None:
-        """A running job stops at its next step (``cond`` held)."""
-        job.cancelled = True
-        if job.key not in self.worker_of:
-            self.hub.cancel(job.key)
+                job.cancelled = True
+                self.cond.notify_all()
 
     @property
     def idle(self) -> bool:
@@ -114,95 +109,138 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.occupancy(len(self.queue), len(self.running))
 
+    def _committed(self, n: int) -> None:
+        if self.metrics is not None:
+            self.metrics.committed(n)
+
     def _expire(self) -> None:
         now = time.monotonic()
         for job in [j for j in self.queue if j.deadline is not None and now > j.deadline]:
             self.queue.remove(job)
             job.fail(504, f"the request timed out after {job.timeout:g} s in the queue")
-        for key, job in self.running.items():
+        for job in self.running.values():
             if job.deadline is not None and now > job.deadline and job.reason is None and not job.done:
                 job.reason = "timeout"
-                self._stop(job)                   # the condition's lock is re-entrant
+                job.cancelled = True
 
-    def _admit(self) -> None:
-        while self.queue and len(self.running) < self.max_batch:
+    def _take(self) -> list[Job]:
+        """Queued jobs that may start now (``cond`` held)."""
+        jobs = []
+        while self.queue and len(self.running) + len(jobs) < self.max_batch:
             job = self.queue.popleft()
             job.started = time.monotonic()
+            jobs.append(job)
+        return jobs
+
+    def _decode(self, job: Job, key) -> Decode:
+        kw = dict(rows=self.max_batch, width=self.width, device=self.device, committed=self._committed)
+        if key is None:
+            return Decode(self.method, self.model, self.tokenizer, job.config, job=job, **kw)
+        d = self.shared.get(key)
+        if d is None or not d.has_room():
+            d = self.shared[key] = Decode(self.method, self.model, self.tokenizer, job.config, **kw)
+        return d
+
+    def _admit(self, jobs: list[Job]) -> None:
+        for job in jobs:
             self.running[job.key] = job
-            key = session_key(self.sampler_cls, job.config)
-            if key is None:
-                self._start(SoloWorker(self, job))
+            key = session_key(job.config)
+            try:
+                d = self._decode(job, key)
+                if key is not None:
+                    d.admit(job)
+            except USER as e:
+                job.fail(400, str(e))
+                self._left([job])
                 continue
-            worker = self.sessions.get(key)
-            if worker is None or not worker.has_room():
-                worker = self.sessions[key] = SessionWorker(self, job.config)
-                self._start(worker)
-            worker.inbox.append(job)
-            self.worker_of[job.key] = worker
+            except Exception as e:            # noqa: BLE001 (one request's failure is reported, never raised)
+                job.fail(500, f"decoding failed: {type(e).__name__}: {e}")
+                self._left([job])
+                continue
+            if d not in self.decodes:
+                self.decodes.append(d)
 
-    def _start(self, worker) -> None:
-        self.hub.register(worker.key)
-        threading.Thread(target=worker.run, name=f"setdiff-decode-{worker.key}", daemon=True).start()
+    def _left(self, jobs: list[Job]) -> None:
+        with self.cond:
+            for job in jobs:
+                if self.running.pop(job.key, None) is not None and self.metrics is not None:
+                    self.metrics.finished(job)
+            self._gauge()
 
-    def done(self, job: Job) -> None:
-        """A decoding thread finished ``job`` (any thread)."""
-        with self.hub.cond:
-            self.left.add(job.key)
-            self.worker_of.pop(job.key, None)
+    def _drop(self, d: Decode, status: int, message: str) -> None:
+        self._left(d.fail(status, message))
+        self.decodes.remove(d)
+        for k, v in list(self.shared.items()):
+            if v is d:
+                del self.shared[k]
 
-    def committed(self, n: int) -> None:
-        if self.metrics is not None:
-            self.metrics.committed(n)
+    def _sweep(self) -> None:
+        for d in list(self.decodes):
+            self._left(d.sweep())
+            if not d.slots:
+                self._drop(d, 500, "")
 
-    def _retire(self) -> None:
-        for key, worker in list(self.sessions.items()):
-            if worker.closed:
-                del self.sessions[key]
-        for key in list(self.left):
-            job = self.running.pop(key, None)
-            if job is not None and self.metrics is not None:
-                self.metrics.finished(job)
-        self.left.clear()
-
+    @torch.inference_mode()
     def _loop(self) -> None:
-        cond = self.hub.cond
         while True:
-            with cond:
+            with self.cond:
                 if self._closing and not self.running:
                     return
                 self._expire()
-                if not self._closing:
-                    self._admit()
-                self._gauge()
-                if not self.hub.wait_parked(timeout=0.05):
+                jobs = [] if self._closing else self._take()
+                if not jobs and not self.running:
+                    self.cond.wait(timeout=0.05)
                     continue
-                self._retire()
-                self._gauge()
-                calls = self.hub.take()
-                if not calls:
-                    if not self.running:
-                        cond.wait(timeout=0.05)
-                    continue
-            self.hub.release(self._step(calls))
+            t0 = time.perf_counter()
+            self._admit(jobs)
+            self._sweep()
+            if self.decodes:
+                self._step(t0)
 
-    def _step(self, calls: dict) -> dict:
-        t0 = time.perf_counter()
-        results = {}
-        groups: dict = {}
-        for key, call in calls.items():
-            groups.setdefault(call.cache is not None, []).append(key)
-        for keys in groups.values():
+    def _calls(self) -> list:
+        out = []
+        for d in list(self.decodes):
             try:
-                outs = fused_forward(self.model, [calls[k] for k in keys], self.tokenizer.pad)
-                results.update(zip(keys, outs))
-            except Exception as e:            # the jobs of this forward fail; the loop goes on
-                results.update((k, RuntimeError(f"the decode forward failed: {e}")) for k in keys)
+                calls = d.session.next_calls()
+            except Exception as e:            # noqa: BLE001 (the decode's jobs fail; the server goes on)
+                self._drop(d, 400 if isinstance(e, USER) else 500, f"decoding failed: {type(e).__name__}: {e}")
+                continue
+            if calls:
+                out.append((d, calls))
+        return out
+
+    def _step(self, t0: float) -> None:
+        work = self._calls()
+        groups: dict = {}
+        for d, calls in work:
+            groups.setdefault(calls[0].cache is not None, []).append((d, calls[0]))
+        t_fwd = time.perf_counter()
+        results = []
+        for members in groups.values():
+            try:
+                outs = fused_forward(self.model, [c for _, c in members], self.tokenizer.pad)
+                results += [(d, [o]) for (d, _), o in zip(members, outs)]
+            except Exception as e:            # noqa: BLE001 (the decodes of this forward fail; the loop goes on)
+                for d, _ in members:
+                    self._drop(d, 500, f"the decode forward failed: {e}")
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.steps += 1
-        if self.metrics is not None:
-            self.metrics.step(len(calls), time.perf_counter() - t0)
-        return results
+        t_adv = time.perf_counter()
+        for d, logits in results:
+            try:
+                d.session.advance(logits)
+            except Exception as e:            # noqa: BLE001
+                self._drop(d, 400 if isinstance(e, USER) else 500, f"decoding failed: {type(e).__name__}: {e}")
+                continue
+            del d.session.st.history[:-1]     # a long-lived decode keeps only the last step's counts
+        t1 = time.perf_counter()
+        if work:
+            self.steps += 1
+            self.forward_seconds += t_adv - t_fwd
+            self.host_seconds += (t1 - t0) - (t_adv - t_fwd)
+            if self.metrics is not None:
+                self.metrics.step(sum(c.rows for _, cs in work for c in cs), t1 - t0)
+        self._sweep()
 
 
 __all__ = ["Scheduler", "QueueFull"]

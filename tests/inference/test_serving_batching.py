@@ -8,8 +8,8 @@ import torch
 
 from setdiff_mega.decoding.base import Canvas, GenerationConfig
 from setdiff_mega.decoding.cache import KVCache
+from setdiff_mega.decoding.calls import Call, fused_forward
 from setdiff_mega.inference.api import build_sampler
-from setdiff_mega.serving.fusion import Call, fused_forward
 from setdiff_mega.serving.job import Job
 from setdiff_mega.serving.scheduler import QueueFull, Scheduler
 

@@ -1,0 +1,189 @@
+"""Decoding as step functions: a sampler's decode is a state machine that asks for model calls and is handed their
+logits; whoever owns the model (``generate``'s loop, the export's ``model.generate``, the server's scheduler)
+runs the calls, alone or fused with other decodes' calls into one forward.
+
+The protocol of a decode state (every sampler's session: :mod:`.setdlm`, :mod:`.baselines`)::
+
+    calls = state.next_calls()     # [] : no row has work (a session may admit rows and be asked again)
+    state.advance([logits_i])      # the logits of each call, in order; the step's bookkeeping runs
+    state.admit(b, ids, n) / state.retire(b)   # between steps: a request joins / leaves row b
+
+:func:`drive` is the in-process loop (``while calls := next_calls(): advance(forward(calls))``). Internally a
+step is a generator (:class:`Stepper`): it builds its call, ``yield``s it, receives the logits and finishes its
+bookkeeping; a step with nothing to compute (e.g. an uncached prefill) yields nothing.
+
+A :class:`Call` c = (tok [b, T] long, pos [b, T] long, keep [b, T, C + T] bool, start s, cache) is the model
+protocol's call (``with model.use_cache(cache): model(tok, pos, keep, s)`` -> logits [b, T - s, V]), C the
+capacity of the caller's KV cache (0 for uncached calls). Fusion of calls c_i (:func:`fused_forward`; a single
+call runs as it is):
+
+    S = max_i s_i,  R = max_i (T_i - s_i),  T = S + R,  C = max_i C_i,  B = sum_i b_i
+    call i's chunk columns go to idx_i = [0, s_i) U [S, S + T_i - s_i) of its b_i fused rows
+                                                            (the logits rows aligned at S)
+    tokens [B, T] (PAD elsewhere), positions [B, T] (0 elsewhere)
+    keep [B, T, C + T]: keep_i[r, j] at [idx_i[r], j] for cache slots j < C_i and
+                        keep_i[r, C_i + j] at [idx_i[r], C + idx_i[j]] for chunk columns; False elsewhere
+                        (uncached: padding rows see themselves, so no softmax row is empty)
+    logits = model(tokens, positions, keep, S)   [B, R, V];   call i gets its rows' logits[:, :T_i - s_i]
+
+Cached calls attend through a :class:`RowCaches` view: each call's chunk K/V are written to the scratch of the
+caller's own :class:`~.cache.KVCache` (persisted by its sampler as usual), and attention is one batched SDPA
+over the rows' cache windows (stacked per layer, zero-padded to C: masked) and the fused chunk. Per row the
+attention sees exactly the keys of the call alone, so a request decodes the same tokens whatever else is in the
+forward (up to the float rounding of batched matrix products).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Call:
+    """One model call of a decode (module docstring)."""
+    tokens: torch.Tensor          # [b, T] long
+    positions: torch.Tensor       # [b, T] long
+    keep: torch.Tensor            # [b, T, C + T] bool (C = 0 without a cache)
+    start: int                    # logits for rows [start, T)
+    cache: object = None          # the caller's KVCache (or rows of it) with b rows; None: uncached
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache is None else int(self.cache.capacity)
+
+
+def forward(model, call: Call) -> torch.Tensor:
+    """One call alone: logits [b, T - s, V]."""
+    if call.cache is None:
+        return model(call.tokens, call.positions, call.keep, call.start)
+    with model.use_cache(call.cache):
+        return model(call.tokens, call.positions, call.keep, call.start)
+
+
+class RowCaches:
+    """The KV-cache interface of a fused forward (module docstring): each call's chunk K/V go to the scratch
+    region of the call's own cache (persisted later by the caller's sampler), and attention is one batched SDPA
+    over ``[each row's cache window, zero-padded to C ; the fused chunk]`` with the fused keep mask: per layer,
+    one copy of every call's windows, no per-row attention."""
+
+    static = False
+
+    def __init__(self, calls: list[Call], columns: list[torch.Tensor], offsets: list[int], capacity: int):
+        self.calls, self.columns, self.offsets, self.capacity = calls, columns, offsets, capacity
+
+    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
+        """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] (bool or additive) -> [B, h, T, d]."""
+        B, g, T, d = k.shape
+        K = k.new_zeros(B, g, self.capacity + T, d)
+        V = v.new_zeros(B, g, self.capacity + T, d)
+        K[:, :, self.capacity:] = k
+        V[:, :, self.capacity:] = v
+        for call, idx, r0 in zip(self.calls, self.columns, self.offsets):
+            cache, rows = call.cache, slice(r0, r0 + call.rows)
+            if layer == 0:
+                cache.begin(call.width)
+            cache.write(layer, k[rows][:, :, idx], v[rows][:, :, idx])
+            window_k, window_v = cache.window(layer)
+            K[rows, :, :cache.capacity] = window_k
+            V[rows, :, :cache.capacity] = window_v
+        return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep, dropout_p=dropout_p,
+                                              scale=scale, enable_gqa=enable_gqa)
+
+
+def _columns(call: Call, S: int) -> torch.Tensor:
+    """Where the call's chunk entries sit in its fused rows: [0, s) then [S, S + T - s)."""
+    dev = call.tokens.device
+    return torch.cat([torch.arange(call.start, device=dev), S + torch.arange(call.width - call.start, device=dev)])
+
+
+def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
+    """One forward of ``model`` for ``calls`` (all cached or all uncached); returns each call's logits
+    [b, T - s, V] (see the module docstring). A single call runs as it is, through its own cache."""
+    cached = calls[0].cache is not None
+    if any((c.cache is not None) != cached for c in calls):
+        raise ValueError("fused_forward takes cached or uncached calls, not both")
+    if len(calls) == 1:
+        return [forward(model, calls[0])]
+    S = max(c.start for c in calls)
+    R = max(c.width - c.start for c in calls)
+    T, C, B = S + R, max(c.capacity for c in calls), sum(c.rows for c in calls)
+    dev = calls[0].tokens.device
+    tokens = torch.full((B, T), pad_id, dtype=torch.long, device=dev)
+    positions = torch.zeros(B, T, dtype=torch.long, device=dev)
+    keep = torch.zeros(B, T, C + T, dtype=torch.bool, device=dev)
+    cols, offsets, r0 = [], [], 0
+    for c in calls:
+        idx, rows = _columns(c, S), slice(r0, r0 + c.rows)
+        tokens[rows, idx] = c.tokens
+        positions[rows, idx] = c.positions
+        keep[rows, idx[:, None], torch.cat([torch.arange(c.capacity, device=dev), C + idx])[None]] = c.keep
+        cols.append(idx)
+        offsets.append(r0)
+        r0 += c.rows
+    if not cached:
+        keep |= torch.eye(T, dtype=torch.bool, device=dev)[None] & ~keep.any(-1, keepdim=True)
+        out = model(tokens, positions, keep, S)
+    else:
+        with model.use_cache(RowCaches(calls, cols, offsets, C)):
+            out = model(tokens, positions, keep, S)
+    return [out[o:o + c.rows, :c.width - c.start] for o, c in zip(offsets, calls)]
+
+
+class Stepper:
+    """The state-machine face of a decode whose step is the generator :meth:`_step` (module docstring): it
+    yields at most one :class:`Call`, receives its logits, and returns whether any row had work."""
+
+    _gen = None
+    _call = None
+
+    def _step(self):                      # pragma: no cover - each session defines it
+        raise NotImplementedError
+
+    def next_calls(self) -> list[Call]:
+        """The model calls of the next step ([] when no row has work left)."""
+        while self._call is None:
+            gen = self._step()
+            try:
+                self._call = next(gen)
+            except StopIteration as e:
+                if not e.value:
+                    return []
+                continue                  # a step without a forward (e.g. an uncached prefill)
+            self._gen = gen
+        return [self._call]
+
+    def advance(self, logits: list) -> None:
+        """Hand the step its calls' logits (in the order of :meth:`next_calls`); its bookkeeping runs."""
+        gen, self._gen, self._call = self._gen, None, None
+        if gen is None:
+            raise RuntimeError("advance() without a call from next_calls()")
+        try:
+            gen.send(logits[0])
+        except StopIteration:
+            return
+        raise RuntimeError("a decode step makes at most one model call")
+
+    @property
+    def in_step(self) -> bool:
+        """A call was handed out and its logits are awaited (no row may join or leave now)."""
+        return self._call is not None
+
+
+@torch.no_grad()
+def drive(model, state) -> None:
+    """Run ``state`` to the end, calling ``model`` itself (the in-process loop)."""
+    while calls := state.next_calls():
+        state.advance([forward(model, c) for c in calls])
+
+
+__all__ = ["Call", "forward", "RowCaches", "fused_forward", "Stepper", "drive"]

@@ -1,0 +1,93 @@
+"""The decodes the scheduler runs: each a sampler's session (:mod:`setdiff_mega.decoding.calls`: a state machine
+of steps) with the jobs that occupy its rows.
+
+* A **shared** decode: ``max_batch`` slot rows of width ``width`` that jobs join and leave between steps. Jobs
+  share one when their decoding options agree except ``max_new_tokens`` (and the seed, for greedy decoding
+  without FHT orders): a step's bookkeeping is then one set of batched tensor operations for all of them, and
+  rows without work are left out of its forward.
+* A **private** decode: one job, its canvas exactly as ``generate`` builds it (sampled jobs, whose random draws
+  must not depend on other rows; ``record``, ``static_shapes``, uncached decoding).
+
+Either way the decode's model calls are the scheduler's to run (fused with every other decode's); after each
+step the decode's :class:`~setdiff_mega.decoding.base.DecodeState` is shown to its jobs (:meth:`Job.observe`),
+and :meth:`Decode.sweep` hands finished rows' outputs to their jobs and frees the rows.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from setdiff_mega.decoding.base import Canvas
+from setdiff_mega.decoding.context import ContextOverflow
+from setdiff_mega.errors import RequestError
+from setdiff_mega.inference.api import build_sampler
+
+USER = (RequestError, ContextOverflow, ValueError)
+
+
+def session_key(cfg) -> str | None:
+    """The options a job's shared decode must agree on, as a key (None: the job decodes privately)."""
+    if cfg.temperature > 0 or cfg.record or cfg.static_shapes or not cfg.use_cache:
+        return None
+    seed = cfg.seed if cfg.fht_cache_order else 0
+    return repr(replace(cfg, max_new_tokens=0, seed=seed))
+
+
+class Decode:
+    """A session and the jobs in its rows (module docstring); ``committed(n)`` reports committed tokens."""
+
+    def __init__(self, method, model, tokenizer, config, *, rows: int, width: int, device, committed,
+                 job=None):
+        self.rows, self.committed = rows, committed
+        self.slots: dict = {}                       # row -> job
+        shared = job is None
+        sampler = build_sampler(method, model, tokenizer, replace(config, max_new_tokens=1) if shared else config)
+        sampler.observer = self._observe
+        if shared:
+            canvas = Canvas.empty(rows, width, tokenizer.pad, device=device)
+        else:
+            canvas = Canvas.from_prompts([job.ids], tokenizer.mask, tokenizer.pad, config.max_new_tokens,
+                                         device=device)
+            self.slots[0] = job
+        self.shared = shared
+        self.session = sampler.session(canvas)
+
+    def has_room(self) -> bool:
+        return self.shared and len(self.slots) < self.rows
+
+    def admit(self, job) -> None:
+        """``job`` takes a free row from the next step on (a user error fails it alone: 400)."""
+        b = next(b for b in range(self.rows) if b not in self.slots)
+        self.session.admit(b, job.ids, job.config.max_new_tokens)
+        self.slots[b] = job
+
+    def _observe(self, st) -> None:
+        for b, job in self.slots.items():
+            if not job.done and job.observe(st, b):
+                job.cancelled = True                  # a stop string: the text is complete
+            self.committed(job.committed_last)
+
+    def sweep(self) -> list:
+        """Jobs whose row is done leave with its output, cancelled ones with what they emitted; returns them."""
+        st, left = self.session.st, []
+        for b, job in list(self.slots.items()):
+            if job.cancelled:
+                self.session.retire(b)
+                job.finish(None)
+            elif bool(st.done[b]):
+                job.finish(self.session.output(rows=slice(b, b + 1)))
+            else:
+                continue
+            del self.slots[b]
+            left.append(job)
+        return left
+
+    def fail(self, status: int, message: str) -> list:
+        """Every job of the decode fails (the decode is dropped); returns them."""
+        jobs, self.slots = list(self.slots.values()), {}
+        for job in jobs:
+            if not job.done:
+                job.fail(status, message)
+        return jobs
+
+
+__all__ = ["Decode", "session_key", "USER"]

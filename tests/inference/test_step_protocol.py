@@ -1,0 +1,87 @@
+"""Samplers as step functions (setdiff_mega/decoding/calls.py): every method's session, driven by hand with rows
+joining and leaving between steps, decodes each request's batch-1 tokens; a session of many slots with one busy
+row costs a one-row forward; the protocol refuses misuse."""
+import pytest
+import torch
+
+from setdiff_mega.decoding.base import Canvas, GenerationConfig
+from setdiff_mega.decoding.calls import forward
+from setdiff_mega.inference.api import build_sampler
+
+from .test_serving_batching import MASK, METHODS, PAD, PROMPTS, Tok, _alone, _method
+
+GREEDY = [(m, kw) for m, kw in METHODS if "temperature" not in kw]
+
+
+def _sampler(model, method, kw, n=1):
+    return build_sampler(_method(method), model, Tok(), GenerationConfig(max_new_tokens=n, stop_at_eos=False, **kw))
+
+
+@pytest.mark.parametrize("method,kw", GREEDY)
+@torch.no_grad()
+def test_rows_joining_and_leaving_between_steps_decode_their_batch1_tokens(rand_model, method, kw):
+    """Three slots; requests arrive every other step, each with its own length; finished rows are read and
+    reused at once."""
+    cfgs = [GenerationConfig(max_new_tokens=5 + 2 * (i % 3), stop_at_eos=False, **kw) for i in range(len(PROMPTS))]
+    session = _sampler(rand_model, method, kw).session(Canvas.empty(3, 40, PAD))
+    waiting, slots, got, step = list(range(len(PROMPTS))), {}, {}, 0
+    while waiting or slots:
+        if waiting and step % 2 == 0 and len(slots) < 3:
+            i = waiting.pop(0)
+            b = next(b for b in range(3) if b not in slots)
+            session.admit(b, PROMPTS[i], cfgs[i].max_new_tokens)
+            slots[b] = i
+        calls = session.next_calls()
+        if calls:
+            session.advance([forward(rand_model, c) for c in calls])
+        for b, i in list(slots.items()):
+            if bool(session.st.done[b]):
+                got[i] = session.output(rows=slice(b, b + 1)).tokens[0]
+                del slots[b]
+        step += 1
+    for i, (p, c) in enumerate(zip(PROMPTS, cfgs)):
+        assert got[i] == _alone(rand_model, _method(method), p, c), (method, i)
+
+
+@pytest.mark.parametrize("method,kw", GREEDY)
+@torch.no_grad()
+def test_one_busy_row_of_eight_slots_makes_a_one_row_call(rand_model, method, kw):
+    session = _sampler(rand_model, method, kw).session(Canvas.empty(8, 40, PAD))
+    assert session.next_calls() == []                 # no row has work
+    session.admit(5, PROMPTS[0], 6)
+    n = 0
+    while calls := session.next_calls():
+        assert [c.rows for c in calls] == [1]
+        session.advance([forward(rand_model, c) for c in calls])
+        n += 1
+    assert n > 0 and bool(session.st.done[5])
+
+
+@torch.no_grad()
+def test_the_protocol_refuses_misuse(rand_model):
+    session = _sampler(rand_model, "setdlm", {"window": 2}, n=4).session(
+        Canvas.from_prompts([PROMPTS[0]], MASK, PAD, 4))
+    with pytest.raises(RuntimeError, match="without a call"):
+        session.advance([None])
+    calls = session.next_calls()
+    assert session.in_step and session.next_calls() == calls       # asking again hands out the same call
+    with pytest.raises(RuntimeError, match="between steps"):
+        session.admit(0, PROMPTS[1], 4)
+    session.advance([forward(rand_model, c) for c in calls])
+    assert not session.in_step
+
+
+@torch.no_grad()
+def test_retired_row_stops_at_once_and_its_slot_is_reused(rand_model):
+    for method, kw in GREEDY:
+        session = _sampler(rand_model, method, kw).session(Canvas.empty(2, 40, PAD))
+        session.admit(0, PROMPTS[0], 12)
+        calls = session.next_calls()
+        session.advance([forward(rand_model, c) for c in calls])
+        session.retire(0)
+        assert session.next_calls() == [] and bool(session.st.done[0])
+        session.admit(0, PROMPTS[2], 6)
+        while calls := session.next_calls():
+            session.advance([forward(rand_model, c) for c in calls])
+        cfg = GenerationConfig(max_new_tokens=6, stop_at_eos=False, **kw)
+        assert session.output(rows=slice(0, 1)).tokens[0] == _alone(rand_model, _method(method), PROMPTS[2], cfg)
