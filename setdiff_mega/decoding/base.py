@@ -18,6 +18,7 @@ it every W steps, because the tokens before that EOS are all committed and never
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields, replace
 
@@ -25,6 +26,35 @@ import torch
 
 from .sampling import COMMIT_RULES
 from .stopping import StopCriteria
+
+MAX_TOKENS = 1 << 20             # a bound on every length and count: beyond any context, far from overflow
+# field: (type, lowest, highest), inclusive; None = optional (a None value is allowed). Floats must be finite.
+BOUNDS = {
+    "max_new_tokens": (int, 0, MAX_TOKENS), "window": (int, 1, MAX_TOKENS), "commit_k": (int, 1, MAX_TOKENS),
+    "block_size": (int, 1, MAX_TOKENS), "tau": (float, 0.0, 1e308), "temperature": (float, 0.0, 1e4),
+    "top_p": (float, 1e-300, 1.0), "repetition_penalty": (float, 1e-2, 1e2),
+    "context_length": ((int, None), 2, MAX_TOKENS), "min_new_tokens": (int, 0, MAX_TOKENS),
+    "stop_regex_count": (int, 1, MAX_TOKENS), "stop_repeat": (int, 0, MAX_TOKENS),
+    "stop_confidence": ((float, None), 0.0, 1.0), "stop_patience": (int, 1, MAX_TOKENS),
+    "stop_entropy": ((float, None), 0.0, 1e3), "stop_entropy_window": (int, 1, MAX_TOKENS),
+    "seed": (int, 0, 2 ** 63 - 1),
+}
+
+
+def _bounded(name: str, value, kind, lo, hi) -> None:
+    """``value`` of ``kind`` (a tuple with None: optional) within [lo, hi], else one-line ValueError."""
+    if isinstance(kind, tuple):
+        if value is None:
+            return
+        kind = kind[0]
+    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else \
+        isinstance(value, int) and not isinstance(value, bool)
+    if not ok_type:
+        raise ValueError(f"{name}={value!r} must be {'a number' if kind is float else 'an integer'}"[:200])
+    if kind is float and not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value!r} must be in [{lo:g}, {hi:g}]")
 
 
 @dataclass
@@ -62,26 +92,20 @@ class GenerationConfig:
                                   # generated token's commit step and confidence (.commit_steps, .confidences)
 
     def validate(self) -> "GenerationConfig":
-        checks = [(self.window >= 1, f"window W={self.window} must be >= 1"),
-                  (self.commit_k >= 1, f"commit_k={self.commit_k} must be >= 1"),
-                  (self.commit_rule in ("auto", *COMMIT_RULES),
-                   f"commit_rule={self.commit_rule!r} must be one of auto, {', '.join(COMMIT_RULES)}"),
-                  (self.block_size >= 1, f"block_size={self.block_size} must be >= 1"),
-                  (self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens} must be >= 0"),
-                  (0 < self.top_p <= 1, f"top_p={self.top_p} must be in (0, 1]"),
-                  (self.repetition_penalty > 0, f"repetition_penalty={self.repetition_penalty} must be > 0"),
-                  (self.length_penalty is None or len(self.length_penalty) == 2,
-                   f"length_penalty={self.length_penalty} must be (start, factor)"),
-                  (self.context_length is None or self.context_length >= 2,
-                   f"context_length={self.context_length} must be >= 2"),
-                  (self.min_new_tokens >= 0, f"min_new_tokens={self.min_new_tokens} must be >= 0"),
-                  (self.stop_regex_count >= 1, f"stop_regex_count={self.stop_regex_count} must be >= 1"),
-                  (self.stop_repeat == 0 or self.stop_repeat >= 2, f"stop_repeat={self.stop_repeat} must be 0 or >= 2"),
-                  (self.stop_patience >= 1, f"stop_patience={self.stop_patience} must be >= 1"),
-                  (self.stop_entropy_window >= 1, f"stop_entropy_window={self.stop_entropy_window} must be >= 1")]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
+        """Every field inside its declared bound (:data:`BOUNDS`: the one table the CLI, the API and the server
+        check against), of its type, finite; the choices and the regular expression valid."""
+        for name, (kind, lo, hi) in BOUNDS.items():
+            _bounded(name, getattr(self, name), kind, lo, hi)
+        if self.commit_rule not in ("auto", *COMMIT_RULES):
+            raise ValueError(f"commit_rule={self.commit_rule!r} must be one of auto, {', '.join(COMMIT_RULES)}")
+        if self.stop_repeat == 1:
+            raise ValueError(f"stop_repeat={self.stop_repeat} must be 0 or >= 2")
+        lp = self.length_penalty
+        if lp is not None:
+            if not isinstance(lp, (tuple, list)) or len(lp) != 2:
+                raise ValueError(f"length_penalty={lp!r} must be (start, factor)")
+            _bounded("length_penalty start", lp[0], int, 0, MAX_TOKENS)
+            _bounded("length_penalty factor", lp[1], float, 1e-3, 1e3)
         if self.stop_regex:
             try:
                 re.compile(self.stop_regex)
@@ -241,6 +265,10 @@ def finish_at_eos(tokens, masked, eligible, infill, eos_id, done):
     return newly, end
 
 
+class NoProgress(ValueError):
+    """A decode step committed nothing for a row that had work (the request fails; the loop never spins)."""
+
+
 class DecodeState:
     """Per-batch decoding state shared by the samplers: the canvas being filled and the bookkeeping.
 
@@ -296,8 +324,10 @@ class DecodeState:
         return self.masked & ~self.done[:, None]
 
     def commit(self, q_idx: torch.Tensor, cm: torch.Tensor, x: torch.Tensor, allowed: torch.Tensor,
-               conf: torch.Tensor | None = None) -> torch.Tensor:
-        """Write x[b, j] at position q_idx[b, j] where cm[b, j] (restricted to ``allowed``); returns sel [B, N]."""
+               conf: torch.Tensor | None = None, expect: torch.Tensor | None = None) -> torch.Tensor:
+        """Write x[b, j] at position q_idx[b, j] where cm[b, j] (restricted to ``allowed``); returns sel [B, N].
+        ``expect`` [B]: rows that must commit at least one token (a step that cannot make progress fails with
+        :class:`NoProgress` instead of looping)."""
         B, N = self.tokens.shape
         sel = torch.zeros(B, N, dtype=torch.bool, device=q_idx.device).scatter_(1, q_idx, cm) & allowed
         vals = torch.zeros(B, N, dtype=torch.long, device=q_idx.device).scatter_(1, q_idx, torch.where(cm, x, 0))
@@ -309,7 +339,15 @@ class DecodeState:
         n = sel.sum(1)
         self.committed += n
         self.steps += (n > 0).long()
-        self.history.append(n.tolist())
+        if expect is None:
+            self.history.append(n.tolist())
+        else:
+            counts, due = torch.stack([n, expect.long()]).tolist()           # one host sync
+            self.history.append(counts)
+            stuck = [b for b, (c, d) in enumerate(zip(counts, due)) if d and not c]
+            if stuck:
+                raise NoProgress(f"decoding made no progress in row {stuck[0]} (step {len(self.history)}): no "
+                                 f"position could be committed; check window, commit_k and block_size")
         if self.cfg.record:
             self.trace.append(self.tokens.clone())
             self.commit_step = torch.where(sel, len(self.history) - 1, self.commit_step)   # this call's index
@@ -373,5 +411,5 @@ def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history,
                             history, trace or [])
 
 
-__all__ = ["GenerationConfig", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos",
+__all__ = ["GenerationConfig", "BOUNDS", "MAX_TOKENS", "NoProgress", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos",
            "eos_positions", "collect", "generated"]

@@ -136,7 +136,8 @@ class ARSession(_Session):
         target = first_true(live).clamp(max=N - 1)                 # the next position to fill
         x, conf = self.choose(logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1])), target[:, None],
                               st)
-        self.pend = st.commit(target[:, None], live.any(1)[:, None], x, live, conf)
+        busy = live.any(1)
+        self.pend = st.commit(target[:, None], busy[:, None], x, live, conf, expect=busy)
         st.end_step()
         if st.criteria.enabled:
             st.check_stops(first_true(st.masked))
@@ -187,7 +188,8 @@ class BD3LMSession(_Session):
         x, conf = self.choose(logits, q_idx, st)
         act = q_ok & st.masked.gather(1, q_idx)
         before = (live & in_block).any(1) if st.criteria.enabled else None
-        st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.sampler.rule), x, live, conf)
+        st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.sampler.rule), x, live, conf,
+                  expect=live.any(1))
         st.end_step()
         if before is not None:
             done_block = _completed(st, before, in_block)
@@ -258,7 +260,7 @@ class MDLMSession(_Session):
             rel_q = view_rows(rel_q)
         x, conf = self.choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st)
         before = active.any(1) if st.criteria.enabled else None
-        st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, s.rule), x, active, conf)
+        st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, s.rule), x, active, conf, expect=busy)
         st.end_step()
         if before is not None:
             done_block = _completed(st, before, in_block)

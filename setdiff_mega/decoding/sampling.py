@@ -3,7 +3,8 @@
 For candidate rows with (processed, :mod:`.processors`) logits [..., V]:
 
     logits[..., banned] = -inf            (MASK is never produced; EOS may be, even when PAD == EOS)
-    p = softmax(logits / temperature)     (temperature 0: greedy, p = softmax(logits))
+    p = softmax((logits - max logits) / temperature)   (temperature 0: greedy, p = softmax(logits); a NaN
+                                          logit counts as -inf, +inf as the largest float: p stays finite)
     p = top_p_filter(p)                   (nucleus: keep the most probable tokens up to and including
                                            the one whose cumulative mass crosses top_p; renormalise)
     greedy:  x = argmax p      sampled: x ~ p
@@ -38,6 +39,7 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         return probs
     sp, si = probs.sort(-1, descending=True)
     keep = (sp.cumsum(-1) - sp) < top_p                   # keeps the token that crosses top_p
+    keep[..., 0] = True                                   # and the most probable (top_p below float32's range)
     out = torch.zeros_like(probs).scatter(-1, si, sp * keep)
     return out / out.sum(-1, keepdim=True)
 
@@ -45,11 +47,13 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 0.0, top_p: float = 1.0,
                   generator: torch.Generator | None = None):
     """logits [..., V] -> (tokens [...], confidence [...]) in fp32."""
-    logits = logits.float()
+    logits = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
     if banned:
         idx = torch.tensor(sorted(set(banned)), device=logits.device)
         logits = logits.index_fill(-1, idx, float("-inf"))
-    probs = top_p_filter(torch.softmax(logits / temperature if temperature > 0 else logits, -1), top_p)
+    if temperature > 0:                   # the maximum first, a float32 divisor: no overflow at any temperature
+        logits = (logits - logits.amax(-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
+    probs = top_p_filter(torch.softmax(logits, -1), top_p)
     if temperature <= 0:
         conf, tok = probs.max(-1)
         return tok, conf

@@ -235,7 +235,8 @@ class SetDLMSession(Stepper):
         if q_idx.shape[1] == 0:                          # prefills only: nothing to commit
             return True
         x, conf = self.choose(logits, q_idx, st)
-        sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, self.rule), x, active, conf)
+        sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, self.rule), x, active, conf,
+                        expect=live.any(1))
         if self._waiting:                                # l2r promotion of uncached context
             reach = torch.where(sel, st.pos[None], torch.full_like(st.pos[None], -1)).max(1).values
             promote = self.waiting & (st.pos[None] <= reach[:, None])

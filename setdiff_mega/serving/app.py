@@ -34,11 +34,19 @@ from .job import Job
 from .protocol import parse
 from .scheduler import QueueFull
 
+DISCONNECT_POLL = 0.1      # seconds between checks that a non-streaming client is still there
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/infill": "infill"}
+
+
+def one_line(message: str, limit: int = 300) -> str:
+    """A message as one line of at most ``limit`` characters (values echoed from a body may be anything)."""
+    text = " ".join(str(message).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def error(status: int, message: str, kind: str | None = None) -> JSONResponse:
     kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    message = one_line(message)
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
 
 
@@ -109,6 +117,12 @@ class Server:
             return None, error(400, str(e))
 
     async def generate(self, request: Request) -> Response:
+        try:
+            return await self._generate(request)
+        except Exception as e:                # noqa: BLE001 (a bug answers one JSON line, never a plain-text 500)
+            return error(500, f"internal error: {type(e).__name__}: {e}")
+
+    async def _generate(self, request: Request) -> Response:
         endpoint = ENDPOINTS[request.url.path]
         parsed, err = await self._body(request, endpoint)
         if err is not None:
@@ -148,14 +162,19 @@ class Server:
 
     async def _collect(self, request, jobs, queue, parsed, endpoint, rid) -> Response:
         infos: dict = {}
+        checked = time.monotonic()
         try:
             while len(infos) < len(jobs):
                 try:
-                    i, event, payload = await asyncio.wait_for(queue.get(), timeout=0.25)
+                    i, event, payload = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL)
                 except asyncio.TimeoutError:
+                    i = event = payload = None
+                if time.monotonic() - checked >= DISCONNECT_POLL:      # whatever the decode emits meanwhile
+                    checked = time.monotonic()
                     if await request.is_disconnected():
                         self._cancel(jobs)
                         return Response(status_code=499)
+                if event is None:
                     continue
                 if event == "error":
                     self._cancel(jobs)
@@ -216,7 +235,7 @@ class Server:
                     yield self._chunk(rid, endpoint, i, text=payload)
                 elif event == "error" or payload["finish_reason"] == "timeout":
                     status, message = payload if event == "error" else (504, "the request timed out")
-                    yield "data: " + json.dumps({"error": {"message": message, "type": "server_error"
+                    yield "data: " + json.dumps({"error": {"message": one_line(message), "type": "server_error"
                                                            if status >= 500 else "invalid_request_error",
                                                            "code": status}}) + "\n\n"
                     break

@@ -111,6 +111,8 @@ def config_of(body: dict, d: ServerDefaults, max_tokens_key: str = "max_tokens")
     """The request's GenerationConfig: server defaults -> preset -> the request's fields."""
     base = d.base
     if body.get("preset") is not None:
+        if not isinstance(body["preset"], str):
+            raise RequestError(f"'preset' must be a string, got {body['preset']!r}"[:200])
         try:
             base = generation_config(d.objective, d.seq_length, body["preset"], None, base)
         except ValueError as e:

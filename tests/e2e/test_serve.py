@@ -165,6 +165,29 @@ def test_a_thousand_requests_at_once_and_vanishing_clients(server):
     assert _ok(url)
 
 
+def test_a_non_streaming_client_that_hangs_up_is_cancelled_within_half_a_second(server):
+    """The decode keeps emitting text while the client is gone: its job still leaves within 0.5 s."""
+    _, sch, url = server
+    host, port = url.split("//")[1].split(":")
+    cancelled = _metric(url, 'setdiff_jobs_total{reason="cancelled"}')
+    body = json.dumps({"prompt": "Once", "max_tokens": 2000, "stop_at_eos": False}).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 30
+    while not sch.running:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.3)                                       # decoding, emitting text
+    t0 = time.monotonic()
+    sock.close()
+    while not sch.idle:
+        assert time.monotonic() - t0 < 10, "the abandoned job kept decoding"
+        time.sleep(0.005)
+    assert time.monotonic() - t0 < 0.5
+    assert _metric(url, 'setdiff_jobs_total{reason="cancelled"}') == cancelled + 1
+
+
 def test_bounded_soak_keeps_answering_with_flat_memory(server):
     srv, sch, url = server
     proc = psutil.Process()
@@ -226,3 +249,35 @@ def test_lm_eval_local_completions_generates_through_the_server(server):
                    context=srv.defaults.seq_length, batch_size=1)
     want = [r["text"].removesuffix(srv.tok.token(srv.tok.eos)).split("\n\n")[0] for r in ref]
     assert got == want
+
+
+HOSTILE = [1e-300, 1e308, -1e308, 2 ** 63, -(2 ** 63), 2 ** 63 - 1, 10 ** 30, 0, -1, 0.5, "x", "", [], {}, None,
+           True, [1e308, 1e308], [2 ** 63, 1.1], {"a": 1}, "x" * 5000]
+
+
+def test_every_field_at_any_json_value_gets_a_200_or_a_one_line_4xx(server):
+    """Each endpoint's every field, one at a time, at values a careless or hostile client sends (tiny and huge
+    floats, 64-bit and bigger integers, wrong types): never a 500, never a hang, a 4xx is one line."""
+    from setdiff_mega.serving.protocol import DIFFUSION, NEUTRAL, OWN, SHARED
+
+    _, _, url = server
+    base = {"completions": {"prompt": "Once", "max_tokens": 2},
+            "chat": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            "infill": {"prefix": "Once", "suffix": "end", "span": 2}}
+    paths = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "infill": "/v1/infill"}
+    seen, bad = {}, []
+    with httpx.Client(timeout=30) as client:
+        for endpoint, body in base.items():
+            for field in sorted(SHARED | set(NEUTRAL) | set(DIFFUSION) | OWN[endpoint]):
+                for value in HOSTILE:
+                    r = client.post(url + paths[endpoint], json={**body, field: value})
+                    seen[r.status_code] = seen.get(r.status_code, 0) + 1
+                    where = f"{endpoint} {field}={str(value)[:40]}: {r.status_code} {r.text[:300]}"
+                    if not (r.status_code == 200 or 400 <= r.status_code < 500):
+                        bad.append(where)
+                    elif r.status_code != 200:
+                        msg = r.json()["error"]["message"]
+                        if "\n" in msg or not 0 < len(msg) <= 300:
+                            bad.append(where)
+    assert not bad, "\n".join(bad)
+    assert seen.get(200, 0) > 50 and sum(v for k, v in seen.items() if k >= 400) > 500, seen
