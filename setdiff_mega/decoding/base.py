@@ -411,5 +411,5 @@ def collect(canvas: Canvas, tokens, masked, end, nfe, steps, committed, history,
                             history, trace or [])
 
 
-__all__ = ["GenerationConfig", "BOUNDS", "MAX_TOKENS", "NoProgress", "Canvas", "GenerationOutput", "DecodeState", "pack", "first_true", "finish_at_eos",
-           "eos_positions", "collect", "generated"]
+__all__ = ["GenerationConfig", "BOUNDS", "MAX_TOKENS", "NoProgress", "Canvas", "GenerationOutput", "DecodeState",
+           "pack", "first_true", "finish_at_eos", "eos_positions", "collect", "generated"]
