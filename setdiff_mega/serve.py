@@ -6,6 +6,11 @@ HTTP API on uvicorn, decoded with step-level continuous batching (:mod:`setdiff_
 
 Request defaults: the checkpoint's decoding defaults (``--preset`` and the decoding flags of
 ``tools/generate.py`` on top); every request may override them (:mod:`setdiff_mega.serving.protocol`).
+
+Exposure: the server listens on ``--host`` (loopback by default) and nowhere else (its single-rank process
+group rendezvous in-process); ``--api-key`` (or ``SETDIFF_API_KEY``) requires ``Authorization: Bearer <key>``
+on /v1. SIGTERM or SIGINT drain: the listener closes, requests in flight finish for up to ``--shutdown-grace``
+seconds, the scheduler stops and the process exits with status 0.
 """
 from __future__ import annotations
 
@@ -32,7 +37,13 @@ def parse_args(argv=None):
     p.add_argument("--max-queue", type=int, default=256, help="jobs waiting beyond the batch; more: HTTP 429")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival (0: none)")
     p.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens / span accepted")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads, set once for the process "
+                   "(default: torch's, one per core; on a GPU machine the forward runs on the device and 1-2 threads "
+                   "suffice for the host side)")
+    p.add_argument("--api-key", default=os.environ.get("SETDIFF_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SETDIFF_API_KEY; none: open)")
+    p.add_argument("--shutdown-grace", type=float, default=30.0,
+                   help="seconds requests in flight may take to finish after SIGTERM / SIGINT")
     p.add_argument("--weights", choices=("ema", "raw"), default=None)
     add_chat_arguments(p)
     add_generation_arguments(p)
@@ -74,7 +85,9 @@ def build(args):
     scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, max_queue=args.max_queue, metrics=metrics,
                           width=L + args.max_tokens_limit)
     name = args.served_model_name or Path(os.path.abspath(args.checkpoint)).name
-    server = Server(scheduler, tok, defaults, name, metrics, timeout=args.request_timeout or None)
+    server = Server(scheduler, tok, defaults, name, metrics, timeout=args.request_timeout or None,
+                    api_key=args.api_key or None)
+    server.shutdown_grace = args.shutdown_grace
     return server, scheduler
 
 
@@ -92,13 +105,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(server, scheduler, sock: socket.socket, announce=None):
-    """Run uvicorn on ``sock`` until it stops (SIGINT / SIGTERM, or ``should_exit``); returns the uvicorn
-    Server through ``announce`` first (tests stop it from another thread)."""
+def _draining_server(config):
+    """uvicorn's Server, except that SIGTERM / SIGINT drain and return instead of re-raising the signal once
+    shut down (uvicorn's default, which kills the process before the scheduler's cleanup: status -15)."""
     import uvicorn
 
-    config = uvicorn.Config(server.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
-    web = uvicorn.Server(config)
+    class Draining(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            getattr(self, "_captured_signals", []).clear()
+
+    return Draining(config)
+
+
+def serve(server, scheduler, sock: socket.socket, announce=None):
+    """Run uvicorn on ``sock`` until it stops (SIGINT / SIGTERM: drained, or ``should_exit``); returns the
+    uvicorn Server through ``announce`` first (tests stop it from another thread)."""
+    import uvicorn
+
+    grace = getattr(server, "shutdown_grace", 30.0)
+    config = uvicorn.Config(server.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=grace)
+    web = _draining_server(config)
     if announce is not None:
         announce(web)
     scheduler.start()
@@ -116,6 +143,7 @@ def main(argv=None) -> int:
     print(f"serving {server.model_name!r} ({scheduler.method.name}, context {server.defaults.seq_length}, "
           f"max batch {scheduler.max_batch}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
     serve(server, scheduler, sock)
+    print("server stopped", file=sys.stderr, flush=True)
     return 0
 
 

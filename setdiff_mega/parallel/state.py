@@ -1,7 +1,9 @@
 """Initialise torch.distributed and megatron-core's parallel state.
 
-One process without a launcher gets a private single-rank gloo group on a free loopback port, so the
-same model code (which needs mcore's parallel state) runs in scripts, tests and notebooks. Launchers are
+One process without a launcher gets a private single-rank group, so the same model code (which needs mcore's
+parallel state) runs in scripts, tests, notebooks and the server: its rendezvous is an in-process store (no TCP
+store, which would listen on every interface) and gloo's pair sockets are bound to the loopback interface
+(``GLOO_SOCKET_IFNAME`` unless set), so such a process exposes no port. Launchers are
 recognised from their environment (:func:`discover_launcher_env`): torchrun and the deepspeed launcher
 (``RANK / WORLD_SIZE / LOCAL_RANK``), MPI (MPICH / Hydra ``PMI_RANK / PMI_SIZE / MPI_LOCALRANKID``, Open
 MPI ``OMPI_COMM_WORLD_*``) and Slurm (``SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID``); ``MASTER_ADDR``
@@ -31,10 +33,17 @@ class DistributedEnv:
     backend: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _loopback() -> str | None:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS), None if there is none."""
+    names = [n for _, n in socket.if_nameindex()]
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def _single_process(backend: str) -> None:
+    """A one-rank group that listens nowhere but on loopback (module docstring)."""
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _loopback() is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = _loopback()   # read by gloo at every group's creation in this process
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def discover_launcher_env(env=None) -> dict | None:
@@ -76,8 +85,7 @@ def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size
                 torch.cuda.set_device(local_rank)
             dist.init_process_group(backend=backend)
         else:
-            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                    rank=0, world_size=1)
+            _single_process(backend)
     world = dist.get_world_size()
     tp, pp, cp = int(tensor_model_parallel_size), int(pipeline_model_parallel_size), int(context_parallel_size)
     if world % (tp * cp * pp):

@@ -17,6 +17,7 @@ past the server's timeout ends with 504 (or an error event). Errors have OpenAI'
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -58,10 +59,28 @@ def _refuse(constant: str):
     raise NonFinite(constant)
 
 
+class BearerAuth:
+    """``--api-key``: every /v1 request needs ``Authorization: Bearer <key>`` (401 otherwise, as vLLM's);
+    /health and /metrics stay open for probes."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, b"Bearer " + self.key):
+                await error(401, "a valid API key is needed: send 'Authorization: Bearer <key>'",
+                            "authentication_error")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class Server:
     def __init__(self, scheduler, tokenizer, defaults, model_name: str, metrics, timeout: float | None = None,
-                 max_body: int = 4 << 20):
+                 max_body: int = 4 << 20, api_key: str | None = None):
         self.scheduler, self.tok, self.defaults = scheduler, tokenizer, defaults
+        self.api_key = api_key
         self.model_name, self.metrics, self.timeout, self.max_body = model_name, metrics, timeout, max_body
         self.created = int(time.time())
         self._chats: dict = {}
@@ -69,7 +88,10 @@ class Server:
     def app(self) -> Starlette:
         routes = [Route("/health", self.health), Route("/v1/models", self.models), Route("/metrics", self.prometheus)]
         routes += [Route(path, self.generate, methods=["POST"]) for path in ENDPOINTS]
-        return Starlette(routes=routes)
+        app = Starlette(routes=routes)
+        if self.api_key:
+            app.add_middleware(BearerAuth, key=self.api_key)
+        return app
 
     async def health(self, request: Request) -> Response:
         s = self.scheduler

@@ -165,6 +165,17 @@ def test_a_thousand_requests_at_once_and_vanishing_clients(server):
     assert _ok(url)
 
 
+def test_the_server_listens_on_its_http_port_and_nowhere_else_but_loopback(server):
+    """No torch.distributed TCP store on every interface: the single-rank group rendezvous in-process and gloo's
+    sockets stay on loopback (setdiff_mega/parallel/state.py)."""
+    _, _, url = server
+    port = int(url.rsplit(":", 1)[1])
+    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("all") if c.status == "LISTEN"}
+    assert ("127.0.0.1", port) in listening
+    exposed = {a for a in listening if a[1] != port and a[0] not in ("127.0.0.1", "::1")}
+    assert not exposed, f"listening beyond loopback: {sorted(exposed)}"
+
+
 def test_a_non_streaming_client_that_hangs_up_is_cancelled_within_half_a_second(server):
     """The decode keeps emitting text while the client is gone: its job still leaves within 0.5 s."""
     _, sch, url = server
@@ -230,6 +241,54 @@ def test_bench_serve_cli_starts_a_server_and_reports_the_ratio(trained_run, tmp_
     assert [x["phase"] for x in rows][:2] == ["sequential", "concurrent x2"] and len(rows) == 3
     assert all(x["tokens"] == 16 and x["latency_p99_s"] >= x["latency_p50_s"] > 0 for x in rows)
     assert "throughput" in r.stdout
+
+
+def test_sigterm_drains_requests_in_flight_and_exits_zero_and_the_api_key_is_required(trained_run):
+    """``tools/serve.py`` as users run it: without the bearer key /v1 answers 401 (/health stays open); SIGTERM
+    while a request decodes lets it finish (200), refuses new connections, and the process exits with 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    save, _ = trained_run
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", PYTHONUNBUFFERED="1", SETDIFF_API_KEY="s3cret")
+    proc = subprocess.Popen([sys.executable, "tools/serve.py", "--checkpoint", str(save), "--port", "0",
+                             "--shutdown-grace", "300"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        while "serving" not in line:
+            assert line, "the server did not start"
+            line = proc.stderr.readline()
+        url = line.rsplit(" on ", 1)[1].strip().removesuffix("/v1")
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2}, timeout=30,
+                       headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        auth = {"Authorization": "Bearer s3cret"}
+        box = {}
+
+        def long_request():
+            box["r"] = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 300,
+                                                               "stop_at_eos": False}, headers=auth, timeout=300)
+        t = threading.Thread(target=long_request)
+        t.start()
+        deadline = time.monotonic() + 30
+        while _metric(url, "setdiff_running") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        t.join(timeout=300)
+        assert box["r"].status_code == 200, box["r"].text
+        assert box["r"].json()["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=60) == 0
+        assert "server stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_lm_eval_local_completions_generates_through_the_server(server):
