@@ -49,11 +49,15 @@ class Metrics:
         self._lock = threading.Lock()
         self.tps.set_function(self._rate)
 
+    def _prune(self, now: float) -> None:
+        """Forget commits older than the window (``_lock`` held): the window's list stays bounded whether or not
+        anyone scrapes."""
+        while self._recent and self._recent[0][0] < now - self.window:
+            self._recent.popleft()
+
     def _rate(self) -> float:
-        now = time.monotonic()
         with self._lock:
-            while self._recent and self._recent[0][0] < now - self.window:
-                self._recent.popleft()
+            self._prune(time.monotonic())
             return sum(n for _, n in self._recent) / self.window
 
     def request(self, endpoint: str, status: int) -> None:
@@ -70,8 +74,10 @@ class Metrics:
     def committed(self, n: int) -> None:
         if n:
             self.tokens.inc(n)
+            now = time.monotonic()
             with self._lock:
-                self._recent.append((time.monotonic(), n))
+                self._recent.append((now, n))
+                self._prune(now)
         self.per_step.observe(n)
 
     def finished(self, job) -> None:
