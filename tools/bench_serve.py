@@ -6,19 +6,23 @@ and Poisson arrivals (open loop) over one workload of embedded-task prompts, in 
     python tools/bench_serve.py --checkpoint runs/tiny_cpu --clients 8 --requests 32 --max-tokens 64
     python tools/bench_serve.py --url http://127.0.0.1:8000 --clients 8     # a server already running
 
-Prints throughput (tokens/s, requests/s), p50 / p99 latency and time to first token per phase, and the ratio
-of concurrent to sequential throughput; --json writes the rows.
+Prints throughput (tokens/s, requests/s), p50 / p99 latency and time to first token per phase, the server's
+mean decode step by part (host time: admission, the samplers' bookkeeping, fusion; and the model forward), and
+the ratio of concurrent to sequential throughput. With --checkpoint the same prompts then run in-process through
+``generate`` at batch 1 and at batch --clients (the server stopped, same threads), and the server's share of
+each is printed (sequential / batch 1, concurrent / batch B); --no-in-process skips that. --json writes the rows.
 """
 import argparse
 import asyncio
 import json
 import sys
 
+import torch
 from tqdm import tqdm
 
 from setdiff_mega.cli import run_cli
 from setdiff_mega.outputs import check_output_file, write_file_atomic
-from setdiff_mega.serving.bench import run_phases, start_server, table, workload
+from setdiff_mega.serving.bench import in_process, run_phases, start_server, table, workload
 
 
 def main(argv=None) -> int:
@@ -35,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default="data/embedded/tasks")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="the started server's torch threads")
+    p.add_argument("--no-in-process", action="store_true", help="skip the in-process generate baseline")
     p.add_argument("--json", help="write the phases' rows here")
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
@@ -67,12 +72,24 @@ def main(argv=None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
+    shares = {}
+    if args.checkpoint and not args.no_in_process:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        prompts = [b["prompt"] for b in bodies]
+        local = [in_process(args.checkpoint, prompts, args.max_tokens, b) for b in (1, args.clients)]
+        rows += local
+        shares = {"sequential_over_batch1": rows[0]["tokens_per_s"] / local[0]["tokens_per_s"],
+                  f"concurrent_over_batch{args.clients}": rows[1]["tokens_per_s"] / local[1]["tokens_per_s"]}
     print(table(rows))
     ratio = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     print(f"concurrent x{args.clients} / sequential throughput: {ratio:.2f}x")
+    for k, v in shares.items():
+        print(f"server / in-process, {k.replace('_', ' ')}: {v:.1%}")
     if args.json:
-        write_file_atomic(args.json, json.dumps({"rows": rows, "ratio": ratio, "clients": args.clients,
-                                                 "requests": args.requests, "max_tokens": args.max_tokens}, indent=1))
+        write_file_atomic(args.json, json.dumps({"rows": rows, "ratio": ratio, "shares": shares,
+                                                 "clients": args.clients, "requests": args.requests,
+                                                 "max_tokens": args.max_tokens}, indent=1))
     return 0
 
 

@@ -9,8 +9,15 @@ the tokens are the same in every phase: greedy decoding is batch-independent).
     poisson      open loop: arrivals with exponential gaps at ``rate`` requests/s (seeded)
 
 Per phase: throughput (generated tokens/s, requests/s over the phase's wall time), latency (request sent ->
-last event) and time to first token (-> the first text delta), p50 / p99. The ratio printed is concurrent /
-sequential throughput. A server is started on a free loopback port unless ``url`` points at a running one.
+last event) and time to first token (-> the first text delta), p50 / p99, and the server's mean decode step by
+part (from its /metrics counters before and after the phase: ``setdiff_step_part_seconds_total``; host time =
+every part but the model forward). The ratio printed is concurrent / sequential throughput. A server is started
+on a free loopback port unless ``url`` points at a running one.
+
+In-process baseline (:func:`in_process`): the same prompts through ``setdiff_mega.inference.generate`` in this
+process, with the server's decoding options (the checkpoint's defaults, greedy, EOS stop off, the same
+max_tokens), at batch 1 and at batch ``clients``, timed the same way (tokens over wall time), after the server
+has stopped: the server's share of the model's own speed is sequential / batch 1 and concurrent / batch B.
 """
 from __future__ import annotations
 
@@ -68,6 +75,55 @@ async def one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     return {"latency": latency, "ttft": latency if ttft is None else ttft, "tokens": tokens}
 
 
+def scrape(client: httpx.AsyncClient, url: str) -> dict:
+    """The server's decode-step counters: {"steps": n, part: seconds} (empty for a server without them)."""
+    async def get():
+        text = (await client.get(url + "/metrics")).text
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r'setdiff_step_part_seconds_total\{part="(\w+)"\} (\S+)', line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+            elif line.startswith("setdiff_decode_steps_total "):
+                out["steps"] = float(line.split()[1])
+        return out
+    return get()
+
+
+def step_parts(before: dict, after: dict) -> dict:
+    """Mean decode step by part in ms between two scrapes, and its host time (all but the forward)."""
+    n = after.get("steps", 0) - before.get("steps", 0)
+    if n <= 0:
+        return {}
+    ms = {f"step_{k}_ms": 1e3 * (after[k] - before.get(k, 0.0)) / n for k in after if k != "steps"}
+    ms["step_host_ms"] = sum(v for k, v in ms.items() if k != "step_forward_ms")
+    ms["steps"] = int(n)
+    return ms
+
+
+def in_process(checkpoint: str, prompts: list[str], max_tokens: int, batch: int) -> dict:
+    """The prompts through ``generate`` in this process at ``batch`` (module docstring): one row."""
+    from dataclasses import replace
+
+    from setdiff_mega.checkpoint import load_model
+    from setdiff_mega.inference import generate
+    from setdiff_mega.inference.engine import decoding_model
+    from setdiff_mega.inference.options import generation_config
+
+    model, objective, tok, cfg = load_model(checkpoint)
+    model = decoding_model(model, cfg, tok, "auto")
+    L = cfg.data.seq_length
+    gc = replace(generation_config(cfg.objective, L, None, {"max_new_tokens": max_tokens}), temperature=0.0,
+                 stop_at_eos=False)
+    generate(model, tok, objective, prompts[:1], replace(gc, max_new_tokens=2), context=L)      # warm-up
+    t0 = time.perf_counter()
+    out = generate(model, tok, objective, prompts, gc, context=L, batch_size=batch)
+    wall = time.perf_counter() - t0
+    tokens = sum(r["num_tokens"] for r in out)
+    return {"phase": f"in-process batch {batch}", "requests": len(prompts), "wall_s": wall, "tokens": tokens,
+            "tokens_per_s": tokens / wall, "requests_per_s": len(prompts) / wall}
+
+
 def summary(name: str, results: list[dict], wall: float) -> dict:
     lat, ttft = [r["latency"] for r in results], [r["ttft"] for r in results]
     tokens = sum(r["tokens"] for r in results)
@@ -82,12 +138,15 @@ async def run_phases(url: str, bodies: list[dict], clients: int, rate: float | N
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         await one(client, url, {**bodies[0], "max_tokens": 2})         # warm-up (not counted)
         out = []
+        m0 = await scrape(client, url)
         t0 = time.perf_counter()
         seq = []
         for b in bodies:
             seq.append(await one(client, url, b))
             progress and progress("sequential", len(seq), len(bodies))
         out.append(summary("sequential", seq, time.perf_counter() - t0))
+        m1 = await scrape(client, url)
+        out[-1].update(step_parts(m0, m1))
         pending = list(bodies)
         conc: list = []
 
@@ -98,6 +157,7 @@ async def run_phases(url: str, bodies: list[dict], clients: int, rate: float | N
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         out.append(summary(f"concurrent x{clients}", conc, time.perf_counter() - t0))
+        out[-1].update(step_parts(m1, await scrape(client, url)))
         if rate:
             rng = random.Random(seed)
             t0 = time.perf_counter()
@@ -137,13 +197,20 @@ def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[sub
 
 
 def table(rows: list[dict]) -> str:
-    head = "| phase | requests | tokens/s | requests/s | latency p50 / p99 (s) | TTFT p50 / p99 (s) |"
-    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    head = ("| phase | requests | tokens/s | requests/s | latency p50 / p99 (s) | TTFT p50 / p99 (s) | step ms: host "
+            "(admit / calls / fuse / advance) + forward |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
+        lat = (f"{r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f} | {r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f}"
+               if "latency_p50_s" in r else "- | -")
+        step = "-"
+        if "step_host_ms" in r:
+            host = " / ".join(f"{r.get('step_' + k + '_ms', 0.0):.2f}" for k in ("admit", "calls", "fuse", "advance"))
+            step = f"{r['step_host_ms']:.2f} ({host}) + {r.get('step_forward_ms', 0.0):.2f}"
         lines.append(f"| {r['phase']} | {r['requests']} | {r['tokens_per_s']:.1f} | {r['requests_per_s']:.2f} | "
-                     f"{r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f} | {r['ttft_p50_s']:.2f} / "
-                     f"{r['ttft_p99_s']:.2f} |")
+                     f"{lat} | {step} |")
     return "\n".join(lines)
 
 
-__all__ = ["workload", "run_phases", "start_server", "summary", "table", "percentile"]
+__all__ = ["workload", "run_phases", "start_server", "summary", "table", "percentile", "in_process", "step_parts",
+           "scrape"]

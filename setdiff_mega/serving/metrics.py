@@ -5,6 +5,9 @@
     setdiff_running                                 jobs in the batch (occupancy = running / max_batch)
     setdiff_batch_rows                              histogram: jobs fused into one forward (a decode step)
     setdiff_step_seconds                            histogram: wall time of a decode step (all fused forwards)
+    setdiff_decode_steps_total                      decode steps
+    setdiff_step_part_seconds_total{part}           decode-step time by part: admit, calls, fuse, forward,
+                                                    advance (scheduler.PARTS; all but forward: host time)
     setdiff_generated_tokens_total                  tokens committed by decode steps
     setdiff_tokens_per_step                         histogram: tokens one job committed in one step
     setdiff_tokens_per_second                       tokens committed over the last ``window`` seconds / window
@@ -35,6 +38,9 @@ class Metrics:
         self.rows = Histogram("setdiff_batch_rows", "jobs fused into one decode step",
                               buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.step_s = Histogram("setdiff_step_seconds", "wall time of one decode step", buckets=LATENCY, registry=r)
+        self.steps = Counter("setdiff_decode_steps", "decode steps (one fused forward each)", registry=r)
+        self.parts = Counter("setdiff_step_part_seconds", "decode-step time by part (forward: the model; the rest "
+                             "is host time)", ["part"], registry=r)
         self.tokens = Counter("setdiff_generated_tokens", "tokens committed by decode steps", registry=r)
         self.per_step = Histogram("setdiff_tokens_per_step", "tokens one job committed in one step",
                                   buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32), registry=r)
@@ -67,9 +73,12 @@ class Metrics:
         self.queue.set(queued)
         self.running.set(running)
 
-    def step(self, rows: int, seconds: float) -> None:
+    def step(self, rows: int, seconds: float, parts: dict | None = None) -> None:
         self.rows.observe(rows)
         self.step_s.observe(seconds)
+        self.steps.inc()
+        for k, v in (parts or {}).items():
+            self.parts.labels(part=k).inc(v)
 
     def committed(self, n: int) -> None:
         if n:

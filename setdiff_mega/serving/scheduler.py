@@ -16,7 +16,8 @@ flags cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emi
 cache; a job joining or leaving resets or frees its row only. The queue is bounded (``max_queue``:
 :class:`QueueFull`, HTTP 429). Client disconnects and timeouts cancel a job: its row is retired before the next
 step. A failing forward fails the jobs of the decodes in it (HTTP 500), a failing decode its own jobs, not the
-loop. ``host_seconds`` accumulates each step's time outside the model forward (the per-step host overhead).
+loop. ``part_seconds`` accumulates each step's time by part (:data:`PARTS`); everything but ``forward`` is the
+per-step host overhead (``host_seconds``), the number that carries over to a GPU.
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ from setdiff_mega.decoding.calls import fused_forward
 
 from .job import Job
 from .sessions import USER, Decode, session_key
+
+# where a decode step's time goes: admitting and retiring jobs, the samplers' bookkeeping before the forward
+# (next_calls), assembling the fused forward, the model forward itself, the bookkeeping after it (advance: token
+# choice, commits, stopping, the jobs' new text)
+PARTS = ("admit", "calls", "fuse", "forward", "advance")
 
 
 class QueueFull(Exception):
@@ -54,8 +60,8 @@ class Scheduler:
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="setdiff-scheduler", daemon=True)
         self.steps = 0
-        self.forward_seconds = 0.0       # inside the model forwards
-        self.host_seconds = 0.0          # the rest of the steps: bookkeeping, fusion, admission
+        self.part_seconds = dict.fromkeys(PARTS, 0.0)   # decode-step time by part, summed (:data:`PARTS`)
+        self.clock = _Clocked(model)
 
     # -- the HTTP side ---------------------------------------------------------------------------------
     def start(self) -> "Scheduler":
@@ -195,7 +201,7 @@ class Scheduler:
             self._admit(jobs)
             self._sweep()
             if self.decodes:
-                self._step(t0)
+                self._step(time.perf_counter() - t0)
 
     def _calls(self) -> list:
         out = []
@@ -209,23 +215,30 @@ class Scheduler:
                 out.append((d, calls))
         return out
 
-    def _step(self, t0: float) -> None:
-        work = self._calls()
+    def _forward(self, work: list) -> list:
+        """The step's calls as one fused forward per kind (cached, uncached) -> [(decode, [logits])]."""
         groups: dict = {}
         for d, calls in work:
             groups.setdefault(calls[0].cache is not None, []).append((d, calls[0]))
-        t_fwd = time.perf_counter()
         results = []
         for members in groups.values():
             try:
-                outs = fused_forward(self.model, [c for _, c in members], self.tokenizer.pad)
+                outs = fused_forward(self.clock, [c for _, c in members], self.tokenizer.pad)
                 results += [(d, [o]) for (d, _), o in zip(members, outs)]
             except Exception as e:            # noqa: BLE001 (the decodes of this forward fail; the loop goes on)
                 for d, _ in members:
                     self._drop(d, 500, f"the decode forward failed: {e}")
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        t_adv = time.perf_counter()
+        return results
+
+    def _step(self, admitted: float) -> None:
+        """One step: every decode's calls, the fused forwards, every decode's bookkeeping; its time by part
+        (:data:`PARTS`)."""
+        t1 = time.perf_counter()
+        work = self._calls()
+        t2 = time.perf_counter()
+        self.clock.seconds = 0.0
+        results = self._forward(work)
+        t3 = time.perf_counter()
         for d, logits in results:
             try:
                 d.session.advance(logits)
@@ -233,14 +246,43 @@ class Scheduler:
                 self._drop(d, 400 if isinstance(e, USER) else 500, f"decoding failed: {type(e).__name__}: {e}")
                 continue
             del d.session.st.history[:-1]     # a long-lived decode keeps only the last step's counts
-        t1 = time.perf_counter()
-        if work:
-            self.steps += 1
-            self.forward_seconds += t_adv - t_fwd
-            self.host_seconds += (t1 - t0) - (t_adv - t_fwd)
-            if self.metrics is not None:
-                self.metrics.step(sum(c.rows for _, cs in work for c in cs), t1 - t0)
+        t4 = time.perf_counter()
         self._sweep()
+        t5 = time.perf_counter()
+        if not work:
+            return
+        fwd = self.clock.seconds
+        parts = {"admit": admitted + (t5 - t4), "calls": t2 - t1, "fuse": (t3 - t2) - fwd, "forward": fwd,
+                 "advance": t4 - t3}
+        self.steps += 1
+        for k, v in parts.items():
+            self.part_seconds[k] += v
+        if self.metrics is not None:
+            self.metrics.step(sum(c.rows for _, cs in work for c in cs), sum(parts.values()), parts)
+
+    @property
+    def host_seconds(self) -> float:
+        """Step time outside the model forwards, summed over the steps so far."""
+        return sum(v for k, v in self.part_seconds.items() if k != "forward")
+
+
+class _Clocked:
+    """The model, its forwards timed (``seconds``; on CUDA up to the device's completion)."""
+
+    def __init__(self, model):
+        self.model, self.seconds = model, 0.0
+        self.cuda = next(model.parameters()).device.type == "cuda"
+
+    def use_cache(self, cache):
+        return self.model.use_cache(cache)
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        out = self.model(*args)
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - t
+        return out
 
 
 __all__ = ["Scheduler", "QueueFull"]

@@ -254,10 +254,19 @@ def test_bench_serve_cli_starts_a_server_and_reports_the_ratio(trained_run, tmp_
     r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--clients", "2", "--requests", "4",
                   "--max-tokens", "4", "--tasks", tasks, "--json", out])
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert [x["phase"] for x in rows][:2] == ["sequential", "concurrent x2"] and len(rows) == 3
-    assert all(x["tokens"] == 16 and x["latency_p99_s"] >= x["latency_p50_s"] > 0 for x in rows)
-    assert "throughput" in r.stdout
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert [x["phase"] for x in rows] == ["sequential", "concurrent x2", rows[2]["phase"], "in-process batch 1",
+                                          "in-process batch 2"] and rows[2]["phase"].startswith("poisson")
+    assert all(x["tokens"] == 16 for x in rows)
+    assert all(x["latency_p99_s"] >= x["latency_p50_s"] > 0 for x in rows[:3])
+    for x in rows[:2]:                          # the step's parts add up: host time + the forward
+        assert x["steps"] > 0 and x["step_forward_ms"] > 0 and x["step_calls_ms"] > 0 and x["step_advance_ms"] > 0
+        assert x["step_host_ms"] == pytest.approx(sum(x[f"step_{k}_ms"] for k in ("admit", "calls", "fuse",
+                                                                                  "advance")))
+    assert set(report["shares"]) == {"sequential_over_batch1", "concurrent_over_batch2"}
+    assert all(v > 0 for v in report["shares"].values())
+    assert "throughput" in r.stdout and "server / in-process" in r.stdout
 
 
 def test_sigterm_drains_requests_in_flight_and_exits_zero_and_the_api_key_is_required(trained_run):
