@@ -12,7 +12,9 @@ still-masked position f and its end e (set once the row is done):
 
 With the truncating criteria (``stop_confidence``, ``stop_entropy``) a later check may cut the output inside
 that prefix, so such jobs emit their text only when done. Text = decode(final tokens), a final EOS dropped;
-while decoding, the last max(len(stop)) - 1 characters and a trailing incomplete character (U+FFFD) are held
+while decoding, each step's new final tokens are detokenized incrementally (the tokenizers library's
+``DecodeStream``: the cost is the new tokens', not the whole text's; a tokenizer without one decodes the whole
+prefix), and the last max(len(stop)) - 1 characters and a trailing incomplete character (U+FFFD) are held
 back, so emitted text never has to be taken back. A stop string in the text ends the job there (OpenAI
 semantics: the earliest occurrence of any stop string, excluded). Events go to ``emit`` (thread-safe; the
 HTTP side's queue): ``("delta", text)``, then ``("done", info)`` or ``("error", (status, message))``.
@@ -45,6 +47,8 @@ class Job:
     text: str = ""                        # text emitted so far
     steps: int = 0                        # decode steps that committed tokens
     committed_last: int = 0               # tokens committed by the last step
+    _stream: object = None                # incremental detokenizer of the final tokens (tokenizers' DecodeStream)
+    _full: str = ""                       # its text so far
     reason: str | None = None             # why it ended early: "stop", "timeout", "cancelled"
     cancelled: bool = False               # asked to stop (client gone, timeout): its decoder retires it
     done: bool = False
@@ -77,21 +81,32 @@ class Job:
                 self.first_token = time.monotonic()
             self.emit("delta", delta)
 
-    def observe(self, st, row: int = 0) -> bool:
-        """After a decode step (the scheduler loop): emit what became final in canvas row ``row``; True when a stop
-        string ended the text."""
-        self.committed_last = int(st.history[-1][row]) if st.history else 0
-        self.steps += self.committed_last > 0
-        if bool(st.done[row]) or not self.streams_early or self.reason is not None:
+    @property
+    def streaming(self) -> bool:
+        """Whether new final tokens may be emitted now (streams early, not stopped)."""
+        return self.streams_early and self.reason is None and not self.done
+
+    def _decoded(self, new: list[int]) -> str:
+        """The text of all final tokens after ``new`` joined them (incrementally where the tokenizer allows)."""
+        hf = getattr(self.tokenizer, "hf", None)
+        if hf is None:
+            return self.tokenizer.decode(self.tokens)
+        if self._stream is None:
+            from tokenizers.decoders import DecodeStream
+
+            self._stream, self._full = DecodeStream(skip_special_tokens=False), ""
+        chunk = self._stream.step(hf, new)
+        if chunk:
+            self._full += chunk
+        return self._full
+
+    def extend(self, new: list[int]) -> bool:
+        """After a decode step (the scheduler loop): ``new`` tokens became final; emit the text that can no longer
+        change; True when a stop string ended the text."""
+        if not new or not self.streaming:
             return False
-        gen = st.canvas.generate[row]
-        masked = st.masked[row] & gen
-        first = int(masked.nonzero()[0, 0]) if bool(masked.any()) else gen.shape[0]
-        ids = st.tokens[row, :first][gen[:first] & ~st.masked[row, :first]].tolist()
-        if len(ids) == len(self.tokens):
-            return False
-        self.tokens = ids
-        text, hit = self._cut(self._text(ids))
+        self.tokens = self.tokens + new
+        text, hit = self._cut(self._decoded(new))
         if hit:
             self.reason = "stop"
             self._advance(text)

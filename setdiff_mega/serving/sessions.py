@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from setdiff_mega.decoding.base import Canvas
+import torch
+
+from setdiff_mega.decoding.base import Canvas, first_true
 from setdiff_mega.decoding.context import ContextOverflow
 from setdiff_mega.errors import RequestError
 from setdiff_mega.inference.api import build_sampler
@@ -61,10 +63,31 @@ class Decode:
         self.slots[b] = job
 
     def _observe(self, st) -> None:
+        """After every step: each job's committed count, and the tokens that became final in the rows that stream
+        (module docstring of :mod:`.job`), found for all rows at once: with g the row's generation start and f its
+        leftmost masked position, the final tokens are the generated positions before f."""
+        counts = st.history[-1] if st.history else [0] * st.tokens.shape[0]
         for b, job in self.slots.items():
-            if not job.done and job.observe(st, b):
-                job.cancelled = True                  # a stop string: the text is complete
+            job.committed_last = int(counts[b])
+            job.steps += job.committed_last > 0
             self.committed(job.committed_last)
+        rows = [b for b, job in self.slots.items() if job.streaming]
+        if not rows:
+            return
+        cv = st.canvas
+        f = first_true(st.masked & cv.generate)
+        final = (cv.generate & (st.pos[None] < f[:, None])).sum(1)
+        n, g, done = torch.stack([final, first_true(cv.generate), st.done.long()]).tolist()   # one host sync
+        for b in rows:
+            job, old = self.slots[b], len(self.slots[b].tokens)
+            if done[b] or n[b] <= old:
+                continue
+            if bool(cv.infill[b]):                    # MASK spans: the generated positions in order
+                new = st.tokens[b][cv.generate[b]][old:n[b]].tolist()
+            else:                                     # one contiguous region from g
+                new = st.tokens[b, g[b] + old:g[b] + n[b]].tolist()
+            if job.extend(new):
+                job.cancelled = True                  # a stop string: the text is complete
 
     def sweep(self) -> list:
         """Jobs whose row is done leave with its output, cancelled ones with what they emitted; returns them."""
