@@ -172,16 +172,19 @@ class DecodeState:
         self.committed = torch.zeros(B, dtype=torch.long, device=dev)
         self.history: list = []
         self.trace: list = []
-        self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
+        self.generators = [torch.Generator(device=dev).manual_seed(cfg.seed) for _ in range(B)] \
+            if cfg.temperature > 0 else None          # sampling: one stream per row (its request's seed)
         self.criteria = StopCriteria(cfg, tokenizer, canvas, mask_id)
         self.eos_ok = eos_positions(canvas.generate, cfg.min_new_tokens)
         self.track_conf = cfg.stop_confidence is not None or cfg.record
         self.commit_step = torch.full((B, N), -1, dtype=torch.long, device=dev) if cfg.record else None
         self.observer = observer
 
-    def reset_row(self, b: int) -> None:
+    def reset_row(self, b: int, seed: int | None = None) -> None:
         """Row ``b`` of the canvas was rewritten with a new request (continuous batching): its state starts
-        again; the other rows are untouched."""
+        again (its sampling stream from ``seed``, default the config's); the other rows are untouched."""
+        if self.generators is not None:
+            self.generators[b].manual_seed(self.cfg.seed if seed is None else int(seed))
         cv = self.canvas
         self.tokens[b] = cv.tokens[b]
         self.masked[b] = cv.generate[b]

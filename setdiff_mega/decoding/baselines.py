@@ -77,13 +77,13 @@ class _Session(Stepper):
                                   context_budget(sampler.model, self.cfg)) if self.cached else None
         self.nfe = 0
 
-    def admit(self, b: int, ids: list[int], max_new_tokens: int) -> None:
+    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None) -> None:
         """Row ``b`` (finished) decodes request ``ids`` from the next step on; the other rows are untouched."""
         if self.in_step:
             raise RuntimeError("a row joins between steps, not while a step's call is out")
         s = self.sampler
         self.canvas.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
-        self.st.reset_row(b)
+        self.st.reset_row(b, seed)
         if self.runner is not None:
             self.runner.reset_row(b)
         self._reset(b)
@@ -134,9 +134,9 @@ class ARSession(_Session):
         runner.persist()
         last = (cnt - 1).clamp(min=0)
         target = first_true(live).clamp(max=N - 1)                 # the next position to fill
-        x, conf = self.choose(logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1])), target[:, None],
-                              st)
         busy = live.any(1)
+        x, conf = self.choose(logits.gather(1, last[:, None, None].expand(B, 1, logits.shape[-1])), target[:, None],
+                              st, busy[:, None])
         self.pend = st.commit(target[:, None], busy[:, None], x, live, conf, expect=busy)
         st.end_step()
         if st.criteria.enabled:
@@ -185,7 +185,7 @@ class BD3LMSession(_Session):
         if shift:
             logits, self.edge = block_rows(logits, p_idx.shape[1], p_idx, p_ok, q_idx, self.edge)
         self.cached_blocks = torch.maximum(self.cached_blocks, cur)
-        x, conf = self.choose(logits, q_idx, st)
+        x, conf = self.choose(logits, q_idx, st, q_ok)
         act = q_ok & st.masked.gather(1, q_idx)
         before = (live & in_block).any(1) if st.criteria.enabled else None
         st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.sampler.rule), x, live, conf,
@@ -258,7 +258,8 @@ class MDLMSession(_Session):
         rel_q = (q_idx - win[:, :1]).clamp(min=0, max=self.width - 1)
         if s.shift:
             rel_q = view_rows(rel_q)
-        x, conf = self.choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st)
+        x, conf = self.choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st,
+                              q_ok)
         before = active.any(1) if st.criteria.enabled else None
         st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, s.rule), x, active, conf, expect=busy)
         st.end_step()

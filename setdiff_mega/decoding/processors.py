@@ -72,8 +72,10 @@ class LogitsPipeline:
         lp = cfg.length_penalty
         self.length = None if lp is None else (int(lp[0]), float(lp[1]))
 
-    def __call__(self, logits: torch.Tensor, q_idx: torch.Tensor, st) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, A, V] for canvas positions q_idx [B, A] of DecodeState ``st`` -> (tokens, confidence)."""
+    def __call__(self, logits: torch.Tensor, q_idx: torch.Tensor, st, q_ok: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [B, A, V] for canvas positions q_idx [B, A] (valid where ``q_ok``, packed first) of DecodeState
+        ``st`` -> (tokens, confidence); sampled tokens come from each row's own generator."""
         cfg, cv = self.cfg, st.canvas
         logits = logits.float()
         if cfg.repetition_penalty != 1.0:
@@ -82,7 +84,8 @@ class LogitsPipeline:
         if self.length is not None:
             pre = prefix_lengths(q_idx, st.masked, cv.generate, cv.valid)
             logits = length_penalty(logits, pre, self.eos_id, *self.length)
-        return choose_tokens(logits, [self.mask_id], cfg.temperature, cfg.top_p, st.generator)
+        counts = q_ok.sum(1).tolist() if cfg.temperature > 0 and q_ok is not None else None
+        return choose_tokens(logits, [self.mask_id], cfg.temperature, cfg.top_p, st.generators, counts)
 
 
 __all__ = ["LogitsPipeline", "repetition_context", "repetition_penalty", "prefix_lengths", "length_penalty"]

@@ -7,7 +7,7 @@ For candidate rows with (processed, :mod:`.processors`) logits [..., V]:
                                           logit counts as -inf, +inf as the largest float: p stays finite)
     p = top_p_filter(p)                   (nucleus: keep the most probable tokens up to and including
                                            the one whose cumulative mass crosses top_p; renormalise)
-    greedy:  x = argmax p      sampled: x ~ p
+    greedy:  x = argmax p      sampled: x ~ p   (each row from its own generator, seeded by its request)
     confidence c = p[x]                   (after the filter, as the reference does for greedy decoding too)
 
 Commit rule over the active set of a row (method.md 5.1, P11; ``commit_rule``):
@@ -45,8 +45,10 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 0.0, top_p: float = 1.0,
-                  generator: torch.Generator | None = None):
-    """logits [..., V] -> (tokens [...], confidence [...]) in fp32."""
+                  generator=None, counts: list[int] | None = None):
+    """logits [..., V] -> (tokens [...], confidence [...]) in fp32. ``generator``: one torch.Generator, or one per
+    row of logits [B, A, V] (with ``counts``: row b draws for its first counts[b] entries only, the rest are
+    argmax), so a row's draws do not depend on the other rows of the batch."""
     logits = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
     if banned:
         idx = torch.tensor(sorted(set(banned)), device=logits.device)
@@ -57,8 +59,15 @@ def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 
     if temperature <= 0:
         conf, tok = probs.max(-1)
         return tok, conf
-    flat = probs.reshape(-1, probs.shape[-1])
-    tok = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    if isinstance(generator, (list, tuple)):
+        tok = probs.argmax(-1)
+        for b, g in enumerate(generator):
+            n = probs.shape[1] if counts is None else counts[b]
+            if n:
+                tok[b, :n] = torch.multinomial(probs[b, :n], 1, generator=g)[:, 0]
+    else:
+        flat = probs.reshape(-1, probs.shape[-1])
+        tok = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
     conf = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
     return tok, conf
 

@@ -162,14 +162,14 @@ class SetDLMSession(Stepper):
         self._joining |= bool(prefill.any())
         self._waiting |= bool(self.waiting.any())
 
-    def admit(self, b: int, ids: list[int], max_new_tokens: int) -> None:
+    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None) -> None:
         """Row ``b`` (finished) decodes request ``ids`` from the next step on (see the class docstring)."""
         if self.in_step:
             raise RuntimeError("a row joins between steps, not while a step's call is out")
         s, cv, st = self.sampler, self.canvas, self.st
         cv.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
         n = len(ids) if s.mask_id in ids else len(ids) + max_new_tokens
-        st.reset_row(b)
+        st.reset_row(b, seed)
         self.runner.reset_row(b)
         if self.fht is not None:
             self.fht[b] = float("-inf")
@@ -234,7 +234,7 @@ class SetDLMSession(Stepper):
             logits = self.shifted.lookup(q_idx, logits[:, P:])
         if q_idx.shape[1] == 0:                          # prefills only: nothing to commit
             return True
-        x, conf = self.choose(logits, q_idx, st)
+        x, conf = self.choose(logits, q_idx, st, q_ok)
         sel = st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, self.rule), x, active, conf,
                         expect=live.any(1))
         if self._waiting:                                # l2r promotion of uncached context

@@ -2,11 +2,12 @@
 of steps) with the jobs that occupy its rows.
 
 * A **shared** decode: ``max_batch`` slot rows of width ``width`` that jobs join and leave between steps. Jobs
-  share one when their decoding options agree except ``max_new_tokens`` (and the seed, for greedy decoding
-  without FHT orders): a step's bookkeeping is then one set of batched tensor operations for all of them, and
-  rows without work are left out of its forward.
-* A **private** decode: one job, its canvas exactly as ``generate`` builds it (sampled jobs, whose random draws
-  must not depend on other rows; ``record``, ``static_shapes``, uncached decoding).
+  share one when their decoding options agree except ``max_new_tokens`` and the seed (each row samples from its
+  own stream, seeded by its request; FHT orders excepted, drawn from the session's seed): a step's bookkeeping
+  is then one set of batched tensor operations for all of them, greedy or sampled, and rows without work are
+  left out of its forward.
+* A **private** decode: one job, its canvas exactly as ``generate`` builds it (``record``, ``static_shapes``,
+  uncached decoding).
 
 Either way the decode's model calls are the scheduler's to run (fused with every other decode's); after each
 step the decode's :class:`~setdiff_mega.decoding.base.DecodeState` is shown to its jobs (:meth:`Job.observe`),
@@ -27,8 +28,9 @@ USER = (RequestError, ContextOverflow, ValueError)
 
 
 def session_key(cfg) -> str | None:
-    """The options a job's shared decode must agree on, as a key (None: the job decodes privately)."""
-    if cfg.temperature > 0 or cfg.record or cfg.static_shapes or not cfg.use_cache:
+    """The options a job's shared decode must agree on, as a key (None: the job decodes privately). The seed is a
+    row's own (its sampling stream), except for FHT cache orders, whose times the session draws from it."""
+    if cfg.record or cfg.static_shapes or not cfg.use_cache:
         return None
     seed = cfg.seed if cfg.fht_cache_order else 0
     return repr(replace(cfg, max_new_tokens=0, seed=seed))
@@ -59,7 +61,7 @@ class Decode:
     def admit(self, job) -> None:
         """``job`` takes a free row from the next step on (a user error fails it alone: 400)."""
         b = next(b for b in range(self.rows) if b not in self.slots)
-        self.session.admit(b, job.ids, job.config.max_new_tokens)
+        self.session.admit(b, job.ids, job.config.max_new_tokens, job.config.seed)
         self.slots[b] = job
 
     def _observe(self, st) -> None:

@@ -100,8 +100,9 @@ def _serve(model, method, cfgs, prompts, max_batch, stagger: float = 0.0):
 
 @pytest.mark.parametrize("method,kw", METHODS)
 def test_every_sampler_decodes_the_same_tokens_in_a_continuous_batch(rand_model, method, kw):
-    """Different max_new_tokens make jobs leave at different steps; staggered arrivals make others join. Greedy
-    SetDLM jobs share a session (slot rows reused as jobs leave); sampled ones decode alone, seeded."""
+    """Different max_new_tokens make jobs leave at different steps; staggered arrivals make others join. Jobs of
+    equal options share a session (slot rows reused as jobs leave); sampled ones too, each row drawing from its
+    own seeded stream."""
     method = _method(method)
     cfgs = [GenerationConfig(max_new_tokens=6 + 3 * (i % 3), stop_at_eos=False, **kw) for i in range(len(PROMPTS))]
     jobs, events, sch = _serve(rand_model, method, cfgs, PROMPTS, max_batch=3, stagger=0.003)

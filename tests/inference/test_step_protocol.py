@@ -17,11 +17,11 @@ def _sampler(model, method, kw, n=1):
     return build_sampler(_method(method), model, Tok(), GenerationConfig(max_new_tokens=n, stop_at_eos=False, **kw))
 
 
-@pytest.mark.parametrize("method,kw", GREEDY)
+@pytest.mark.parametrize("method,kw", METHODS)
 @torch.no_grad()
 def test_rows_joining_and_leaving_between_steps_decode_their_batch1_tokens(rand_model, method, kw):
     """Three slots; requests arrive every other step, each with its own length; finished rows are read and
-    reused at once."""
+    reused at once. Sampled rows draw from their own seeded streams, so they too decode their batch-1 tokens."""
     cfgs = [GenerationConfig(max_new_tokens=5 + 2 * (i % 3), stop_at_eos=False, **kw) for i in range(len(PROMPTS))]
     session = _sampler(rand_model, method, kw).session(Canvas.empty(3, 40, PAD))
     waiting, slots, got, step = list(range(len(PROMPTS))), {}, {}, 0
