@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from .sections import ConfigError, RunConfig, validate
+from .yamlfile import DuplicateKey, read_yaml
 
 
 def _coerce(value: Any, tp: Any, name: str) -> Any:
@@ -115,7 +116,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file '{p}' does not exist; presets live in configs/ (e.g. "
                               f"configs/tiny_cpu.yaml)")
         try:
-            tree = yaml.safe_load(p.read_text()) or {}
+            tree = read_yaml(p, "config file") or {}
+        except DuplicateKey as e:
+            raise ConfigError(str(e)) from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file '{p}' is not valid YAML: {e}") from None
         if not isinstance(tree, dict):

@@ -119,3 +119,34 @@ def test_packing_needs_a_core_attention_that_keeps_documents_apart():
                                                          "data.format=sft"])
     finally:
         backends.unregister("blind")
+
+
+def test_a_yaml_file_that_sets_a_key_twice_is_refused_with_both_lines(tmp_path):
+    """PyYAML keeps the last value silently; the config loader and the sweep grid refuse it (issue 42)."""
+    from setdiff_mega.config import load_config
+    from setdiff_mega.config.sections import ConfigError
+    from setdiff_mega.eval.sweep.grid import SweepError, load_grid
+
+    f = tmp_path / "run.yaml"
+    f.write_text("train:\n  lr: 1.0e-3\n  steps: 10\n  lr: 3.0e-3\nmodel:\n  num_layers: 2\n")
+    with pytest.raises(ConfigError, match=r"sets 'train.lr' twice \(lines 2 and 4\)") as e:
+        load_config(f)
+    assert str(f) in str(e.value) and "\n" not in str(e.value)
+    f.write_text("train:\n  lr: 1.0e-3\ntrain:\n  steps: 10\n")
+    with pytest.raises(ConfigError, match=r"sets 'train' twice \(lines 1 and 3\)"):
+        load_config(f)
+    g = tmp_path / "grid.yaml"
+    g.write_text("name: x\nmodels:\n  - {num_layers: 2, num_layers: 4}\n")
+    with pytest.raises(SweepError, match=r"sets 'models\[0\].num_layers' twice \(lines 3 and 3\)"):
+        load_grid(g)
+
+
+def test_every_shipped_yaml_has_each_key_once():
+    from pathlib import Path
+
+    from setdiff_mega.config.yamlfile import read_yaml
+
+    files = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml"))
+    assert files
+    for f in files:
+        read_yaml(f)
