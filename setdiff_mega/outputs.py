@@ -11,7 +11,8 @@ reproduction, benchmarks) goes through this module:
    source, an ancestor of a source, or an unrelated directory. Tools that continue their own earlier
    output by design (sweeps, the reproduction) accept it without ``--overwrite`` and refuse anything else.
 3. **Outputs appear whole.** A directory output is written into a fresh staging directory next to it
-   (``.<name>.staging-<random>``, unique to this invocation) and renamed into place; a replaced previous
+   (``.<name>.staging-<random>``, unique to this invocation, naming its owner: :mod:`setdiff_mega.staging`,
+   which also removes the ones a dead invocation left) and renamed into place; a replaced previous
    output is moved aside first and removed only once the new one is in place. A file output is written
    to a unique sibling and renamed. A failure leaves the previous output (or nothing) in place.
 
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from setdiff_mega.errors import OutputError
+from setdiff_mega.staging import OWNER, make_staging, sweep_leftovers
 
 MARKER = ".setdiff-mega-output.json"
 
@@ -146,14 +148,15 @@ def staged_dir(out: str | Path, tool: str, **marker):
     rename). On failure the staging directory is removed and ``out`` is untouched."""
     o = _resolved(out)
     o.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{o.name}.staging-", dir=o.parent))
-    usual_mode(tmp, 0o777)                        # mkdtemp's 0700 would make the output private
+    sweep_leftovers(o.parent, (f".{o.name}.staging-", f".{o.name}.replaced-"))   # a dead run's (staging.py)
+    tmp = make_staging(o.parent, f".{o.name}.staging-")
     try:
         yield tmp
+        (tmp / OWNER).unlink(missing_ok=True)
         write_marker(tmp, tool, **marker)
         aside = None
         if o.exists():
-            aside = Path(tempfile.mkdtemp(prefix=f".{o.name}.replaced-", dir=o.parent))
+            aside = make_staging(o.parent, f".{o.name}.replaced-")
             os.replace(o, aside / o.name)
         os.replace(tmp, o)
         if aside is not None:

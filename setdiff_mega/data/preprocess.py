@@ -36,6 +36,8 @@ import numpy as np
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from tqdm import tqdm
 
+from setdiff_mega.staging import record_owner, sweep_leftovers
+
 from .fast_encode import FastEncoder
 from .indexed import (
     MANIFEST_FORMAT,
@@ -196,13 +198,15 @@ def _shard_units(units: list, shard, paths, unit_bytes: int) -> list:
 
 
 def _staging(out: Path) -> Path:
-    """A fresh ``<out>.tmp-<pid>-<n>`` directory of this invocation (leftovers of interrupted runs are left
-    alone: this invocation did not create them)."""
+    """A fresh ``<out>.tmp-<pid>-<n>`` directory of this invocation, naming its owner; leftovers of earlier runs
+    are removed only when their owner is provably dead (:mod:`setdiff_mega.staging`), else reported."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    sweep_leftovers(out.parent, (f"{out.name}.tmp-",))
     for n in itertools.count():
         tmp = out.parent / f"{out.name}.tmp-{os.getpid()}-{n}"
         try:
             tmp.mkdir()
+            record_owner(tmp)
             return tmp
         except FileExistsError:
             continue
