@@ -2,8 +2,9 @@
 
 One process without a launcher gets a private single-rank group, so the same model code (which needs mcore's
 parallel state) runs in scripts, tests, notebooks and the server: its rendezvous is an in-process store (no TCP
-store, which would listen on every interface) and gloo's pair sockets are bound to the loopback interface
-(``GLOO_SOCKET_IFNAME`` unless set), so such a process exposes no port. Launchers are
+store, which would listen on every interface) and gloo's pair sockets of the groups made here are bound to the
+loopback interface (``GLOO_SOCKET_IFNAME`` unless set, only while they are made), so such a process exposes no
+port. Launchers are
 recognised from their environment (:func:`discover_launcher_env`): torchrun and the deepspeed launcher
 (``RANK / WORLD_SIZE / LOCAL_RANK``), MPI (MPICH / Hydra ``PMI_RANK / PMI_SIZE / MPI_LOCALRANKID``, Open
 MPI ``OMPI_COMM_WORLD_*``) and Slurm (``SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID``); ``MASTER_ADDR``
@@ -13,6 +14,7 @@ tp-cp-ep-dp-pp).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass
@@ -39,11 +41,19 @@ def _loopback() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _single_process(backend: str) -> None:
-    """A one-rank group that listens nowhere but on loopback (module docstring)."""
-    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _loopback() is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = _loopback()   # read by gloo at every group's creation in this process
-    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+@contextlib.contextmanager
+def _loopback_gloo(active: bool):
+    """While active: gloo groups created meanwhile bind the loopback interface (``GLOO_SOCKET_IFNAME``, read at
+    each group's creation), unless the user set the variable; restored afterwards, so child processes (a
+    multi-node launch from this process) never inherit it."""
+    name = _loopback() if active and "GLOO_SOCKET_IFNAME" not in os.environ else None
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+    try:
+        yield
+    finally:
+        if name is not None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
 
 
 def discover_launcher_env(env=None) -> dict | None:
@@ -75,25 +85,28 @@ def initialize(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size
     mcore_cpu.apply()                        # megatron-core on a CPU-only torch (idempotent; no-op with CUDA)
 
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    single = False
     if not dist.is_initialized():
         found = discover_launcher_env()
         if found is not None and int(found["WORLD_SIZE"]) > 1:
             os.environ.update({k: v for k, v in found.items() if k != "launcher"})
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        single = not ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    with _loopback_gloo(single and backend == "gloo"):
+        if single:                           # rendezvous in-process: no TCP store listening on every interface
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        elif not dist.is_initialized():
             local_rank = int(os.environ.get("LOCAL_RANK", 0))
             if backend == "nccl":
                 torch.cuda.set_device(local_rank)
             dist.init_process_group(backend=backend)
-        else:
-            _single_process(backend)
-    world = dist.get_world_size()
-    tp, pp, cp = int(tensor_model_parallel_size), int(pipeline_model_parallel_size), int(context_parallel_size)
-    if world % (tp * cp * pp):
-        raise ValueError(f"world size {world} is not divisible by TP*CP*PP = {tp}*{cp}*{pp} = {tp * cp * pp}")
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
-                                     context_parallel_size=cp)
+        world = dist.get_world_size()
+        tp, pp, cp = int(tensor_model_parallel_size), int(pipeline_model_parallel_size), int(context_parallel_size)
+        if world % (tp * cp * pp):
+            raise ValueError(f"world size {world} is not divisible by TP*CP*PP = {tp}*{cp}*{pp} = {tp * cp * pp}")
+        if not ps.model_parallel_is_initialized():
+            ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                         virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+                                         context_parallel_size=cp)
     model_parallel_cuda_manual_seed(seed)
     return DistributedEnv(rank=dist.get_rank(), world_size=world,
                           local_rank=int(os.environ.get("LOCAL_RANK", 0)), backend=backend)
