@@ -200,8 +200,9 @@ class Scheduler:
             t0 = time.perf_counter()
             self._admit(jobs)
             self._sweep()
-            if self.decodes:
-                self._step(time.perf_counter() - t0)
+            if not (self.decodes and self._step(time.perf_counter() - t0)):
+                with self.cond:                   # nothing to compute (never expected with jobs running): no spin
+                    self.cond.wait(timeout=0.005)
 
     def _calls(self) -> list:
         out = []
@@ -230,9 +231,9 @@ class Scheduler:
                     self._drop(d, 500, f"the decode forward failed: {e}")
         return results
 
-    def _step(self, admitted: float) -> None:
+    def _step(self, admitted: float) -> bool:
         """One step: every decode's calls, the fused forwards, every decode's bookkeeping; its time by part
-        (:data:`PARTS`)."""
+        (:data:`PARTS`). False when no decode had work."""
         t1 = time.perf_counter()
         work = self._calls()
         t2 = time.perf_counter()
@@ -250,7 +251,7 @@ class Scheduler:
         self._sweep()
         t5 = time.perf_counter()
         if not work:
-            return
+            return False
         fwd = self.clock.seconds
         parts = {"admit": admitted + (t5 - t4), "calls": t2 - t1, "fuse": (t3 - t2) - fwd, "forward": fwd,
                  "advance": t4 - t3}
@@ -259,6 +260,7 @@ class Scheduler:
             self.part_seconds[k] += v
         if self.metrics is not None:
             self.metrics.step(sum(c.rows for _, cs in work for c in cs), sum(parts.values()), parts)
+        return True
 
     @property
     def host_seconds(self) -> float:
