@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from setdiff_mega.errors import OutputError
-from setdiff_mega.staging import OWNER, make_staging, sweep_leftovers
+from setdiff_mega.staging import OWNER, file_prefix, make_staging, sweep_files, sweep_leftovers
 
 MARKER = ".setdiff-mega-output.json"
 
@@ -189,7 +189,8 @@ def write_file_atomic(out: str | Path, data: str | bytes) -> Path:
     """Write ``data`` to a unique sibling of ``out`` and rename it into place."""
     o = _resolved(out)
     o.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{o.name}.", suffix=".tmp", dir=o.parent)
+    sweep_files(o.parent, o.name)                 # a dead run's temporary file of this output (staging.py)
+    fd, tmp = tempfile.mkstemp(prefix=file_prefix(o.name), suffix=".tmp", dir=o.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -15,15 +15,21 @@ A later invocation writing the same output looks at the staging siblings of earl
 
 Only ``dead`` ones are removed (each with one log line); the others are reported and left alone. A ``kill -9``
 cannot clean up after itself, so this is the only place its leftovers can go.
+
+Temporary *files* (:func:`setdiff_mega.outputs.write_file_atomic`) carry their owner in their name instead,
+``.<name>.owner-<host hash>-<pid>-<start, centiseconds>.<random>.tmp`` (:func:`file_prefix`), and
+:func:`sweep_files` applies the same rule to them.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 import psutil
@@ -97,4 +103,34 @@ def sweep_leftovers(parent: Path, prefixes: tuple, log=None) -> tuple[list, list
     return removed, kept
 
 
-__all__ = ["OWNER", "record_owner", "make_staging", "owner_state", "sweep_leftovers"]
+def _host() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def file_prefix(name: str) -> str:
+    """The temporary-file prefix that names this process as the owner (module docstring)."""
+    pid = os.getpid()
+    return f".{name}.owner-{_host()}-{pid}-{round((_started(pid) or 0.0) * 100)}."
+
+
+def sweep_files(parent: Path, name: str, log=None) -> list:
+    """Remove ``parent``'s temporary files for ``name`` whose owner (in the file name) is provably dead on this
+    host; returns them (the others are left alone)."""
+    log = log or (lambda m: print(m, file=sys.stderr))
+    removed = []
+    pattern = re.compile(re.escape(f".{name}.owner-") + r"([0-9a-f]{8})-(\d+)-(\d+)\..*\.tmp$")
+    if not Path(parent).is_dir():
+        return removed
+    for f in sorted(Path(parent).iterdir()):
+        m = pattern.match(f.name)
+        if not m or not f.is_file() or m.group(1) != _host():
+            continue
+        started = _started(int(m.group(2)))
+        if started is None or abs(round(started * 100) - int(m.group(3))) > 100:
+            f.unlink(missing_ok=True)
+            removed.append(f)
+            log(f"removed '{f}', left by an interrupted run (pid {m.group(2)}, no longer running)")
+    return removed
+
+
+__all__ = ["OWNER", "record_owner", "make_staging", "owner_state", "sweep_leftovers", "file_prefix", "sweep_files"]

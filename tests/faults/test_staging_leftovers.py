@@ -85,3 +85,25 @@ def test_preprocessing_after_a_kill_9_removes_the_dead_runs_staging(tmp_path, tw
     assert r.returncode == 0, r.stderr[-2000:]
     assert not any(d.exists() for d in left) and "left by an interrupted run" in r.stderr
     assert not list(prefix.parent.glob("corpus.tmp-*")) and prefix.with_suffix(".bin").exists()
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
+    """write_file_atomic's temporary file names its owner; one left by a process killed with SIGKILL while
+    writing goes at the next write of the same file, a live writer's stays."""
+    from setdiff_mega.outputs import write_file_atomic
+
+    code = ("import os, signal, sys, tempfile; sys.path.insert(0, sys.argv[2]);"
+            "from setdiff_mega.staging import file_prefix;"
+            "fd, p = tempfile.mkstemp(prefix=file_prefix('report.json'), suffix='.tmp', dir=sys.argv[1]);"
+            "os.write(fd, b'half'); os.kill(os.getpid(), signal.SIGKILL)")
+    from .conftest import ROOT
+
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), str(ROOT)], check=False)
+    left = list(tmp_path.glob(".report.json.owner-*.tmp"))
+    assert len(left) == 1
+    from setdiff_mega.staging import file_prefix
+    live = tmp_path / (file_prefix("report.json") + "x.tmp")      # this process: still writing
+    live.write_text("x")
+    write_file_atomic(tmp_path / "report.json", "{}")
+    assert (tmp_path / "report.json").read_text() == "{}"
+    assert not left[0].exists() and live.exists()
