@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from .sections import ConfigError, RunConfig, validate
-from .yamlfile import DuplicateKey, read_yaml
+from .yamlfile import read_yaml
 
 
 def _coerce(value: Any, tp: Any, name: str) -> Any:
@@ -115,12 +115,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not p.is_file():
             raise ConfigError(f"config file '{p}' does not exist; presets live in configs/ (e.g. "
                               f"configs/tiny_cpu.yaml)")
-        try:
-            tree = read_yaml(p, "config file") or {}
-        except DuplicateKey as e:
-            raise ConfigError(str(e)) from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file '{p}' is not valid YAML: {e}") from None
+        tree = read_yaml(p, "config file", ConfigError) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"config file '{p}' must hold a mapping of sections")
     tree = _merge(tree, parse_overrides(overrides))

@@ -36,12 +36,17 @@ def _duplicates(node, path: str, where: str) -> None:
             _duplicates(item, f"{path}[{i}]", where)
 
 
-def read_yaml(path: str | Path, what: str = "YAML file"):
-    """The document of ``path`` (None when empty); :class:`DuplicateKey` for a key set twice, ``yaml.YAMLError``
-    for invalid YAML."""
+def read_yaml(path: str | Path, what: str = "YAML file", error=ValueError):
+    """The document of ``path`` (None when empty); a key set twice (:class:`DuplicateKey`) or invalid YAML is
+    raised as one-line ``error``."""
     text = Path(path).read_text()
-    _duplicates(yaml.compose(text, Loader=yaml.SafeLoader), "", f"{what} '{path}'")
-    return yaml.safe_load(text)
+    try:
+        _duplicates(yaml.compose(text, Loader=yaml.SafeLoader), "", f"{what} '{path}'")
+        return yaml.safe_load(text)
+    except DuplicateKey as e:
+        raise error(str(e)) from None
+    except yaml.YAMLError as e:
+        raise error(f"{what} '{path}' is not valid YAML: {e}") from None
 
 
 __all__ = ["read_yaml", "DuplicateKey"]

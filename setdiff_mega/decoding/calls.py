@@ -34,6 +34,7 @@ forward (up to the float rounding of batched matrix products).
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import torch
@@ -139,15 +140,17 @@ def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
     return [out[o:o + c.rows, :c.width - c.start] for o, c in zip(offsets, calls)]
 
 
-class Stepper:
+class Stepper(abc.ABC):
     """The state-machine face of a decode whose step is the generator :meth:`_step` (module docstring): it
     yields at most one :class:`Call`, receives its logits, and returns whether any row had work."""
 
     _gen = None
     _call = None
 
-    def _step(self):                      # pragma: no cover - each session defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _step(self):
+        """One step as a generator: yield the step's :class:`Call` (at most one), receive its logits, return
+        whether any row had work."""
 
     def next_calls(self) -> list[Call]:
         """The model calls of the next step ([] when no row has work left)."""

@@ -32,11 +32,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from setdiff_mega.build import tokenizer_path
 from setdiff_mega.config import load_config
-from setdiff_mega.config.yamlfile import DuplicateKey, read_yaml
+from setdiff_mega.config.yamlfile import read_yaml
 from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.model.transformer import padded_vocab_size
 from setdiff_mega.training.flops import flops_per_sample
@@ -111,12 +109,7 @@ def load_grid(path: str | Path) -> SweepGrid:
     p = Path(path)
     if not p.is_file():
         raise SweepError(f"sweep grid '{p}' does not exist (example: configs/sweeps/tiny.yaml)")
-    try:
-        raw = read_yaml(p, "sweep grid") or {}
-    except DuplicateKey as e:
-        raise SweepError(str(e)) from None
-    except yaml.YAMLError as e:
-        raise SweepError(f"sweep grid '{p}' is not valid YAML: {e}") from None
+    raw = read_yaml(p, "sweep grid", SweepError) or {}
     for key in REQUIRED:
         if key not in raw:
             raise SweepError(f"sweep grid '{p}' lacks '{key}'")
