@@ -12,10 +12,15 @@
 #                        processes on a CPU machine)
 #   --master-addr A      rendezvous host (node 0)            [MASTER_ADDR, default 127.0.0.1]
 #   --master-port P      rendezvous port                     [MASTER_PORT, default 29500]
+#   --max-restarts N     restart the job in place after a crash or a detected hang, resuming   [MAX_RESTARTS,
+#                        from the newest complete checkpoint, up to N times (README "Fault    default 0]
+#                        tolerance"; setdiff_mega/resilience/supervisor.py)
 #   --dry-run            print the command without running it
 #
 # Examples:
 #   ./launch.sh --nproc-per-node 2 -- --config configs/tiny_cpu.yaml train.train_steps=100
+#   # restarts itself from the newest checkpoint after a crash or a hung rank, up to 3 times
+#   ./launch.sh --nproc-per-node 2 --max-restarts 3 -- --config configs/tiny_cpu.yaml
 #   # two nodes (run on each, NODE_RANK=0 on the master):
 #   NNODES=2 NODE_RANK=0 GPUS_PER_NODE=8 MASTER_ADDR=node0 ./launch.sh -- --config configs/owt_setdlm.yaml
 #   # MPI (MPICH from the [mpi] extra): all ranks from one command; multi-node with HOSTS=node0,node1
@@ -33,6 +38,7 @@ NPROC=${NPROC_PER_NODE:-${GPUS_PER_NODE:-1}}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
 LAUNCHER=${LAUNCHER:-torchrun}
+MAX_RESTARTS=${MAX_RESTARTS:-0}
 DRY=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,13 +48,14 @@ while [ $# -gt 0 ]; do
     --master-addr) MASTER_ADDR=$2; shift 2 ;;
     --master-port) MASTER_PORT=$2; shift 2 ;;
     --launcher) LAUNCHER=$2; shift 2 ;;
+    --max-restarts) MAX_RESTARTS=$2; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     --) shift; break ;;
     *) break ;;
   esac
 done
-for v in NNODES NODE_RANK NPROC MASTER_PORT; do
+for v in NNODES NODE_RANK NPROC MASTER_PORT MAX_RESTARTS; do
   if ! [[ ${!v} =~ ^[0-9]+$ ]]; then echo "error: $v must be a non-negative integer, got '${!v}'" >&2; exit 2; fi
 done
 if [ "$NODE_RANK" -ge "$NNODES" ]; then
@@ -88,6 +95,9 @@ case "$LAUNCHER" in
     cmd=(srun --nodes "$NNODES" --ntasks-per-node "$NPROC" --kill-on-bad-exit=1 "$PY" pretrain/pretrain.py "$@") ;;
   *) echo "error: --launcher must be torchrun, deepspeed, mpirun or srun (got '$LAUNCHER')" >&2; exit 2 ;;
 esac
+if [ "$MAX_RESTARTS" -gt 0 ]; then
+  cmd=("$PY" -m setdiff_mega.resilience.supervisor --max-restarts "$MAX_RESTARTS" --node-rank "$NODE_RANK" -- "${cmd[@]}")
+fi
 echo "+ ${cmd[*]}" >&2
 [ "$DRY" = 1 ] && exit 0
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} WANDB_MODE=${WANDB_MODE:-offline} TOKENIZERS_PARALLELISM=false

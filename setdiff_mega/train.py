@@ -16,14 +16,19 @@ from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config, to_dict
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The trainer's command line (also parsed by launch.sh's restart supervisor, for train.save_dir)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/tiny_cpu.yaml", help="YAML preset (default: %(default)s)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 objective.D=8")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help=argparse.SUPPRESS)     # passed by the deepspeed launcher; LOCAL_RANK is read from env
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))

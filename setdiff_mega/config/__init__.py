@@ -15,6 +15,7 @@ from .sections import (
     OBJECTIVE_NAMES,
     ConfigError,
     DataConfig,
+    FaultConfig,
     LoggingConfig,
     ModelConfig,
     ObjectiveConfig,
@@ -26,5 +27,5 @@ from .sections import (
 )
 
 __all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig",
-           "TrainConfig", "LoggingConfig", "RunConfig", "load_config", "validate", "parse_overrides", "to_dict",
+           "TrainConfig", "LoggingConfig", "FaultConfig", "RunConfig", "load_config", "validate", "parse_overrides", "to_dict",
            "from_dict", "dump_yaml", "OBJECTIVE_NAMES"]

@@ -159,6 +159,33 @@ class ParallelConfig:
 
 
 @dataclass
+class FaultConfig:
+    """Hang detection, restarts and straggler reports (setdiff_mega/resilience; README "Fault tolerance")."""
+    watchdog: bool = True                        # a heartbeat per rank, watched by a process outside the trainer
+    hang_timeout: float = 0.0                    # seconds without progress that count as a hang (0: derived)
+    hang_factor: float = 5.0                     # derived timeout = factor x the longest measured step / save /
+    hang_min_timeout: float = 60.0               # validation, and at least this; a kind not measured yet
+    startup_timeout: float = 900.0               # (set-up, the first step, the first save) gets this
+    heartbeat_poll: float = 1.0                  # the watchdog's period (at most a quarter of the timeout)
+    max_same_step_failures: int = 2              # launch.sh --max-restarts: stop when failures repeat at one step
+    straggler_factor: float = 1.5                # warn when a rank's compute time > factor x the median rank's
+    straggler_patience: int = 3                  # ... at this many log intervals in a row (the same rank)
+
+    def check(self) -> None:
+        if self.hang_timeout < 0 or self.hang_min_timeout <= 0 or self.startup_timeout <= 0:
+            raise ConfigError(f"fault.hang_timeout={self.hang_timeout} must be >= 0 (0: derived) and "
+                              f"fault.hang_min_timeout={self.hang_min_timeout}, fault.startup_timeout="
+                              f"{self.startup_timeout} > 0 (seconds)")
+        if self.hang_factor <= 1 or self.straggler_factor <= 1:
+            raise ConfigError(f"fault.hang_factor={self.hang_factor} and fault.straggler_factor="
+                              f"{self.straggler_factor} must be > 1")
+        if self.heartbeat_poll <= 0 or self.max_same_step_failures < 1 or self.straggler_patience < 1:
+            raise ConfigError(f"fault.heartbeat_poll={self.heartbeat_poll} must be > 0, "
+                              f"fault.max_same_step_failures={self.max_same_step_failures} and "
+                              f"fault.straggler_patience={self.straggler_patience} >= 1")
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
@@ -166,6 +193,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
 
 # -------------------------------------------------------------------------------- validation
@@ -186,6 +214,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     cfg.model.check(cfg.parallel.tensor_model_parallel_size)
     cfg.train.check()
     cfg.logging.check()
+    cfg.fault.check()
     if cfg.data.packing and not backends.get(cfg.model.attention_backend).packed_documents:
         able = ", ".join(n for n in backends.names() if backends.get(n).packed_documents)
         raise ConfigError(f"data.packing needs a core attention that keeps each packed conversation to itself "

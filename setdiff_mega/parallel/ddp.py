@@ -21,6 +21,7 @@ The weights are broadcast from the first DP x CP rank at wrap time (what torch D
 from __future__ import annotations
 
 import contextlib
+import time
 
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -44,6 +45,7 @@ class GradReducer:
         if overlap and len(self.chunks) > 1:
             config.grad_sync_func = [c.start_grad_sync for c in self.chunks]
         self.overlap = overlap
+        self.waited = 0.0                            # seconds spent in finish(): the straggler report's wait
 
     @property
     def num_buckets(self) -> int:
@@ -71,9 +73,11 @@ class GradReducer:
 
     def finish(self) -> None:
         """Wait for (or, without overlap, run) the buckets' all-reduces; ``param.grad`` = the mean gradient."""
+        t0 = time.perf_counter()
         with mcore_cpu.cuda_redirect():
             for c in self.chunks:
                 c.finish_grad_sync()
+        self.waited += time.perf_counter() - t0
         for c in self.chunks:
             for p in c.module.parameters():
                 if p.requires_grad:

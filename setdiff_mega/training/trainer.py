@@ -51,6 +51,7 @@ from setdiff_mega.model import padded_vocab_size
 from setdiff_mega.model.token_rows import mean_token_rows
 from setdiff_mega.model.transformer import model_chunks
 from setdiff_mega.parallel import initialize
+from setdiff_mega.resilience.runtime import FaultTolerance
 
 from . import optim
 from .ema import EMA
@@ -138,6 +139,7 @@ class Trainer:
         validate_layout(cfg, self.env.world_size)
         self.main = self.env.rank == 0
         self.lock, self.found = claim(cfg, self.env.rank)   # before anything is written to train.save_dir
+        self.ft = FaultTolerance(cfg.fault, self.env.rank, tc.save_dir, lambda m: self.logger.write(m))
         if tc.check_memory:
             check_memory(cfg, padded_vocab_size(self.vocab, cfg.model.make_vocab_size_divisible_by,
                                                 pc.tensor_model_parallel_size), self.env.world_size)
@@ -184,6 +186,7 @@ class Trainer:
         self.backend = optimizer_backend(model, cfg)        # AdamW (+ DDP) or a DeepSpeed ZeRO engine
         self.ema = EMA(model, tc.ema_decay) if tc.ema_decay > 0 else None   # after ZeRO-3 partitions exist
         self.checkpointer = Checkpointer(cfg, self.tok, model, self.backend, self.log, self.ema)
+        self.ft.attach(getattr(self.backend, "ddp", None))  # its gradient all-reduce wait: a collective
         self.start_step, self.consumed, self.resumed = 0, 0, None
         if found is not None:
             self.resumed = self.checkpointer.load_training_state(found)
@@ -203,7 +206,7 @@ class Trainer:
                  f"CP={cfg.parallel.context_parallel_size} PP={self.pp} DP={self.dp}, {self.samples_per_step} "
                  f"samples per step")
         self.logger = MetricLogger(Path(tc.save_dir), tc.train_steps, self.start_step, cfg.logging, to_dict(cfg),
-                                   enabled=self.main, resume_step=self.start_step if resumed is not None else None,
+                                   enabled=self.main, resume_step=self.ft.first_step(self.start_step, resumed),
                                    log_interval=tc.log_interval)
         self.bos_eos = wrap_ids(dc, self.tok)
         if resumed is None:
@@ -284,6 +287,7 @@ class Trainer:
         if self.peak:
             perf["perf/mfu"] = tflops * 1e12 / self.peak
         perf.update(_memory_metrics())
+        perf.update(self.ft.metrics())                     # a collective: every rank, every log interval
         self.logger.log({"train/loss": total, "train/lr": lr, "train/grad_norm": float(gnorm), **perf,
                          "data/consumed_samples": self.consumed, **self.guard.metrics()}, done)
         self.tok_window = self.proc_window = 0
@@ -296,24 +300,31 @@ class Trainer:
     def _finish(self) -> None:
         """The last step's validation (raw and EMA weights) and checkpoint."""
         tc = self.cfg.train
-        self.last_eval = self.validate()
-        self.logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, tc.train_steps)
-        if self.ema is not None:
-            with self.ema.swapped():
-                ema_eval = self.validate()
-            self.last_eval["ema_loss"] = ema_eval["loss"]
-            self.logger.log({"val/ema_loss": ema_eval["loss"]}, tc.train_steps)
-        self.ckpt = self.save(tc.train_steps)
-        self.checkpointer.wait(tc.train_steps)
+        with self.ft.phase("validate", tc.train_steps):
+            self.last_eval = self.validate()
+            self.logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, tc.train_steps)
+            if self.ema is not None:
+                with self.ema.swapped():
+                    ema_eval = self.validate()
+                self.last_eval["ema_loss"] = ema_eval["loss"]
+                self.logger.log({"val/ema_loss": ema_eval["loss"]}, tc.train_steps)
+        with self.ft.phase("save", tc.train_steps):
+            self.ckpt = self.save(tc.train_steps)
+            self.checkpointer.wait(tc.train_steps)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         """Set up, train, and hand the run directory back (its lock is held from set-up to the summary)."""
-        self.lock = self.logger = None
+        self.lock = self.logger = self.ft = None
+        clean = False
         try:
             self.setup()
-            return self._loop()
+            result = self._loop()
+            clean = True
+            return result
         finally:
+            if self.ft is not None:
+                self.ft.close(clean)
             if self.logger is not None:
                 self.logger.close()
             if self.lock is not None:
@@ -326,7 +337,8 @@ class Trainer:
         self.ckpt, stop_signal, done = (self.found[0] if self.found is not None else None), None, self.start_step
         with ExitSignals(tc.exit_on_signal) as signals:
             for step in range(self.start_step, tc.train_steps):
-                total, gnorm, lr = self.train_step(step)
+                with self.ft.step(step):
+                    total, gnorm, lr = self.train_step(step)
                 done = step + 1
                 self.checkpointer.poll(done)              # publish finished asynchronous saves
                 if self.logger.due(done):
@@ -334,20 +346,24 @@ class Trainer:
                     t_window = time.perf_counter()
                 logger.advance(1, {"loss": f"{total:.3f}", "tok/s": f"{self.sample_tps:,.0f}"})
                 if self.validation_due(done):
-                    self.last_eval = self.validate()
+                    with self.ft.phase("validate", done):
+                        self.last_eval = self.validate()
                     logger.log({"val/loss": self.last_eval["loss"], "val/ppl": self.last_eval["ppl"]}, done)
                     logger.write(f"step {done}: train loss {total:.4f}  val loss {self.last_eval['loss']:.4f}  "
                                  f"lr {lr:.2e}  {self.sample_tps:,.0f} sample tok/s ({self.proc_tps:,.0f} "
                                  f"processed)")
                 stop_signal = signals.agreed()
                 if stop_signal is not None and done != tc.train_steps:
-                    self.ckpt = self.save(done)
-                    self.checkpointer.wait(done)
+                    with self.ft.phase("save", done):
+                        self.ckpt = self.save(done)
+                        self.checkpointer.wait(done)
                     logger.write(f"{stop_signal} received: saved step {done} to {self.ckpt}; stopping (resume "
                                  f"with train.resume=auto)")
                     break
                 if self.checkpointer.due(done):
-                    self.ckpt = self.save(done)
+                    with self.ft.phase("save", done):
+                        self.ckpt = self.save(done)
+                    self.ft.saved(done)
             else:
                 if self.start_step < tc.train_steps or self.resumed is None:
                     self._finish()
