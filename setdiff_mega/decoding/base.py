@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import BOUNDS, MAX_TOKENS, GenerationConfig
+from .sampling import RowOptions
 from .stopping import StopCriteria
 
 
@@ -172,17 +173,27 @@ class DecodeState:
         self.committed = torch.zeros(B, dtype=torch.long, device=dev)
         self.history: list = []
         self.trace: list = []
-        self.generators = [torch.Generator(device=dev).manual_seed(cfg.seed) for _ in range(B)] \
-            if cfg.temperature > 0 else None          # sampling: one stream per row (its request's seed)
+        self.options = [RowOptions.of(cfg)] * B       # each row's temperature, top_p, repetition penalty
+        self.generators = None                        # sampling: one stream per row (its request's seed)
+        if cfg.temperature > 0:
+            self._make_generators()
         self.criteria = StopCriteria(cfg, tokenizer, canvas, mask_id)
         self.eos_ok = eos_positions(canvas.generate, cfg.min_new_tokens)
         self.track_conf = cfg.stop_confidence is not None or cfg.record
         self.commit_step = torch.full((B, N), -1, dtype=torch.long, device=dev) if cfg.record else None
         self.observer = observer
 
-    def reset_row(self, b: int, seed: int | None = None) -> None:
+    def _make_generators(self) -> None:
+        dev = self.tokens.device
+        self.generators = [torch.Generator(device=dev).manual_seed(self.cfg.seed) for _ in range(len(self.options))]
+
+    def reset_row(self, b: int, seed: int | None = None, options: RowOptions | None = None) -> None:
         """Row ``b`` of the canvas was rewritten with a new request (continuous batching): its state starts
-        again (its sampling stream from ``seed``, default the config's); the other rows are untouched."""
+        again (its sampling stream from ``seed``, default the config's; its sampling ``options``, default the
+        config's); the other rows are untouched."""
+        self.options = [*self.options[:b], options or RowOptions.of(self.cfg), *self.options[b + 1:]]
+        if self.generators is None and self.options[b].temperature > 0:
+            self._make_generators()
         if self.generators is not None:
             self.generators[b].manual_seed(self.cfg.seed if seed is None else int(seed))
         cv = self.canvas

@@ -77,13 +77,14 @@ class _Session(Stepper):
                                   context_budget(sampler.model, self.cfg)) if self.cached else None
         self.nfe = 0
 
-    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None) -> None:
+    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None,
+              options=None) -> None:
         """Row ``b`` (finished) decodes request ``ids`` from the next step on; the other rows are untouched."""
         if self.in_step:
             raise RuntimeError("a row joins between steps, not while a step's call is out")
         s = self.sampler
         self.canvas.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
-        self.st.reset_row(b, seed)
+        self.st.reset_row(b, seed, options)
         if self.runner is not None:
             self.runner.reset_row(b)
         self._reset(b)

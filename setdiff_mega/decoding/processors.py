@@ -65,7 +65,8 @@ def length_penalty(logits: torch.Tensor, prefix: torch.Tensor, eos_id: int, star
 
 
 class LogitsPipeline:
-    """Processors + token choice for one sampler run (config read once)."""
+    """Processors + token choice for one sampler run (config read once; the sampling options per row, from the
+    state: rows of a shared serving session may differ in temperature, top_p and repetition penalty)."""
 
     def __init__(self, cfg, mask_id: int, eos_id: int):
         self.cfg, self.mask_id, self.eos_id = cfg, mask_id, eos_id
@@ -75,17 +76,35 @@ class LogitsPipeline:
     def __call__(self, logits: torch.Tensor, q_idx: torch.Tensor, st, q_ok: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [B, A, V] for canvas positions q_idx [B, A] (valid where ``q_ok``, packed first) of DecodeState
-        ``st`` -> (tokens, confidence); sampled tokens come from each row's own generator."""
-        cfg, cv = self.cfg, st.canvas
+        ``st`` -> (tokens, confidence); sampled tokens come from each row's own generator. Rows are processed in
+        groups of equal options, each group exactly as a batch of its rows alone would be."""
         logits = logits.float()
-        if cfg.repetition_penalty != 1.0:
+        groups: dict = {}
+        for b, opt in enumerate(st.options):
+            groups.setdefault(opt, []).append(b)
+        if len(groups) == 1:
+            return self._choose(logits, q_idx, st, q_ok, st.options[0], None)
+        tok = torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
+        conf = torch.empty(logits.shape[:-1], device=logits.device)
+        for opt, rows in groups.items():
+            idx = torch.tensor(rows, device=logits.device)
+            tok[idx], conf[idx] = self._choose(logits[idx], q_idx[idx], st, None if q_ok is None else q_ok[idx],
+                                               opt, rows)
+        return tok, conf
+
+    def _choose(self, logits, q_idx, st, q_ok, opt, rows: list[int] | None):
+        """One group of rows (``rows`` of the state; None: all of them) with options ``opt``."""
+        cv = st.canvas
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        if opt.repetition_penalty != 1.0:
             ctx = repetition_context(st.tokens, st.masked, cv.generate, cv.valid, cv.infill)
-            logits = repetition_penalty(logits, st.tokens, ctx, cfg.repetition_penalty)
+            logits = repetition_penalty(logits, pick(st.tokens), pick(ctx), opt.repetition_penalty)
         if self.length is not None:
-            pre = prefix_lengths(q_idx, st.masked, cv.generate, cv.valid)
+            pre = prefix_lengths(q_idx, pick(st.masked), pick(cv.generate), pick(cv.valid))
             logits = length_penalty(logits, pre, self.eos_id, *self.length)
-        counts = q_ok.sum(1).tolist() if cfg.temperature > 0 and q_ok is not None else None
-        return choose_tokens(logits, [self.mask_id], cfg.temperature, cfg.top_p, st.generators, counts)
+        gens = st.generators if rows is None or st.generators is None else [st.generators[b] for b in rows]
+        counts = q_ok.sum(1).tolist() if opt.temperature > 0 and q_ok is not None else None
+        return choose_tokens(logits, [self.mask_id], opt.temperature, opt.top_p, gens, counts)
 
 
 __all__ = ["LogitsPipeline", "repetition_context", "repetition_penalty", "prefix_lengths", "length_penalty"]

@@ -30,6 +30,8 @@ shift (an AR model adapted with ``model.shift_logits``: the setting where the me
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -70,6 +72,17 @@ def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 
         tok = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
     conf = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
     return tok, conf
+
+
+class RowOptions(NamedTuple):
+    """A row's own sampling options (a shared serving session holds requests that differ in them)."""
+    temperature: float
+    top_p: float
+    repetition_penalty: float
+
+    @classmethod
+    def of(cls, cfg) -> "RowOptions":
+        return cls(float(cfg.temperature), float(cfg.top_p), float(cfg.repetition_penalty))
 
 
 COMMIT_RULES = ("confidence", "leftmost")

@@ -162,14 +162,15 @@ class SetDLMSession(Stepper):
         self._joining |= bool(prefill.any())
         self._waiting |= bool(self.waiting.any())
 
-    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None) -> None:
+    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None,
+              options=None) -> None:
         """Row ``b`` (finished) decodes request ``ids`` from the next step on (see the class docstring)."""
         if self.in_step:
             raise RuntimeError("a row joins between steps, not while a step's call is out")
         s, cv, st = self.sampler, self.canvas, self.st
         cv.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
         n = len(ids) if s.mask_id in ids else len(ids) + max_new_tokens
-        st.reset_row(b, seed)
+        st.reset_row(b, seed, options)
         self.runner.reset_row(b)
         if self.fht is not None:
             self.fht[b] = float("-inf")

@@ -2,10 +2,12 @@
 of steps) with the jobs that occupy its rows.
 
 * A **shared** decode: ``max_batch`` slot rows of width ``width`` that jobs join and leave between steps. Jobs
-  share one when their decoding options agree except ``max_new_tokens`` and the seed (each row samples from its
-  own stream, seeded by its request; FHT orders excepted, drawn from the session's seed): a step's bookkeeping
-  is then one set of batched tensor operations for all of them, greedy or sampled, and rows without work are
-  left out of its forward.
+  share one when their decoding options agree except ``max_new_tokens``, the seed (each row samples from its
+  own stream, seeded by its request; FHT orders excepted, drawn from the session's seed) and the sampling
+  options ``temperature``, ``top_p``, ``repetition_penalty`` (each row's own: the token choice runs once per
+  group of rows with equal options, :class:`~setdiff_mega.decoding.processors.LogitsPipeline`): a step's
+  bookkeeping is then one set of batched tensor operations for all of them, greedy or sampled, and rows
+  without work are left out of its forward.
 * A **private** decode: one job, its canvas exactly as ``generate`` builds it (``record``, ``static_shapes``,
   uncached decoding).
 
@@ -21,6 +23,7 @@ import torch
 
 from setdiff_mega.decoding.base import Canvas, first_true
 from setdiff_mega.decoding.context import ContextOverflow
+from setdiff_mega.decoding.sampling import RowOptions
 from setdiff_mega.errors import RequestError
 from setdiff_mega.inference.api import build_sampler
 
@@ -28,12 +31,13 @@ USER = (RequestError, ContextOverflow, ValueError)
 
 
 def session_key(cfg) -> str | None:
-    """The options a job's shared decode must agree on, as a key (None: the job decodes privately). The seed is a
-    row's own (its sampling stream), except for FHT cache orders, whose times the session draws from it."""
+    """The options a job's shared decode must agree on, as a key (None: the job decodes privately). The seed and
+    the sampling options are a row's own, except the seed of FHT cache orders, whose times the session draws
+    from it."""
     if cfg.record or cfg.static_shapes or not cfg.use_cache:
         return None
     seed = cfg.seed if cfg.fht_cache_order else 0
-    return repr(replace(cfg, max_new_tokens=0, seed=seed))
+    return repr(replace(cfg, max_new_tokens=0, seed=seed, temperature=0.0, top_p=1.0, repetition_penalty=1.0))
 
 
 class Decode:
@@ -61,7 +65,7 @@ class Decode:
     def admit(self, job) -> None:
         """``job`` takes a free row from the next step on (a user error fails it alone: 400)."""
         b = next(b for b in range(self.rows) if b not in self.slots)
-        self.session.admit(b, job.ids, job.config.max_new_tokens, job.config.seed)
+        self.session.admit(b, job.ids, job.config.max_new_tokens, job.config.seed, RowOptions.of(job.config))
         self.slots[b] = job
 
     def _observe(self, st) -> None:

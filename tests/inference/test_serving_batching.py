@@ -2,6 +2,7 @@
 decodes the same tokens through the scheduler as alone, whatever joins or leaves the batch mid-decode."""
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -158,3 +159,20 @@ def test_cancel_queue_full_and_a_failing_job_leave_the_others_intact(rand_model)
         assert sch.idle
     finally:
         sch.close()
+
+
+def test_jobs_that_differ_in_sampling_options_share_one_decode(rand_model):
+    """temperature, top_p, repetition penalty and seed are each row's own: five such jobs make one shared decode
+    (one session key), and each decodes what it decodes alone."""
+    from setdiff_mega.serving.sessions import session_key
+
+    own = [dict(), dict(temperature=0.8, top_p=0.9, seed=5), dict(temperature=1.3, repetition_penalty=1.4, seed=7),
+           dict(repetition_penalty=1.2), dict(temperature=0.8, top_p=0.9, seed=11)]
+    cfgs = [GenerationConfig(max_new_tokens=6, stop_at_eos=False, window=4, tau=0.5, **o) for o in own]
+    assert len({session_key(c) for c in cfgs}) == 1
+    assert session_key(replace(cfgs[0], tau=0.7)) != session_key(cfgs[0])
+    jobs, events, sch = _serve(rand_model, "setdlm", cfgs, PROMPTS[:5], max_batch=5)
+    for i, (p, c) in enumerate(zip(PROMPTS, cfgs)):
+        done = [x for ev, x in events[i] if ev == "done"]
+        assert done and done[0]["token_ids"] == _alone(rand_model, "setdlm", p, c), i
+    assert sch.steps < sum(len(_alone(rand_model, "setdlm", p, c)) for p, c in zip(PROMPTS, cfgs))

@@ -85,3 +85,27 @@ def test_retired_row_stops_at_once_and_its_slot_is_reused(rand_model):
             session.advance([forward(rand_model, c) for c in calls])
         cfg = GenerationConfig(max_new_tokens=6, stop_at_eos=False, **kw)
         assert session.output(rows=slice(0, 1)).tokens[0] == _alone(rand_model, _method(method), PROMPTS[2], cfg)
+
+
+OWN = [dict(), dict(temperature=0.8, top_p=0.9, seed=5), dict(temperature=1.3, repetition_penalty=1.4, seed=7),
+       dict(repetition_penalty=1.2), dict(temperature=0.8, top_p=0.9, seed=11)]
+
+
+@pytest.mark.parametrize("method,kw", [(m, kw) for m, kw in METHODS if m in ("setdlm", "ar", "bd3lm", "mdlm")])
+@torch.no_grad()
+def test_rows_with_their_own_sampling_options_share_a_session_and_decode_their_batch1_tokens(rand_model, method,
+                                                                                              kw):
+    """One session, five rows that differ in temperature, top_p, repetition penalty and seed (the options a serving
+    session lets its rows choose, serving/sessions.py): every row decodes what it decodes alone."""
+    from setdiff_mega.decoding.sampling import RowOptions
+
+    base = {k: v for k, v in kw.items() if k not in ("temperature", "seed")}
+    cfgs = [GenerationConfig(max_new_tokens=6, stop_at_eos=False, **base, **own) for own in OWN]
+    session = _sampler(rand_model, method, base).session(Canvas.empty(len(OWN), 40, PAD))
+    for b, c in enumerate(cfgs):
+        session.admit(b, PROMPTS[b], c.max_new_tokens, c.seed, RowOptions.of(c))
+    while not bool(session.st.done.all()):
+        session.advance([forward(rand_model, c) for c in session.next_calls()])
+    for b, c in enumerate(cfgs):
+        assert session.output(rows=slice(b, b + 1)).tokens[0] == _alone(rand_model, _method(method), PROMPTS[b], c), \
+            (method, b)
