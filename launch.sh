@@ -96,7 +96,7 @@ case "$LAUNCHER" in
   *) echo "error: --launcher must be torchrun, deepspeed, mpirun or srun (got '$LAUNCHER')" >&2; exit 2 ;;
 esac
 if [ "$MAX_RESTARTS" -gt 0 ]; then
-  cmd=("$PY" -m setdiff_mega.resilience.supervisor --max-restarts "$MAX_RESTARTS" --node-rank "$NODE_RANK" -- "${cmd[@]}")
+  cmd=("$PY" -m setdiff_mega.supervise --max-restarts "$MAX_RESTARTS" --node-rank "$NODE_RANK" -- "${cmd[@]}")
 fi
 echo "+ ${cmd[*]}" >&2
 [ "$DRY" = 1 ] && exit 0

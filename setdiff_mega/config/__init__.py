@@ -27,5 +27,6 @@ from .sections import (
 )
 
 __all__ = ["ConfigError", "ParallelConfig", "validate_layout", "ModelConfig", "ObjectiveConfig", "DataConfig",
-           "TrainConfig", "LoggingConfig", "FaultConfig", "RunConfig", "load_config", "validate", "parse_overrides", "to_dict",
+           "TrainConfig", "LoggingConfig", "FaultConfig", "RunConfig", "load_config", "validate", "parse_overrides",
+           "to_dict",
            "from_dict", "dump_yaml", "OBJECTIVE_NAMES"]

@@ -24,11 +24,10 @@ first would otherwise join the previous attempt's store, still open on the other
 rendezvous). Under
 Slurm one supervisor around ``srun`` in the batch script restarts every node's tasks at once.
 
-    python -m setdiff_mega.resilience.supervisor --max-restarts N -- torchrun ... pretrain/pretrain.py ARGS
+    python -m setdiff_mega.supervise --max-restarts N -- torchrun ... pretrain/pretrain.py ARGS   (the entry point)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -63,15 +62,6 @@ def on_port(cmd: list[str], env: dict, attempt: int) -> tuple[list[str], dict]:
             cmd[i + 1] = str(int(cmd[i + 1]) + attempt)
     env["MASTER_PORT"] = str(int(env.get("MASTER_PORT", "29500")) + attempt)
     return cmd, env
-
-
-def run_config(cmd: list[str]):
-    """The run's config (save_dir, fault.*), parsed as the trainer will."""
-    from setdiff_mega.config import load_config
-    from setdiff_mega.train import parser
-
-    args = parser().parse_args(pretrain_args(cmd) or [])
-    return load_config(args.config, args.overrides)
 
 
 def completed_steps(rec: dict) -> int:
@@ -110,12 +100,13 @@ def describe(save_dir: Path, attempt: int, started: float, rc: int) -> dict:
 
 
 class Supervisor:
-    def __init__(self, cmd: list[str], max_restarts: int, node_rank: int = 0, delay: float = 1.0, log=None):
+    """``cfg``: the run's config (its save_dir and fault.*), parsed from the command as the trainer will."""
+
+    def __init__(self, cmd: list[str], cfg, max_restarts: int, node_rank: int = 0, delay: float = 1.0, log=None):
         self.cmd, self.max_restarts, self.node_rank, self.delay = cmd, max_restarts, node_rank, delay
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self.proc: subprocess.Popen | None = None
         self.stopping = False
-        cfg = run_config(cmd)
         self.save_dir, self.same_step = Path(cfg.train.save_dir), cfg.fault.max_same_step_failures
 
     def _signal(self, signum, _frame) -> None:
@@ -174,19 +165,4 @@ class Supervisor:
             f.write(json.dumps(failure) + "\n")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max-restarts", type=int, required=True)
-    p.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK", "0") or 0))
-    p.add_argument("--restart-delay", type=float, default=1.0, help="seconds between a failure and its restart")
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
-    a = p.parse_args(argv)
-    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
-    if a.max_restarts < 0 or not cmd or pretrain_args(cmd) is None:
-        p.error("--max-restarts N >= 0 and a launcher command that runs pretrain/pretrain.py")
-    return Supervisor(cmd, a.max_restarts, a.node_rank, a.restart_delay).run()
-
-
-if __name__ == "__main__":
-    from setdiff_mega.cli import run_cli
-    sys.exit(run_cli(main))
+__all__ = ["Supervisor", "describe", "on_port", "pretrain_args", "completed_steps"]

@@ -30,7 +30,7 @@ def test_a_restart_never_trains_past_a_corrupt_checkpoint(two_tokenizers, tmp_pa
     raw[len(raw) // 2] ^= 0x01
     shard.write_bytes(bytes(raw))
     before = {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()}
-    r = subprocess.run([sys.executable, "-m", "setdiff_mega.resilience.supervisor", "--max-restarts", "3",
+    r = subprocess.run([sys.executable, "-m", "setdiff_mega.supervise", "--max-restarts", "3",
                         "--restart-delay", "0", "--", *args, "train.train_steps=8"], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-3000:]

@@ -18,9 +18,9 @@ LAYERS = [
     ("setdiff_mega.model",),
     ("setdiff_mega.build",),
     ("setdiff_mega.checkpoint",),
-    ("setdiff_mega.training", "setdiff_mega.inference"),
+    ("setdiff_mega.training", "setdiff_mega.inference", "setdiff_mega.resilience"),
     ("setdiff_mega.eval", "setdiff_mega.serving"),
-    ("setdiff_mega.cli", "setdiff_mega.train", "setdiff_mega.serve"),
+    ("setdiff_mega.cli", "setdiff_mega.train", "setdiff_mega.serve", "setdiff_mega.supervise"),
 ]
 
 

@@ -164,7 +164,7 @@ def _supervise(tmp_path, plan, max_restarts=3, beat=False):
     save = tmp_path / "run"
     env = dict(os.environ, FAKE_PLAN=str(tmp_path / "plan.json"), MASTER_PORT="29700", PYTHONPATH=str(ROOT),
                FAKE_BEAT="1" if beat else "")
-    r = subprocess.run([sys.executable, "-m", "setdiff_mega.resilience.supervisor", "--max-restarts",
+    r = subprocess.run([sys.executable, "-m", "setdiff_mega.supervise", "--max-restarts",
                         str(max_restarts), "--restart-delay", "0", "--", sys.executable,
                         str(tmp_path / "pretrain" / "pretrain.py"), "--config", str(ROOT / "configs/tiny_cpu.yaml"),
                         f"train.save_dir={save}"], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
