@@ -97,6 +97,8 @@ class GenerationOutput:
     commit_steps: list = field(default_factory=list)  # per row, per token of ``tokens``: the 0-based commit
                                                       # call that wrote it (only with record=True)
     confidences: list = field(default_factory=list)   # per row, per token of ``tokens``: its confidence then
+    positions: list = field(default_factory=list)     # per row, per token of ``tokens``: its canvas position
+                                                      # (only with record=True; decoding/trace.py)
 
     @property
     def tokens_per_step(self) -> list[float]:
@@ -278,6 +280,7 @@ class DecodeState:
         if self.cfg.record:
             out.commit_steps = generated(canvas, self.masked[r], self.end[r], self.commit_step[r])
             out.confidences = generated(canvas, self.masked[r], self.end[r], self.conf[r])
+            out.positions = generated(canvas, self.masked[r], self.end[r], self.pos.expand_as(self.conf[r]))
         return out
 
 

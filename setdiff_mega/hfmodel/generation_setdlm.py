@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -39,11 +39,13 @@ from transformers.utils import ModelOutput, cached_file
 from ..decoding.base import Canvas, GenerationConfig
 from ..decoding.baselines import ARSampler, BD3LMSampler, MDLMSampler
 from ..decoding.setdlm import SetDLMSampler
+from ..decoding.trace import traces
 from .capture import CapturedStep
 from .decode_step import Prepared
 from .decode_step import forward as decode_forward
 
 SAMPLERS = {c.__name__: c for c in (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)}
+METHOD_OF = {"SetDLMSampler": "setdlm", "ARSampler": "ar", "BD3LMSampler": "bd3lm", "MDLMSampler": "mdlm"}
 GENERATION_FILE = "generation_config.json"
 
 
@@ -54,6 +56,7 @@ class SetDLMGenerateOutput(ModelOutput):
     nfe: int = None                         # model forward passes for the batch (prefill included)
     steps: list = None                      # per row: decoding steps that committed tokens
     tokens_per_step: list = None            # per row: committed tokens / steps
+    trace: list = None                      # record=True: per row, the decoding trace (decoding/trace.py) as a dict
 
 
 class DecodeModel:
@@ -207,15 +210,17 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
     view = None if tokenizer is None else TokenizerView(tokenizer)
     sampler = SAMPLERS[name](dm, mask_id, pad_id, eos_id, cfg, tokenizer=view)
     device = next(model.parameters()).device
-    out = sampler.generate(Canvas.from_prompts(rows, mask_id, pad_id, cfg.max_new_tokens, device=device))
+    canvas = Canvas.from_prompts(rows, mask_id, pad_id, cfg.max_new_tokens, device=device)
+    out = sampler.generate(canvas)
     width = max(len(s) for s in out.sequences)
     seqs = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for b, s in enumerate(out.sequences):
         seqs[b, :len(s)] = torch.tensor(s, dtype=torch.long)
     if not return_dict_in_generate:
         return seqs
+    trace = [asdict(t) for t in traces(METHOD_OF[name], canvas, out, cfg)] if cfg.record else None
     return SetDLMGenerateOutput(sequences=seqs, generated=out.tokens, nfe=out.nfe, steps=out.steps,
-                                tokens_per_step=out.tokens_per_step)
+                                tokens_per_step=out.tokens_per_step, trace=trace)
 
 
 def infill(model, prefix_ids, suffix_ids, span: int, **kwargs) -> SetDLMGenerateOutput:

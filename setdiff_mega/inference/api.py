@@ -21,12 +21,13 @@ samplers keep the newest L tokens in view, positions keep growing: :mod:`.contex
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
 from setdiff_mega import methods
 from setdiff_mega.decoding.base import Canvas, GenerationConfig
+from setdiff_mega.decoding.trace import traces
 from setdiff_mega.errors import DataError, RequestError
 
 
@@ -131,10 +132,18 @@ def generate(model, tokenizer, method, requests: list, config: GenerationConfig,
                             "tokens_per_s": len(toks) / dt if dt > 0 else 0.0,
                             "infill": bool(canvas.infill[b]), "sequence": tokenizer.decode(out.sequences[b])})
             if out.commit_steps:             # record=True: each generated token's commit call and confidence
-                results[-1].update(tokens=toks, commit_steps=out.commit_steps[b], confidences=out.confidences[b])
+                results[-1].update(tokens=toks, commit_steps=out.commit_steps[b], confidences=out.confidences[b],
+                                   trace=row_trace(method, canvas, out, config, b, tokenizer))
         if progress is not None:
             progress(len(chunk))
     return results
 
 
-__all__ = ["generate", "encode_request", "build_sampler", "check_vocab", "RequestError"]
+def row_trace(method, canvas, out, config, b: int, tokenizer) -> dict:
+    """Row ``b``'s decoding trace (:mod:`setdiff_mega.decoding.trace`) as a dict, each token's text filled in."""
+    trace = traces(getattr(method, "name", method), canvas, out, config)[b]
+    trace.texts = [tokenizer.decode([t]) for t in trace.tokens]
+    return asdict(trace)
+
+
+__all__ = ["generate", "encode_request", "build_sampler", "check_vocab", "RequestError", "row_trace"]

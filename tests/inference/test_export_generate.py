@@ -296,3 +296,30 @@ def test_step_breakdown_times_the_forwards_and_the_samplers_own_work(exports, hf
     for b in split.values():
         assert b["calls"] == b["stub_calls"] == 41                  # the prefill + 40 one-token steps
         assert 0 < b["forward_ms"] < b["step_ms"] and b["sampler_ms"] > 0
+
+
+@pytest.mark.parametrize("method,options", [("setdlm", {"window": 4, "tau": 0.5}), ("ar", {}), ("bd3lm", {}),
+                                            ("mdlm", {}), ("setdlm_shift", {"window": 4, "tau": 0.9})])
+def test_the_export_records_the_native_engines_decoding_trace(exports, hf_models, tokenizer, method, options):
+    """record=True: the export's ``generate`` returns each row's trace (decoding/trace.py), equal to the native
+    sampler's (confidences to 1e-4: two forward implementations), and replaying it gives the generated tokens."""
+    from setdiff_mega.decoding.trace import DecodeTrace, traces
+    from setdiff_mega.inference import Canvas, build_sampler
+    from setdiff_mega.inference.options import generation_config
+
+    rows = _ids(tokenizer, "prompt") + _ids(tokenizer, "infill")
+    options = {"max_new_tokens": 24, "stop_at_eos": False, "record": True, **options}
+    model, objective, cfg, _ = exports[method]
+    gc = generation_config(cfg.objective, cfg.data.seq_length, overrides=options)
+    canvas = Canvas.from_prompts(rows, tokenizer.mask, tokenizer.pad, gc.max_new_tokens)
+    native = traces(objective.name, canvas, build_sampler(objective, model, tokenizer, gc).generate(canvas), gc)
+    ids, mask = _batch(rows, tokenizer.pad)
+    out = hf_models[method].generate(ids, attention_mask=mask, **options)
+    got = [DecodeTrace(**t) for t in out.trace]
+    assert len(got) == len(native)
+    for a, b in zip(got, native):            # the same commits; confidences equal up to the engines' float noise
+        assert a.confidences == pytest.approx(b.confidences, abs=1e-4)
+        a.confidences = b.confidences
+    assert got == native
+    for t, gen in zip(native, out.generated):
+        assert t.replay()[-1] == gen and t.num_steps > 1
