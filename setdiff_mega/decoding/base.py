@@ -174,6 +174,7 @@ class DecodeState:
         self.steps = torch.zeros(B, dtype=torch.long, device=dev)
         self.committed = torch.zeros(B, dtype=torch.long, device=dev)
         self.history: list = []
+        self.commit_calls = 0                         # commit calls so far (a server trims ``history``)
         self.trace: list = []
         self.options = [RowOptions.of(cfg)] * B       # each row's temperature, top_p, repetition penalty
         self.generators = None                        # sampling: one stream per row (its request's seed)
@@ -230,6 +231,7 @@ class DecodeState:
             self.conf = torch.where(sel, c, self.conf)
         self.masked &= ~sel
         n = sel.sum(1)
+        self.commit_calls += 1
         self.committed += n
         self.steps += (n > 0).long()
         if expect is None:
@@ -243,7 +245,7 @@ class DecodeState:
                                  f"position could be committed; check window, commit_k and block_size")
         if self.cfg.record:
             self.trace.append(self.tokens.clone())
-            self.commit_step = torch.where(sel, len(self.history) - 1, self.commit_step)   # this call's index
+            self.commit_step = torch.where(sel, self.commit_calls - 1, self.commit_step)   # this call's index
         return sel
 
     def stop(self, newly: torch.Tensor, end: torch.Tensor) -> None:

@@ -1,5 +1,7 @@
 """The HTTP side: an ASGI (Starlette) application speaking the OpenAI API over the :class:`~.scheduler.Scheduler`.
 
+    GET  /                       the playground (playground.html: a prompt, the options, the canvas filling in
+                                 as the trace streams; static, no build step, no request but to this server)
     GET  /health                 {"status": "ok", "running", "queued"}
     GET  /v1/models              the served model (id, max_model_len = the context L)
     GET  /metrics                Prometheus text format (:mod:`.metrics`)
@@ -9,9 +11,10 @@
 
 A request is parsed and checked (:mod:`.protocol`; 400 with one line), queued as ``n`` jobs per prompt (429
 when the queue is full) and answered when its jobs are done, or streamed as server-sent events (``data:
-{chunk}`` per text delta, the finish reason, the usage with ``stream_options.include_usage``, then ``data:
-[DONE]``). A client that disconnects cancels its jobs (non-streaming requests poll for it every 0.25 s); a job
-past the server's timeout ends with 504 (or an error event). Errors have OpenAI's shape: {"error": {"message",
+{chunk}`` per text delta, with ``"trace": true`` a chunk per decode step whose choice holds the step's commits
+(``trace``), the finish reason, the usage with ``stream_options.include_usage``, then ``data: [DONE]``). A
+client that disconnects cancels its jobs (non-streaming requests poll for it every 0.25 s); a job past the
+server's timeout ends with 504 (or an error event). Errors have OpenAI's shape: {"error": {"message",
 "type", "code"}}.
 """
 from __future__ import annotations
@@ -22,10 +25,11 @@ import json
 import time
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from setdiff_mega.data.chat import ChatRenderer
@@ -36,6 +40,7 @@ from .protocol import parse
 from .scheduler import QueueFull
 
 DISCONNECT_POLL = 0.1      # seconds between checks that a non-streaming client is still there
+PLAYGROUND = Path(__file__).with_name("playground.html")
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/infill": "infill"}
 
 
@@ -86,12 +91,17 @@ class Server:
         self._chats: dict = {}
 
     def app(self) -> Starlette:
-        routes = [Route("/health", self.health), Route("/v1/models", self.models), Route("/metrics", self.prometheus)]
+        routes = [Route("/", self.playground), Route("/health", self.health), Route("/v1/models", self.models),
+                  Route("/metrics", self.prometheus)]
         routes += [Route(path, self.generate, methods=["POST"]) for path in ENDPOINTS]
         app = Starlette(routes=routes)
         if self.api_key:
             app.add_middleware(BearerAuth, key=self.api_key)
         return app
+
+    async def playground(self, request: Request) -> Response:
+        """The playground page (static: it loads nothing but what it asks /v1/completions for)."""
+        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
 
     async def health(self, request: Request) -> Response:
         s = self.scheduler
@@ -162,7 +172,7 @@ class Server:
                     except RuntimeError:          # the event loop is gone (server shutting down)
                         pass
                 cfg = replace(parsed.config, seed=parsed.config.seed + j)
-                jobs.append(Job(ids, cfg, emit, parsed.stops, self.timeout, self.tok))
+                jobs.append(Job(ids, cfg, emit, parsed.stops, self.timeout, self.tok, trace=parsed.trace))
         try:
             self.scheduler.submit(jobs)
         except QueueFull as e:
@@ -219,6 +229,8 @@ class Server:
             c = {"index": i, "text": info["text"], "finish_reason": info["finish_reason"], "logprobs": None}
         if parsed.return_token_ids or endpoint == "infill":
             c["token_ids"] = info["token_ids"]
+        if "trace" in info:
+            c["trace"] = info["trace"]
         return c
 
     def _usage(self, infos, parsed) -> dict:
@@ -232,7 +244,7 @@ class Server:
                 "choices": [self._choice(i, info, parsed, endpoint) for i, info in enumerate(infos)],
                 "usage": self._usage(infos, parsed)}
 
-    def _chunk(self, rid, endpoint, i, text=None, finish=None, first=False, token_ids=None) -> str:
+    def _chunk(self, rid, endpoint, i, text=None, finish=None, first=False, token_ids=None, trace=None) -> str:
         if endpoint == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
             choice = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
@@ -242,6 +254,8 @@ class Server:
             obj = "text_completion"
         if token_ids is not None:
             choice["token_ids"] = token_ids
+        if trace is not None:
+            choice["trace"] = trace
         return "data: " + json.dumps({"id": rid, "object": obj, "created": int(time.time()),
                                       "model": self.model_name, "choices": [choice]}) + "\n\n"
 
@@ -255,6 +269,8 @@ class Server:
                 i, event, payload = await queue.get()
                 if event == "delta":
                     yield self._chunk(rid, endpoint, i, text=payload)
+                elif event == "trace":
+                    yield self._chunk(rid, endpoint, i, trace=payload)
                 elif event == "error" or payload["finish_reason"] == "timeout":
                     status, message = payload if event == "error" else (504, "the request timed out")
                     yield "data: " + json.dumps({"error": {"message": one_line(message), "type": "server_error"

@@ -17,7 +17,9 @@ while decoding, each step's new final tokens are detokenized incrementally (the 
 prefix), and the last max(len(stop)) - 1 characters and a trailing incomplete character (U+FFFD) are held
 back, so emitted text never has to be taken back. A stop string in the text ends the job there (OpenAI
 semantics: the earliest occurrence of any stop string, excluded). Events go to ``emit`` (thread-safe; the
-HTTP side's queue): ``("delta", text)``, then ``("done", info)`` or ``("error", (status, message))``.
+HTTP side's queue): ``("delta", text)`` (and, for a traced job, ``("trace", step)`` after every step: the
+positions, tokens, texts and confidences it committed; the first also the generation ``region``), then
+``("done", info)`` or ``("error", (status, message))``.
 """
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ class Job:
     reason: str | None = None             # why it ended early: "stop", "timeout", "cancelled"
     cancelled: bool = False               # asked to stop (client gone, timeout): its decoder retires it
     done: bool = False
+    trace: bool = False                   # emit ("trace", step's commits) after every step; the whole trace at the end
+    trace_record: dict | None = None      # the whole trace (decoding/trace.py), set by the decode before finish
+    trace_started: bool = False           # its first trace event (with the generation region) was emitted
 
     @property
     def deadline(self) -> float | None:
@@ -128,6 +133,8 @@ class Job:
         self.done = True
         info = {"finish_reason": self.reason, "text": self.text, "token_ids": list(self.tokens),
                 "prompt_tokens": len(self.ids), "completion_tokens": len(self.tokens), "steps": self.steps}
+        if self.trace_record is not None:
+            info["trace"] = self.trace_record
         self.emit("done", info)
         return info
 

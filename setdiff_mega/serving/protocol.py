@@ -4,7 +4,9 @@ A body is a JSON object. Fields (every other name is refused with the list of kn
 
     shared      model, max_tokens (>= 1, <= the server's limit), temperature, top_p, seed, n (1..16),
                 stop (a string or a list of strings), stream, stream_options {include_usage}, user,
-                return_token_ids (not OpenAI's: each choice also carries its generated token ids)
+                return_token_ids (not OpenAI's: each choice also carries its generated token ids),
+                trace (not OpenAI's: the decoding trace, decoding/trace.py: streamed, each step's commits in
+                its chunk's ``trace``, the first with the generation ``region``; whole in the response's choice)
     accepted at OpenAI's neutral value only: presence_penalty / frequency_penalty 0, logprobs null / 0,
                 echo false, best_of null / n, logit_bias null / {}
     diffusion   the GenerationConfig names: window, tau, commit_k, commit_rule, block_size, repetition_penalty,
@@ -32,7 +34,7 @@ from setdiff_mega.inference.api import encode_request
 from setdiff_mega.inference.options import generation_config
 
 SHARED = {"model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options", "user",
-          "return_token_ids", "preset"}
+          "return_token_ids", "preset", "trace"}
 NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (None, 0, False),
            "echo": (False,), "logit_bias": (None, {}), "best_of": (None,)}
 DIFFUSION = ("window", "tau", "commit_k", "commit_rule", "block_size", "repetition_penalty", "length_penalty",
@@ -64,6 +66,7 @@ class Parsed:
     stops: tuple
     include_usage: bool
     return_token_ids: bool
+    trace: bool = False
 
 
 NULLABLE = {"stop_confidence": float, "stop_entropy": float, "stop_regex": str}   # fields whose default is None
@@ -207,10 +210,15 @@ def parse(body, endpoint: str, tok, d: ServerDefaults, chat=None) -> Parsed:
     if not isinstance(opts, dict) or any(k != "include_usage" for k in opts):
         raise RequestError("'stream_options' takes only include_usage")
     key = "max_completion_tokens" if endpoint == "chat" and "max_completion_tokens" in body else "max_tokens"
+    trace = body.get("trace", False)
+    if not isinstance(trace, bool):
+        raise RequestError(f"'trace' must be true or false, got {trace!r}"[:200])
     config = config_of(body, d, key)
+    if trace:
+        config = replace(config, record=True)      # a recorded decode: each token's commit step and confidence
     prompts = prompts_of(body, tok, d, endpoint, chat)
     return Parsed(prompts, config, n, stream, _stops(body.get("stop")), bool(opts.get("include_usage")),
-                  bool(body.get("return_token_ids", False)))
+                  bool(body.get("return_token_ids", False)), trace)
 
 
 __all__ = ["ServerDefaults", "Parsed", "parse", "config_of", "prompts_of", "DIFFUSION"]

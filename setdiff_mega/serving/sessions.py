@@ -17,13 +17,14 @@ and :meth:`Decode.sweep` hands finished rows' outputs to their jobs and frees th
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
 from setdiff_mega.decoding.base import Canvas, first_true
 from setdiff_mega.decoding.context import ContextOverflow
 from setdiff_mega.decoding.sampling import RowOptions
+from setdiff_mega.decoding.trace import traces
 from setdiff_mega.errors import RequestError
 from setdiff_mega.inference.api import build_sampler
 
@@ -46,6 +47,7 @@ class Decode:
     def __init__(self, method, model, tokenizer, config, *, rows: int, width: int, device, committed,
                  job=None):
         self.rows, self.committed = rows, committed
+        self.method_name = getattr(method, "name", method)
         self.slots: dict = {}                       # row -> job
         shared = job is None
         sampler = build_sampler(method, model, tokenizer, replace(config, max_new_tokens=1) if shared else config)
@@ -77,6 +79,8 @@ class Decode:
             job.committed_last = int(counts[b])
             job.steps += job.committed_last > 0
             self.committed(job.committed_last)
+            if job.trace and st.commit_step is not None:
+                self._trace_step(st, b, job)
         rows = [b for b, job in self.slots.items() if job.streaming]
         if not rows:
             return
@@ -95,6 +99,25 @@ class Decode:
             if job.extend(new):
                 job.cancelled = True                  # a stop string: the text is complete
 
+    def _trace_step(self, st, b: int, job) -> None:
+        """A traced job's commits of the step just taken (its decode is recorded: private, ``record``)."""
+        s = st.commit_calls - 1
+        pos = (st.commit_step[b] == s).nonzero()[:, 0].tolist()
+        toks = st.tokens[b, pos].tolist()
+        step = {"step": s, "positions": pos, "tokens": toks, "texts": [job.tokenizer.decode([t]) for t in toks],
+                "confidences": [round(float(c), 5) for c in st.conf[b, pos].tolist()]}
+        if not job.trace_started:                  # the first: every position the job will fill
+            step["region"] = st.canvas.generate[b].nonzero()[:, 0].tolist()
+            job.trace_started = True
+        job.emit("trace", step)
+
+    def _trace_record(self, b: int, job, out) -> None:
+        cv = self.session.st.canvas
+        row = Canvas(cv.tokens[b:b + 1], cv.generate[b:b + 1], cv.valid[b:b + 1], cv.infill[b:b + 1])
+        t = traces(self.method_name, row, out, job.config)[0]
+        t.texts = [job.tokenizer.decode([x]) for x in t.tokens]
+        job.trace_record = asdict(t)
+
     def sweep(self) -> list:
         """Jobs whose row is done leave with its output, cancelled ones with what they emitted; returns them."""
         st, left = self.session.st, []
@@ -103,7 +126,10 @@ class Decode:
                 self.session.retire(b)
                 job.finish(None)
             elif bool(st.done[b]):
-                job.finish(self.session.output(rows=slice(b, b + 1)))
+                out = self.session.output(rows=slice(b, b + 1))
+                if job.trace and out.commit_steps:
+                    self._trace_record(b, job, out)
+                job.finish(out)
             else:
                 continue
             del self.slots[b]

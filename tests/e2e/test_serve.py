@@ -366,3 +366,45 @@ def test_every_field_at_any_json_value_gets_a_200_or_a_one_line_4xx(server):
                             bad.append(where)
     assert not bad, "\n".join(bad)
     assert seen.get(200, 0) > 50 and sum(v for k, v in seen.items() if k >= 400) > 500, seen
+
+
+def _sse(url, body):
+    chunks = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+def test_a_traced_stream_replays_to_the_completion_and_the_playground_is_served(server):
+    """``"trace": true`` (issue 40): a chunk per decode step with its commits; replayed in order they give the
+    completion's tokens, equal to batch-1 decoding; the non-streaming response carries the whole trace; GET /
+    serves the playground page, which loads nothing from elsewhere and renders text, never markup."""
+    from setdiff_mega.decoding.trace import DecodeTrace
+
+    srv, sch, url = server
+    body = {"prompt": "Question: what is", "max_tokens": 10, "tau": 0.5, "window": 4, "stop_at_eos": False,
+            "trace": True, "return_token_ids": True}
+    chunks = _sse(url, {**body, "stream": True})
+    steps = [c["choices"][0]["trace"] for c in chunks if c["choices"] and "trace" in c["choices"][0]]
+    assert steps and "region" in steps[0] and all("region" not in s for s in steps[1:])
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    canvas = dict.fromkeys(steps[0]["region"])
+    for s in steps:
+        for p, t in zip(s["positions"], s["tokens"]):
+            assert p in canvas and canvas[p] is None
+            canvas[p] = t
+    done = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][0]
+    want = _reference(srv, sch, ["Question: what is"], max_new_tokens=10, tau=0.5, window=4, stop_at_eos=False)[0]
+    assert [canvas[p] for p in sorted(canvas)] == done["token_ids"] == want
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == srv.tok.decode(want)
+    whole = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+    trace = DecodeTrace(**whole["trace"])
+    assert trace.tokens == want and trace.replay()[-1] == want and trace.num_steps == len(steps)
+    assert httpx.post(url + "/v1/completions", json={**body, "trace": "yes"}, timeout=60).status_code == 400
+    page = httpx.get(url + "/", timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'id="prompt"' in page.text and "trace: true" in page.text and "innerHTML" not in page.text
+    assert "http://" not in page.text and "https://" not in page.text and "connect-src 'self'" in page.text
