@@ -29,3 +29,19 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   echo "$want" > "$stamp"
 fi
+
+# Chromium and its driver for the playground's browser test (tests/e2e/test_playground_browser.py), from the
+# distribution's packages; without root and apt-get (or where they cannot be installed) that test is skipped
+# with the reason.
+if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo -n"; fi
+  if $SUDO true 2>/dev/null; then
+    echo "[setup] installing chromium and chromium-driver (the playground's browser test)"
+    if ! { $SUDO apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null 2>&1 ||
+           { $SUDO apt-get update >/dev/null 2>&1 &&
+             $SUDO apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null 2>&1; }; }; then
+      echo "[setup] could not install chromium: the browser test will be skipped" >&2
+    fi
+  fi
+fi
