@@ -6,7 +6,7 @@ After a failure the supervisor reads what the ranks left in ``<train.save_dir>/h
 the step each rank was in (the job's failure position is the earliest), and ``hang.json`` when a watchdog
 ended the attempt; it prints one line per restart and appends a record per failure to
 ``<train.save_dir>/restarts.jsonl`` (node 0's supervisor): attempt, exit status, reason, step, the
-checkpoint resumed from, the steps recomputed and the seconds lost. The trainer logs the restart count as
+checkpoint resumed from, the steps recomputed and the attempt's duration. The trainer logs the restart count as
 ``fault/restarts`` (``SETDIFF_RESTART_COUNT``).
 
 It stops instead of restarting when
@@ -96,7 +96,7 @@ def describe(save_dir: Path, attempt: int, started: float, rc: int) -> dict:
     return {"attempt": attempt, "exit_status": rc, "reason": reason, "failed_at_step": done + 1 if done >= 0 else None,
             "completed_steps": done, "resume_from": str(ck) if ck is not None else None, "resume_step": resume,
             "steps_recomputed": max(done - resume, 0), "hang": hang, "wall": time.time(),
-            "seconds_lost": time.time() - started}
+            "attempt_seconds": time.time() - started}
 
 
 class Supervisor:
