@@ -46,7 +46,8 @@ def test_sweep_runs_collects_and_skips_finished_runs(data_dir, tmp_path):
     r = run_here(["tools/sweep.py", str(_grid(tmp_path, data_dir, tokens=[256, 512])), "--mode", "emit"])
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [x for x in (out / "commands.sh").read_text().splitlines() if x and not x.startswith("#")]
-    assert len(lines) == 2 and all(x.startswith("bash launch.sh --nproc-per-node 1 -- --config ") for x in lines)
+    assert len(lines) == 2 and all(x.startswith("bash launch.sh --nproc-per-node 1 --max-restarts 2 -- --config ")
+                                   for x in lines)
     cfg = yaml.safe_load(open(lines[0].split("--config ")[1].strip()))       # one resolved config per run
     assert cfg["train"]["train_steps"] == 4 and cfg["objective"]["name"] == "ar"
     assert "--array=0-1" in (out / "sweep.sbatch").read_text()

@@ -43,9 +43,15 @@ def write_config(grid: SweepGrid, run: Run) -> Path:
     return d / "config.yaml"
 
 
+CLUSTER_RESTARTS = 2    # emitted cluster lines restart a crashed or hung run in place (README "Fault tolerance")
+
+
 def command(grid: SweepGrid, run: Run, launcher: bool = False) -> list[str]:
     base = ["--config", str(write_config(grid, run))]
-    if launcher or grid.data_parallel_size > 1:
+    if launcher:
+        return ["bash", "launch.sh", "--nproc-per-node", str(grid.data_parallel_size), "--max-restarts",
+                str(CLUSTER_RESTARTS), "--", *base]
+    if grid.data_parallel_size > 1:
         return ["bash", "launch.sh", "--nproc-per-node", str(grid.data_parallel_size), "--", *base]
     return [sys.executable, "-m", "setdiff_mega.train", *base]
 
@@ -87,8 +93,9 @@ def emit(grid: SweepGrid, runs: list[Run]) -> tuple[Path, Path]:
     sbatch.write_text(f"""#!/bin/bash
 #SBATCH --job-name=sweep-{grid.name} --array=0-{max(len(lines) - 1, 0)} --nodes=1 --ntasks=1
 #SBATCH --gpus-per-task={n} --cpus-per-task={8 * n} --signal=USR1@120 --requeue
-# Each array task runs one line of commands.sh; re-submitting skips nothing by itself, but every run
-# resumes from its newest checkpoint (train.resume=auto) and a finished run exits at once.
+# Each array task runs one line of commands.sh (restarted in place after a crash or a hung rank, up to
+# {CLUSTER_RESTARTS} times); re-submitting skips nothing by itself, but every run resumes from its newest checkpoint
+# (train.resume=auto) and a finished run exits at once.
 cd {Path.cwd()}
 line=$(grep -v '^#' {cmds.resolve()} | sed -n "$((SLURM_ARRAY_TASK_ID + 1))p")
 eval "$line"
