@@ -19,7 +19,8 @@ processes 2L tokens per sample for SetDLM and BD3LM), plus model TFLOP/s per dev
 a known (or configured, ``train.peak_tflops``) bf16 peak, MFU (:mod:`.flops`). Validation uses a fixed
 noise generator and a fixed set of batches, so validation losses at different steps are comparable.
 ``precision=bf16`` runs the forward under CPU/GPU autocast with fp32 master weights. Saving, exact
-resume (``train.resume=auto``) are :mod:`setdiff_mega.checkpoint.manager`'s, the stop signals :mod:`.signals`'.
+resume (``train.resume=auto``) are :mod:`setdiff_mega.checkpoint.manager`'s, the stop signals :mod:`.signals`';
+every step, validation and save beats the rank's heartbeat for its watchdog (:mod:`setdiff_mega.resilience`).
 """
 from __future__ import annotations
 
