@@ -194,7 +194,7 @@ class DecodeState:
         """Row ``b`` of the canvas was rewritten with a new request (continuous batching): its state starts
         again (its sampling stream from ``seed``, default the config's; its sampling ``options``, default the
         config's); the other rows are untouched."""
-        self.options = [*self.options[:b], options or RowOptions.of(self.cfg), *self.options[b + 1:]]
+        self.options[b] = options or RowOptions.of(self.cfg)
         if self.generators is None and self.options[b].temperature > 0:
             self._make_generators()
         if self.generators is not None:

@@ -24,8 +24,9 @@ from .straggler import StragglerMonitor
 class FaultTolerance:
     def __init__(self, fc, rank: int, run_dir, warn=print):
         self.heart = start(fc, rank, run_dir)
-        self._tracking = tracked(self.heart) if fc.watchdog else contextlib.nullcontext()
-        self._tracking.__enter__()
+        self._open = contextlib.ExitStack()
+        if fc.watchdog:
+            self._open.enter_context(tracked(self.heart))
         self.straggler = StragglerMonitor(fc.straggler_factor, fc.straggler_patience, warn)
         self.chaos = Chaos.from_env(rank)
         self.restarts = int(os.environ.get("SETDIFF_RESTART_COUNT", "0") or 0)
@@ -69,7 +70,7 @@ class FaultTolerance:
         return {**self.straggler.report(), "fault/restarts": self.restarts}
 
     def close(self, clean: bool = True) -> None:
-        self._tracking.__exit__(None, None, None)
+        self._open.close()
         self.heart.close(clean)
 
 

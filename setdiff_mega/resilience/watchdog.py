@@ -30,11 +30,15 @@ from setdiff_mega.lifeline import tie_to_parent
 from setdiff_mega.resilience.heartbeat import RECORD, read_record
 
 
-def publish(out: Path, rank: int, record: dict) -> None:
-    path = out / f"rank-{rank:05d}.json"
-    tmp = out / f".rank-{rank:05d}.json.tmp"
+def write_json(path: Path, record: dict, tag: str = "") -> None:
+    """``record`` into ``path`` atomically (a temporary sibling of this writer's, renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp{tag}")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
+
+
+def publish(out: Path, rank: int, record: dict) -> None:
+    write_json(out / f"rank-{rank:05d}.json", record)
 
 
 def published(out: Path, attempt: int, since: float) -> list[dict]:
@@ -127,7 +131,7 @@ class Watch:
         except (OSError, ValueError):
             first = True
         if first:                                   # the first detection of this attempt is the one on record
-            publish_hang(self.out, record)
+            write_json(self.out / "hang.json", record, f"-{self.rank}")
         os.kill(self.parent, signal.SIGKILL)
 
     def stop(self, *_) -> None:
@@ -135,12 +139,6 @@ class Watch:
         if rec is not None:
             publish(self.out, self.rank, self.mine(rec))
         os._exit(0)
-
-
-def publish_hang(out: Path, record: dict) -> None:
-    tmp = out / f".hang.json.tmp-{record['detected_by']}"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, out / "hang.json")
 
 
 def main(argv=None) -> None:
