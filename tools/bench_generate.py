@@ -12,10 +12,11 @@ prompts and settings, identical tokens checked): SetDLM with the cache decoding 
 SetDLM / AR / BD3LM on the math prompts, and for the long SetDLM case the split of a decode step into
 the model forward and the samplers' own work (shared by both engines); then SetDLM's and BD3LM's decode
 step on the same model and chunk (--same-chunk S: W = S, tau 0, S pending + S query rows every step;
-same_chunk.json). ``--checkpoint`` may be a
-Hugging Face export: its own remote code is then the plain engine. The grid decodes with --engine
+same_chunk.json); then what recording the decoding trace costs (record off / on, interleaved;
+trace_cost.json; --no-trace-cost skips it). ``--checkpoint`` may be a Hugging Face export: its own remote code is then the plain engine. The grid decodes with --engine
 (default auto: plain when unsharded).
-Writes bench_generate.csv, cache_speedup.json, engine_speedup.json and speed_vs_tau.png.
+Writes bench_generate.csv, cache_speedup.json, engine_speedup.json, same_chunk.json, trace_cost.json and
+speed_vs_tau.png.
 """
 import argparse
 import csv
@@ -60,6 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--engine", choices=("auto", "plain", "native"), default="auto", help="engine of the grid")
     p.add_argument("--engine-repeats", type=int, default=3, help="interleaved repeats of the engine comparison")
     p.add_argument("--no-engine-comparison", action="store_true")
+    p.add_argument("--no-trace-cost", action="store_true", help="skip the decoding trace's cost (record off / on)")
     p.add_argument("--same-chunk", type=int, default=4, help="SetDLM's and BD3LM's decode step on the same model and "
                    "chunk (W = S = this, tau 0: this many pending + this many query rows every step; 0: skip)")
     args = p.parse_args(argv)
@@ -105,6 +107,8 @@ def main(argv=None) -> int:
     (out / "cache_speedup.json").write_text(json.dumps(speedup, indent=2))
     if not args.no_engine_comparison:
         compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out)
+    if not args.no_trace_cost:
+        trace_cost(args, model, tok, cfg, prompts, base, out)
     if args.same_chunk:
         same = benchmark.same_chunk(model, tok, prompts, args.same_chunk, args.max_new_tokens // args.same_chunk
                                     * args.same_chunk, repeats=args.engine_repeats)
@@ -132,6 +136,19 @@ def ratio_model_speedup(spec: str, cfg, tok, prompts, long_cfg) -> dict:
     return {"hidden": hidden, "layers": layers, "heads": heads, "parameters": big.num_parameters(),
             "cache_on_tokens_per_s": on.tokens_per_s, "cache_off_tokens_per_s": off.tokens_per_s,
             "speedup": on.tokens_per_s / off.tokens_per_s}
+
+
+def trace_cost(args, model, tok, cfg, prompts, base, out: Path) -> None:
+    """What recording the decoding trace costs (``GenerationConfig.record``, issue 40): the grid's engine on
+    the math prompts, record off and on interleaved, identical tokens checked -> trace_cost.json."""
+    cases = [("setdlm_math", "setdlm", prompts, replace(base, window=cfg.objective.D, tau=0.9)),
+             ("ar_math", "ar", prompts, replace(base, tau=1e6))]
+    rows = benchmark.compare_settings(model, tok, cases, {"off": {"record": False}, "on": {"record": True}},
+                                      repeats=args.engine_repeats)
+    for r in rows:
+        print(f"trace {r['case']:14s} off {r['off_tokens_per_s']:7.1f} tok/s  on {r['on_tokens_per_s']:7.1f} tok/s  "
+              f"on / off {r['speedup']:.3f}  identical tokens: {r['identical_tokens']}", file=sys.stderr)
+    (out / "trace_cost.json").write_text(json.dumps({"repeats": args.engine_repeats, "cases": rows}, indent=2))
 
 
 def compare_engines(args, native, tok, cfg, prompts, base, long_cfg, out: Path) -> None:

@@ -76,23 +76,37 @@ def compare_engines(engines: dict, tokenizer, cases: list, repeats: int = 3) -> 
     interleaved (engine order alternates every repeat, so slow phases of a shared machine hit both) and
     summarised by the median tokens/s per engine; ``cases``: (label, method, prompts, config). Each
     row also says whether the engines generated identical tokens."""
-    rows = []
-    for label, method, prompts, cfg in cases:
-        names = list(engines)
-        runs = {n: [] for n in names}
-        for r in range(repeats):
-            for n in (names if r % 2 == 0 else names[::-1]):
-                runs[n].append(measure(engines[n], tokenizer, method, prompts, cfg, warmup=1 if r == 0 else 0))
-        outs = {n: _tokens(engines[n], tokenizer, method, prompts, cfg) for n in names}
-        row = {"case": label, "method": method, "window": cfg.window, "tau": cfg.tau, "block_size": cfg.block_size,
-               "max_new_tokens": cfg.max_new_tokens, "prompts": len(prompts),
-               **{f"{n}_tokens_per_s": statistics.median(m.tokens_per_s for m in runs[n]) for n in names},
-               "tokens_per_step": runs[names[0]][0].tokens_per_step,
-               "identical_tokens": all(outs[n] == outs[names[0]] for n in names)}
-        if len(names) == 2:
-            row["speedup"] = row[f"{names[1]}_tokens_per_s"] / row[f"{names[0]}_tokens_per_s"]
-        rows.append(row)
-    return rows
+    return [_interleaved({n: (m, cfg) for n, m in engines.items()}, tokenizer, label, method, prompts, repeats)
+            for label, method, prompts, cfg in cases]
+
+
+def compare_settings(model, tokenizer, cases: list, variants: dict, repeats: int = 3) -> list[dict]:
+    """The same model under several variants of each case's config (``{"off": {"record": False}, "on":
+    {"record": True}}``: field overrides), interleaved as :func:`compare_engines`; rows as there, with
+    ``<variant>_tokens_per_s`` and, for two variants, ``speedup`` = second / first."""
+    return [_interleaved({n: (model, replace(cfg, **over)) for n, over in variants.items()}, tokenizer, label,
+                         method, prompts, repeats) for label, method, prompts, cfg in cases]
+
+
+def _interleaved(runners: dict, tokenizer, label: str, method: str, prompts: list, repeats: int) -> dict:
+    """One comparison row: every runner ``name -> (model, config)`` measured ``repeats`` times, the order
+    alternating every repeat; the median tokens/s per runner and whether their tokens are identical."""
+    names = list(runners)
+    runs = {n: [] for n in names}
+    for r in range(repeats):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            model, cfg = runners[n]
+            runs[n].append(measure(model, tokenizer, method, prompts, cfg, warmup=1 if r == 0 else 0))
+    outs = {n: _tokens(runners[n][0], tokenizer, method, prompts, runners[n][1]) for n in names}
+    cfg = runners[names[0]][1]
+    row = {"case": label, "method": method, "window": cfg.window, "tau": cfg.tau, "block_size": cfg.block_size,
+           "max_new_tokens": cfg.max_new_tokens, "prompts": len(prompts),
+           **{f"{n}_tokens_per_s": statistics.median(m.tokens_per_s for m in runs[n]) for n in names},
+           "tokens_per_step": runs[names[0]][0].tokens_per_step,
+           "identical_tokens": all(outs[n] == outs[names[0]] for n in names)}
+    if len(names) == 2:
+        row["speedup"] = row[f"{names[1]}_tokens_per_s"] / row[f"{names[0]}_tokens_per_s"]
+    return row
 
 
 def _tokens(model, tokenizer, method, prompts, cfg) -> list:
@@ -237,5 +251,5 @@ def plot_speed_vs_tau(rows: list[BenchRow], path) -> None:
     plt.close(fig)
 
 
-__all__ = ["BenchRow", "TimedModel", "measure", "compare_engines", "step_breakdown", "default_grid",
+__all__ = ["BenchRow", "TimedModel", "measure", "compare_engines", "compare_settings", "step_breakdown", "default_grid",
            "plot_speed_vs_tau"]

@@ -298,6 +298,22 @@ def test_step_breakdown_times_the_forwards_and_the_samplers_own_work(exports, hf
         assert 0 < b["forward_ms"] < b["step_ms"] and b["sampler_ms"] > 0
 
 
+def test_compare_settings_measures_each_variant_and_checks_their_tokens(exports, tokenizer):
+    """``tools/bench_generate.py``'s trace cost (benchmark.compare_settings): record off / on are both measured
+    and decode identical tokens; variants that change the tokens (W 1 vs 4 at tau 0.5) are reported as such."""
+    from setdiff_mega.inference import GenerationConfig
+    from setdiff_mega.inference.benchmark import compare_settings
+
+    cfg = GenerationConfig(max_new_tokens=16, window=4, tau=0.5, stop_at_eos=False, context_length=L)
+    cases = [("setdlm", "setdlm", TEXTS["prompt"][:1], cfg)]
+    (row,) = compare_settings(exports["setdlm"][0], tokenizer, cases, {"off": {"record": False},
+                                                                     "on": {"record": True}}, repeats=2)
+    assert row["identical_tokens"] and row["off_tokens_per_s"] > 0 and row["on_tokens_per_s"] > 0
+    assert row["speedup"] == pytest.approx(row["on_tokens_per_s"] / row["off_tokens_per_s"])
+    (row,) = compare_settings(exports["setdlm"][0], tokenizer, cases, {"W1": {"window": 1}, "W4": {}}, repeats=1)
+    assert not row["identical_tokens"]
+
+
 @pytest.mark.parametrize("method,options", [("setdlm", {"window": 4, "tau": 0.5}), ("ar", {}), ("bd3lm", {}),
                                             ("mdlm", {}), ("setdlm_shift", {"window": 4, "tau": 0.9})])
 def test_the_export_records_the_native_engines_decoding_trace(exports, hf_models, tokenizer, method, options):
