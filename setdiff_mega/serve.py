@@ -38,8 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival (0: none)")
     p.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens / span accepted")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads, set once for the process "
-                   "(default: torch's, one per core; on a GPU machine the forward runs on the device and 1-2 threads "
-                   "suffice for the host side)")
+                   "(default: the cores this process may use minus one, at least 1: the HTTP side keeps a core; on a "
+                   "GPU machine the forward runs on the device and 1-2 threads suffice for the host side)")
     p.add_argument("--api-key", default=os.environ.get("SETDIFF_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SETDIFF_API_KEY; none: open)")
     p.add_argument("--shutdown-grace", type=float, default=30.0,
@@ -48,6 +48,18 @@ def parse_args(argv=None):
     add_chat_arguments(p)
     add_generation_arguments(p)
     return p.parse_args(argv)
+
+
+def serving_threads(requested: int | None) -> int:
+    """The server's torch intra-op threads: ``requested``, else the cores this process may use minus one (at least
+    1). Measured on 2 cores (docs/results.md "Serving"): with both cores in torch's pool the forward doubles, its
+    threads competing with the HTTP side and the clients for the same two cores."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads must be >= 1, got {requested}")
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
 
 
 def build(args):
@@ -66,8 +78,7 @@ def build(args):
     from setdiff_mega.serving.protocol import ServerDefaults
     from setdiff_mega.serving.scheduler import Scheduler
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(serving_threads(args.threads))
     if args.static_shapes or args.no_cache:
         raise ValueError("--static-shapes and --no-cache do not apply to the server (its jobs share each step's "
                          "forward); leave them out")

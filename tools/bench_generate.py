@@ -13,8 +13,8 @@ SetDLM / AR / BD3LM on the math prompts, and for the long SetDLM case the split 
 the model forward and the samplers' own work (shared by both engines); then SetDLM's and BD3LM's decode
 step on the same model and chunk (--same-chunk S: W = S, tau 0, S pending + S query rows every step;
 same_chunk.json); then what recording the decoding trace costs (record off / on, interleaved;
-trace_cost.json; --no-trace-cost skips it). ``--checkpoint`` may be a Hugging Face export: its own remote code is then the plain engine. The grid decodes with --engine
-(default auto: plain when unsharded).
+trace_cost.json; --no-trace-cost skips it). ``--checkpoint`` may be a Hugging Face export: its own remote
+code is then the plain engine. The grid decodes with --engine (default auto: plain when unsharded).
 Writes bench_generate.csv, cache_speedup.json, engine_speedup.json, same_chunk.json, trace_cost.json and
 speed_vs_tau.png.
 """

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from setdiff_mega.cli import run_cli
 from setdiff_mega.outputs import check_output_file, write_file_atomic
+from setdiff_mega.serve import serving_threads
 from setdiff_mega.serving.bench import in_process, run_phases, start_server, table, workload
 
 
@@ -38,7 +39,8 @@ def main(argv=None) -> int:
                    "phase's requests/s; 0: skip the phase")
     p.add_argument("--tasks", default="data/embedded/tasks")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="the started server's torch threads")
+    p.add_argument("--threads", type=int, default=None, help="the started server's torch threads (default: the "
+                   "server's, cores minus one), also the in-process baseline's")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process generate baseline")
     p.add_argument("--json", help="write the phases' rows here")
     p.add_argument("--overwrite", action="store_true")
@@ -47,11 +49,12 @@ def main(argv=None) -> int:
         raise ValueError("--clients, --requests and --max-tokens must be >= 1")
     if args.json:
         check_output_file(args.json, [args.checkpoint], flag="--json", overwrite=args.overwrite)
+    threads = serving_threads(args.threads)             # the started server's and the in-process baseline's
     bodies = [{"prompt": q, "max_tokens": args.max_tokens, "temperature": 0, "stop_at_eos": False, "stream": True,
                "stream_options": {"include_usage": True}} for q in workload(args.tasks, args.requests)]
     proc = None
     if args.checkpoint:
-        extra = ["--threads", str(args.threads)] if args.threads else []
+        extra = ["--threads", str(threads)]
         proc, url = start_server(args.checkpoint, args.clients, extra)
     else:
         url = args.url.rstrip("/")
@@ -74,8 +77,7 @@ def main(argv=None) -> int:
             proc.wait(timeout=30)
     shares = {}
     if args.checkpoint and not args.no_in_process:
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
         prompts = [b["prompt"] for b in bodies]
         local = [in_process(args.checkpoint, prompts, args.max_tokens, b) for b in (1, args.clients)]
         rows += local

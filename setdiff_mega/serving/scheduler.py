@@ -4,8 +4,9 @@ next call.
     loop:
         expire     queued jobs past their deadline fail (504); running ones are cancelled
         admit      queued jobs join while running < max_batch: a job whose options allow it takes a row of the
-                   shared decode of its options (its prefill rides in that decode's next step), any other gets
-                   a private decode (:mod:`.sessions`)
+                   shared decode of its options and width bucket (the smallest power of two >= 64 holding
+                   prompt + max_tokens; its prefill rides in that decode's next step), any other gets a private
+                   decode (:mod:`.sessions`)
         sweep      finished jobs leave (EOS, stop string, max_tokens, cancellation, error); their rows are free
         calls      every decode's ``next_calls()`` (:mod:`setdiff_mega.decoding.calls`)
         step       the calls -> :func:`~setdiff_mega.decoding.calls.fused_forward` (cached and uncached calls
@@ -36,6 +37,7 @@ from .sessions import USER, Decode, session_key
 # (next_calls), assembling the fused forward, the model forward itself, the bookkeeping after it (advance: token
 # choice, commits, stopping, the jobs' new text)
 PARTS = ("admit", "calls", "fuse", "forward", "advance")
+MIN_WIDTH = 64                  # the narrowest shared decode (canvas positions)
 
 
 class QueueFull(Exception):
@@ -45,7 +47,8 @@ class QueueFull(Exception):
 class Scheduler:
     def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None,
                  width: int = 4096):
-        """``width``: a shared decode's canvas positions (the longest prompt plus ``max_tokens`` it admits)."""
+        """``width``: the most canvas positions of a request (prompt plus ``max_tokens``); shared decodes are
+        as wide as their requests need, by powers of two (:meth:`_bucket`)."""
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch ({max_batch}) and max_queue ({max_queue}) must be >= 1")
         self.model, self.tokenizer, self.method = model, tokenizer, method
@@ -56,7 +59,7 @@ class Scheduler:
         self.running: dict[int, Job] = {}
         self.width = width
         self.decodes: list[Decode] = []
-        self.shared: dict = {}           # session key -> its shared Decode
+        self.shared: dict = {}           # (session key, width) -> its shared Decode
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="setdiff-scheduler", daemon=True)
         self.steps = 0
@@ -138,13 +141,21 @@ class Scheduler:
             jobs.append(job)
         return jobs
 
+    def _bucket(self, job: Job) -> int:
+        """The canvas width of the shared decode ``job`` joins: the smallest power of two >= :data:`MIN_WIDTH`
+        holding its positions (prompt + ``max_tokens``), at most ``width``. A step's bookkeeping costs in
+        proportion to the width, so a short request never pays for the longest one the server admits."""
+        need = len(job.ids) + job.config.max_new_tokens
+        return min(self.width, max(MIN_WIDTH, 1 << max(0, need - 1).bit_length()))
+
     def _decode(self, job: Job, key) -> Decode:
-        kw = dict(rows=self.max_batch, width=self.width, device=self.device, committed=self._committed)
+        kw = dict(rows=self.max_batch, device=self.device, committed=self._committed)
         if key is None:
-            return Decode(self.method, self.model, self.tokenizer, job.config, job=job, **kw)
+            return Decode(self.method, self.model, self.tokenizer, job.config, job=job, width=self.width, **kw)
+        key = (key, self._bucket(job))
         d = self.shared.get(key)
         if d is None or not d.has_room():
-            d = self.shared[key] = Decode(self.method, self.model, self.tokenizer, job.config, **kw)
+            d = self.shared[key] = Decode(self.method, self.model, self.tokenizer, job.config, width=key[1], **kw)
         return d
 
     def _admit(self, jobs: list[Job]) -> None:

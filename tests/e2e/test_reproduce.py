@@ -12,6 +12,7 @@ from setdiff_mega.eval.reproduce import toy_config
 from .conftest import _run
 
 
+@pytest.mark.slow          # 2 minutes on 2 cores: seven toy trainings and their evaluations
 def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
     out, report, assets = tmp_path / "run", tmp_path / "docs" / "results.md", tmp_path / "docs" / "results" / "r"
     report.parent.mkdir()
@@ -64,6 +65,7 @@ def test_reproduce_toy_writes_report_tables_and_plots(data_dir, tmp_path):
     assert all(t["reused"] for t in again) and {t["tag"] for t in again} == {r["tag"] for r in res["training"]}
 
 
+@pytest.mark.slow          # 4-5 minutes on 2 cores: the whole study at toy size (its parts: tests/unit/test_adapt_*)
 def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(data_dir, tmp_path):
     """--adapt at toy size: the Qwen3-architecture AR model is pretrained, exported in Qwen3's layout (with the
     chat template) and imported back by every fine-tune; the chat set holds no task problem and the held-out

@@ -6,12 +6,14 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import httpx
 import openai
 import psutil
 import pytest
+import torch
 
 from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.inference import generate
@@ -27,7 +29,8 @@ def server(trained_run, mcore):
     from setdiff_mega.serve import build, parse_args, serve
 
     save, _ = trained_run
-    args = parse_args(["--checkpoint", str(save), "--port", "0", "--max-batch", "4", "--max-queue", "64",
+    args = parse_args(["--checkpoint", str(save), "--port", "0", "--threads", str(torch.get_num_threads()),  # kept
+                       "--max-batch", "4", "--max-queue", "64",
                        "--max-new-tokens", "12", "--request-timeout", "120", "--served-model-name", "tiny"])
     srv, sch = build(args)
     srv.tok.chat_template = TEMPLATE            # a chat template, as an imported or fine-tuned model has
@@ -336,13 +339,26 @@ def test_lm_eval_local_completions_generates_through_the_server(server):
     assert got == want
 
 
+def test_the_server_leaves_the_http_side_a_core_unless_told():
+    """``--threads``: given, as given (>= 1); by default the cores this process may use minus one, at least 1."""
+    import os
+
+    from setdiff_mega.serve import serving_threads
+
+    assert serving_threads(3) == 3
+    assert serving_threads(None) == max(1, len(os.sched_getaffinity(0)) - 1)
+    with pytest.raises(ValueError, match="--threads must be >= 1"):
+        serving_threads(0)
+
+
 HOSTILE = [1e-300, 1e308, -1e308, 2 ** 63, -(2 ** 63), 2 ** 63 - 1, 10 ** 30, 0, -1, 0.5, "x", "", [], {}, None,
            True, [1e308, 1e308], [2 ** 63, 1.1], {"a": 1}, "x" * 5000]
 
 
 def test_every_field_at_any_json_value_gets_a_200_or_a_one_line_4xx(server):
     """Each endpoint's every field, one at a time, at values a careless or hostile client sends (tiny and huge
-    floats, 64-bit and bigger integers, wrong types): never a 500, never a hang, a 4xx is one line."""
+    floats, 64-bit and bigger integers, wrong types), four clients at once (hostile requests batched with each
+    other): never a 500, never a hang, a 4xx is one line."""
     from setdiff_mega.serving.protocol import DIFFUSION, NEUTRAL, OWN, SHARED
 
     _, _, url = server
@@ -350,20 +366,27 @@ def test_every_field_at_any_json_value_gets_a_200_or_a_one_line_4xx(server):
             "chat": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
             "infill": {"prefix": "Once", "suffix": "end", "span": 2}}
     paths = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "infill": "/v1/infill"}
+    cases = [(endpoint, field, value) for endpoint in base
+             for field in sorted(SHARED | set(NEUTRAL) | set(DIFFUSION) | OWN[endpoint]) for value in HOSTILE]
+
+    def ask(client, case):
+        endpoint, field, value = case
+        r = client.post(url + paths[endpoint], json={**base[endpoint], field: value})
+        where = f"{endpoint} {field}={str(value)[:40]}: {r.status_code} {r.text[:300]}"
+        if not (r.status_code == 200 or 400 <= r.status_code < 500):
+            return r.status_code, where
+        if r.status_code != 200:
+            msg = r.json()["error"]["message"]
+            if "\n" in msg or not 0 < len(msg) <= 300:
+                return r.status_code, where
+        return r.status_code, None
+
     seen, bad = {}, []
-    with httpx.Client(timeout=30) as client:
-        for endpoint, body in base.items():
-            for field in sorted(SHARED | set(NEUTRAL) | set(DIFFUSION) | OWN[endpoint]):
-                for value in HOSTILE:
-                    r = client.post(url + paths[endpoint], json={**body, field: value})
-                    seen[r.status_code] = seen.get(r.status_code, 0) + 1
-                    where = f"{endpoint} {field}={str(value)[:40]}: {r.status_code} {r.text[:300]}"
-                    if not (r.status_code == 200 or 400 <= r.status_code < 500):
-                        bad.append(where)
-                    elif r.status_code != 200:
-                        msg = r.json()["error"]["message"]
-                        if "\n" in msg or not 0 < len(msg) <= 300:
-                            bad.append(where)
+    with httpx.Client(timeout=30) as client, ThreadPoolExecutor(4) as pool:    # 4 clients: the server's batch
+        for status, where in pool.map(lambda c: ask(client, c), cases):
+            seen[status] = seen.get(status, 0) + 1
+            if where is not None:
+                bad.append(where)
     assert not bad, "\n".join(bad)
     assert seen.get(200, 0) > 50 and sum(v for k, v in seen.items() if k >= 400) > 500, seen
 

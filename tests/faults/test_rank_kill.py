@@ -11,7 +11,7 @@ import torch
 
 from .conftest import ROOT, TINY
 
-STEPS = 150                     # the kill comes after step 40: 110 steps are still to run
+STEPS = 60                      # the kill comes after step 40: 20 steps are still to run
 
 
 def _env():

@@ -176,3 +176,26 @@ def test_jobs_that_differ_in_sampling_options_share_one_decode(rand_model):
         done = [x for ev, x in events[i] if ev == "done"]
         assert done and done[0]["token_ids"] == _alone(rand_model, "setdlm", p, c), i
     assert sch.steps < sum(len(_alone(rand_model, "setdlm", p, c)) for p, c in zip(PROMPTS, cfgs))
+
+
+def test_shared_decodes_are_as_wide_as_their_requests_need(rand_model, monkeypatch):
+    """A shared decode's canvas is the smallest power of two >= 64 holding prompt + max_tokens (at most the
+    server's width): a short request never pays a step's bookkeeping over the longest one the server admits. Jobs
+    of one session key in two widths decode in two decodes, fused in one forward, each what it decodes alone."""
+    sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=4, width=256)
+    size = lambda n, new: sch._bucket(Job([BOS] * n, GenerationConfig(max_new_tokens=new), None, tokenizer=Tok()))  # noqa: E731
+    assert (size(10, 6), size(40, 24), size(40, 25), size(100, 100), size(300, 8)) == (64, 64, 128, 256, 256)
+    cfgs = [GenerationConfig(max_new_tokens=n, stop_at_eos=False, window=4, tau=0.5) for n in (6, 70, 8, 80)]
+    widths = []
+    real = Scheduler._decode
+
+    def spy(self, job, key):
+        d = real(self, job, key)
+        widths.append(d.session.canvas.tokens.shape[1])
+        return d
+    monkeypatch.setattr(Scheduler, "_decode", spy)
+    jobs, events, _ = _serve(rand_model, "setdlm", cfgs, PROMPTS[:4], max_batch=4)
+    assert sorted(set(widths)) == [64, 128]
+    for i, (p, c) in enumerate(zip(PROMPTS, cfgs)):
+        done = [x for ev, x in events[i] if ev == "done"]
+        assert done and done[0]["token_ids"] == _alone(rand_model, "setdlm", p, c), i
