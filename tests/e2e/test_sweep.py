@@ -66,3 +66,26 @@ def test_isoflop_grid_gives_each_model_the_tokens_of_its_budget(data_dir, tmp_pa
     for r, f in zip(runs, fpt):                   # the rounded-up step count covers the budget
         assert 1e10 <= r.tokens * f < 1e10 + 4 * 32 * f
     assert runs[0].tokens > runs[1].tokens        # the smaller model trains on more tokens
+
+
+def test_objective_variants_and_extra_seeds_expand_into_their_own_runs(data_dir, tmp_path):
+    """``objectives`` may carry objective fields (``{name: bd3lm, block_size: 4}``: labelled runs whose config has
+    them); ``extra_seeds`` adds seeds at one point; a point that is not in the grid is refused in one line."""
+    import pytest
+
+    from setdiff_mega.eval import sweep
+
+    objectives = ["ar", {"name": "bd3lm", "block_size": 4}, {"name": "setdlm", "D": 4}]
+    grid = sweep.load_grid(_grid(tmp_path, data_dir, objectives=objectives, tokens=[256, 512],
+                                 extra_seeds=[{"objective": "setdlm-D4", "model": 1, "budget": 0, "seeds": [1, 2]}]))
+    runs = sweep.expand(grid)
+    assert len(runs) == 3 * 2 * 2 + 2
+    assert {r.objective for r in runs} == {"ar", "bd3lm-block_size4", "setdlm-D4"}
+    bd = next(r for r in runs if r.objective == "bd3lm-block_size4")
+    cfg = sweep.load_run_config(grid, bd.overrides)
+    assert (cfg.objective.name, cfg.objective.block_size, bd.method) == ("bd3lm", 4, "bd3lm")
+    seeded = [r for r in runs if r.objective == "setdlm-D4" and r.model == grid.models[1] and r.tokens == 256]
+    assert sorted(r.seed for r in seeded) == [0, 1, 2] and len({r.name for r in runs}) == len(runs)
+    with pytest.raises(sweep.SweepError, match="names no point of the grid"):
+        sweep.load_grid(_grid(tmp_path, data_dir, objectives=objectives,
+                              extra_seeds=[{"objective": "setdlm", "model": 0, "budget": 0, "seeds": [1]}]))

@@ -6,8 +6,10 @@ Grid file (see ``configs/sweeps/tiny.yaml``)::
     out_dir: runs/sweeps/tiny
     base_config: configs/tiny_cpu.yaml
     overrides: [data.path=data/embedded/corpus, train.eval_iters=4]   # for every run
-    objectives: [setdlm, ar]
+    objectives: [setdlm, ar]          # names, or {name: bd3lm, block_size: 4}: objective fields of the variant
     seeds: [0]
+    extra_seeds:                      # more seeds at chosen points (seed noise): indices into models / budgets
+      - {objective: setdlm, model: 1, budget: 1, seeds: [1, 2]}
     models:                           # model sizes: ModelConfig fields
       - {num_layers: 2, hidden_size: 32, num_attention_heads: 2}
     tokens: [200000, 600000]          # training tokens per run (L-token samples x L), or
@@ -47,12 +49,16 @@ class SweepError(ValueError):
 @dataclass
 class Run:
     name: str
-    objective: str
+    objective: str                  # the objective variant's label (grouping, fits): "ar", "bd3lm-block_size4"
     model: dict
     tokens: int
     seed: int
     steps: int
     overrides: list = field(default_factory=list)
+    method: str = ""                # the objective's name (FLOPs per token)
+
+    def __post_init__(self):
+        self.method = self.method or self.objective
 
 
 @dataclass
@@ -70,6 +76,7 @@ class SweepGrid:
     micro_batch_size: int | None = None
     data_parallel_size: int = 1
     budget_flops: float | None = None
+    extra_seeds: list = field(default_factory=list)
     source: str = ""
 
     def __post_init__(self):
@@ -84,6 +91,15 @@ class SweepGrid:
         except (TypeError, ValueError) as e:
             raise SweepError(f"{src}: token / FLOP budgets must be numbers ({e})") from None
         self.out_dir = self.out_dir or f"runs/sweeps/{self.name}"
+        self.objectives = [_variant(o, src) for o in self.objectives]
+        labels = [o["label"] for o in self.objectives]
+        for e in self.extra_seeds:
+            if not isinstance(e, dict) or set(e) != {"objective", "model", "budget", "seeds"}:
+                raise SweepError(f"{src}: each extra_seeds entry is {{objective, model, budget, seeds}}, got {e}")
+            if e["objective"] not in labels or not 0 <= e["model"] < len(self.models) or \
+                    not 0 <= e["budget"] < len(self.tokens if self.tokens is not None else self.isoflop):
+                raise SweepError(f"{src}: extra_seeds entry {e} names no point of the grid (objective one of "
+                                 f"{labels}; model and budget are 0-based indices into models and the budgets)")
         self.micro_batch_size = self.micro_batch_size or self.global_batch_size
         gb, mb, dp = self.global_batch_size, self.micro_batch_size, self.data_parallel_size
         if gb % (mb * dp):
@@ -140,31 +156,50 @@ def flops_per_token(grid: SweepGrid, model: dict, objective: str, base=None) -> 
     return flops_per_sample(mc, padded_vocab_size(vocab, mc.make_vocab_size_divisible_by), objective, L) / L
 
 
+def _variant(obj, src: str) -> dict:
+    """An ``objectives`` entry -> {"name", "fields", "label"}: a name alone, or a mapping with ``name`` and the
+    objective's fields (the label appends them: ``bd3lm-block_size4``)."""
+    if isinstance(obj, str):
+        return {"name": obj, "fields": {}, "label": obj}
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise SweepError(f"{src}: an objective is a name or a mapping with 'name' (and objective fields), got {obj}")
+    fields = {k: v for k, v in obj.items() if k != "name"}
+    return {"name": obj["name"], "fields": fields,
+            "label": "-".join([obj["name"], *(f"{k}{v}" for k, v in sorted(fields.items()))])}
+
+
 def _run_name(obj: str, model: dict, budget_tag: str, seed: int) -> str:
     tag = "_".join(f"{k[0]}{v}" for k, v in sorted(model.items()) if k != "num_attention_heads")
     return f"{obj}_{tag}_{budget_tag}_s{seed}".replace("+", "")
 
 
 def expand(grid: SweepGrid) -> list[Run]:
-    """Every (objective, model, budget, seed) point of the grid as a run (the plan)."""
+    """Every (objective, model, budget, seed) point of the grid as a run (the plan), then ``extra_seeds``."""
     base = load_run_config(grid)
-    L, gb = base.data.seq_length, grid.global_batch_size
     runs = []
     for obj in grid.objectives:
-        for model in grid.models:
-            for budget in grid.budgets:
-                tokens = int(budget) if grid.tokens is not None else \
-                    int(float(budget) / flops_per_token(grid, model, obj, base))
-                steps = max(1, math.ceil(tokens / (gb * L)))
-                budget_tag = f"T{tokens}" if grid.tokens is not None else f"C{float(budget):.1e}"
-                for seed in grid.seeds:
-                    name = _run_name(obj, model, budget_tag, seed)
-                    over = [f"objective.name={obj}", *(f"model.{k}={v}" for k, v in model.items()),
-                            f"train.train_steps={steps}", f"train.micro_batch_size={grid.micro_batch_size}",
-                            f"train.grad_accum_steps={grid.accumulation}", f"train.seed={seed}",
-                            f"train.save_dir={Path(grid.out_dir) / 'runs' / name}"]
-                    runs.append(Run(name, obj, dict(model), steps * gb * L, seed, steps, over))
+        for mi, model in enumerate(grid.models):
+            for bi, budget in enumerate(grid.budgets):
+                extra = [s for e in grid.extra_seeds if (e["objective"], e["model"], e["budget"]) ==
+                         (obj["label"], mi, bi) for s in e["seeds"]]
+                for seed in [*grid.seeds, *(s for s in extra if s not in grid.seeds)]:
+                    runs.append(_run(grid, base, obj, model, budget, seed))
     return runs
+
+
+def _run(grid: SweepGrid, base, obj: dict, model: dict, budget, seed: int) -> Run:
+    L, gb = base.data.seq_length, grid.global_batch_size
+    tokens = int(budget) if grid.tokens is not None else \
+        int(float(budget) / flops_per_token(grid, model, obj["name"], base))
+    steps = max(1, math.ceil(tokens / (gb * L)))
+    budget_tag = f"T{tokens}" if grid.tokens is not None else f"C{float(budget):.1e}"
+    name = _run_name(obj["label"], model, budget_tag, seed)
+    over = [f"objective.name={obj['name']}", *(f"objective.{k}={v}" for k, v in obj["fields"].items()),
+            *(f"model.{k}={v}" for k, v in model.items()),
+            f"train.train_steps={steps}", f"train.micro_batch_size={grid.micro_batch_size}",
+            f"train.grad_accum_steps={grid.accumulation}", f"train.seed={seed}",
+            f"train.save_dir={Path(grid.out_dir) / 'runs' / name}"]
+    return Run(name, obj["label"], dict(model), steps * gb * L, seed, steps, over, method=obj["name"])
 
 
 __all__ = ["SweepGrid", "SweepError", "Run", "load_grid", "load_run_config", "flops_per_token", "expand"]

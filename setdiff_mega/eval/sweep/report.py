@@ -28,7 +28,7 @@ def collect(grid: SweepGrid, runs: list[Run]) -> list[dict]:
         if s is None:
             continue
         mc = dataclasses.replace(base.model, **r.model)
-        fpt = flops_per_token(grid, r.model, r.objective, base)
+        fpt = flops_per_token(grid, r.model, r.method, base)
         rows.append({"run": r.name, "objective": r.objective, "seed": r.seed, **{f"model.{k}": v for k, v in
                                                                                   r.model.items()},
                      "N": body_parameters(mc), "N_total": s.get("num_parameters"), "D": r.tokens,
