@@ -10,10 +10,13 @@
 The grid's out_dir is this sweep's own: a new directory, or one it wrote before (continued); a non-empty
 directory of anything else, or one holding the grid's inputs, is refused. Outputs in the grid's out_dir:
 results.csv, fit.json (per objective: E, A, B, alpha, beta with 90%
-bootstrap intervals, FLOPs per parameter-token, compute-optimal N and D for budget_flops), scaling.png.
+bootstrap intervals, FLOPs per parameter-token, compute-optimal N and D for budget_flops), scaling.png, and with
+AR in the grid compare.json (each other objective's compute multiplier over AR at equal validation loss, with
+its bootstrap interval).
 """
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -72,7 +75,24 @@ def main(argv=None) -> int:
             line += (f"; at {f['budget_flops']:.1e} FLOPs: N_opt={o['N']:.3g}, D_opt={o['D']:.3g} "
                      f"({o['tokens_per_param']:.1f} tokens/param), loss {o['loss']:.3f}")
         print(line)
+    report_multipliers(rows, args.bootstrap, out)
     return 0 if args.mode != "run" or not res["failed"] else 1
+
+
+def report_multipliers(rows: list[dict], n_boot: int, out: Path) -> None:
+    """compare.json: each objective's compute multiplier over AR at equal validation loss, with its interval
+    (setdiff_mega/eval/sweep/compare.py; an unreachable loss is null)."""
+    mult = sweep.multipliers(rows, reference="ar", n_boot=n_boot)
+    if not mult:
+        return
+    finite = lambda x: x if not isinstance(x, float) or math.isfinite(x) else None       # noqa: E731
+    clean = {o: [{k: (tuple(map(finite, v)) if k == "ci" else finite(v)) for k, v in m.items()} for m in ms]
+             for o, ms in mult.items()}
+    (out / "compare.json").write_text(json.dumps({"reference": "ar", "multipliers": clean}, indent=2))
+    for obj, ms in mult.items():
+        print(f"  {obj} / ar compute at equal loss: " + "; ".join(
+            f"{m['multiplier']:.2f}x at loss {m['loss']:.3f} ({m['level']:.0%} CI {m['ci'][0]:.2f}-{m['ci'][1]:.2f})"
+            for m in ms))
 
 
 def claim_out_dir(grid, grid_file: str) -> None:

@@ -119,23 +119,28 @@ def fit_chinchilla(N, D, L, delta: float = 1e-3, n_starts: int = 8) -> ScalingFi
                       loss=float(best.fun), n_runs=int(N.size))
 
 
-def bootstrap(N, D, L, n_boot: int = 200, seed: int = 0, level: float = 0.9, progress=None) -> dict:
-    """Percentile intervals of every parameter over fits to resampled runs: {name: (lo, hi)}."""
+def bootstrap_fits(N, D, L, n_boot: int = 200, seed: int = 0, progress=None) -> list[ScalingFit]:
+    """Fits to ``n_boot`` resamples of the runs (with replacement; a resample of fewer than 5 distinct runs is
+    skipped)."""
     N, D, L = (np.asarray(x, dtype=float) for x in (N, D, L))
     rng = np.random.default_rng(seed)
-    samples = []
+    fits = []
     for _ in range(n_boot):
         idx = rng.integers(0, N.size, N.size)
         if progress:
             progress(1)
         if np.unique(idx).size < 5:
             continue
-        f = fit_chinchilla(N[idx], D[idx], L[idx], n_starts=3)
-        samples.append([getattr(f, k) for k in PARAMS])
-    arr = np.array(samples)
+        fits.append(fit_chinchilla(N[idx], D[idx], L[idx], n_starts=3))
+    return fits
+
+
+def bootstrap(N, D, L, n_boot: int = 200, seed: int = 0, level: float = 0.9, progress=None) -> dict:
+    """Percentile intervals of every parameter over fits to resampled runs: {name: (lo, hi)}."""
+    arr = np.array([[getattr(f, k) for k in PARAMS] for f in bootstrap_fits(N, D, L, n_boot, seed, progress)])
     lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
     return {k: (float(np.percentile(arr[:, i], lo)), float(np.percentile(arr[:, i], hi)))
-            for i, k in enumerate(PARAMS)} | {"n_boot": len(samples), "level": level}
+            for i, k in enumerate(PARAMS)} | {"n_boot": len(arr), "level": level}
 
 
-__all__ = ["ScalingFit", "fit_chinchilla", "bootstrap"]
+__all__ = ["ScalingFit", "fit_chinchilla", "bootstrap", "bootstrap_fits"]
