@@ -12,7 +12,9 @@ directory of anything else, or one holding the grid's inputs, is refused. Output
 results.csv, fit.json (per objective: E, A, B, alpha, beta with 90%
 bootstrap intervals, FLOPs per parameter-token, compute-optimal N and D for budget_flops), scaling.png, and with
 AR in the grid compare.json (each other objective's compute multiplier over AR at equal validation loss, with
-its bootstrap interval).
+its bootstrap interval). With a ``holdout`` point: holdout_prediction.json (the fit's loss there, written once,
+before the held-out runs train; run mode then trains them, emit mode emits them once it exists) and
+holdout.json (prediction against measurement).
 """
 import argparse
 import json
@@ -24,6 +26,7 @@ from setdiff_mega.cli import run_cli
 from setdiff_mega.data.blend import parse_blend
 from setdiff_mega.eval import sweep
 from setdiff_mega.eval.sweep import load_run_config
+from setdiff_mega.eval.sweep.holdout import check, write_prediction
 from setdiff_mega.outputs import claim_output_dir, either, read_marker
 
 
@@ -40,12 +43,13 @@ def main(argv=None) -> int:
     out = Path(grid.out_dir)
     if not args.list:
         claim_out_dir(grid, args.grid)
+    predicted = (out / "holdout_prediction.json").is_file()
     if args.list:
-        for r in runs:
+        for r in runs + sweep.holdout_runs(grid):
             print(f"{'done' if sweep.finished(grid, r) else 'todo'}  {r.name}  ({r.steps} steps, {r.tokens} tokens)")
         return 0
-    if args.mode == "emit":
-        cmds, sbatch = sweep.emit(grid, runs)
+    if args.mode == "emit":          # the held-out runs once their prediction exists (made by --mode collect)
+        cmds, sbatch = sweep.emit(grid, runs + (sweep.holdout_runs(grid) if predicted else []))
         print(f"wrote {cmds} and {sbatch}: sbatch {sbatch}")
         return 0
     if args.mode == "run":
@@ -76,6 +80,12 @@ def main(argv=None) -> int:
                      f"({o['tokens_per_param']:.1f} tokens/param), loss {o['loss']:.3f}")
         print(line)
     report_multipliers(rows, args.bootstrap, out)
+    pred = write_prediction(grid, rows, args.bootstrap)         # before the held-out runs train, never after
+    if pred is not None:
+        if args.mode == "run":
+            held = sweep.run_local(grid, sweep.holdout_runs(grid))
+            res["failed"] += held["failed"]
+        check(grid, pred)
     return 0 if args.mode != "run" or not res["failed"] else 1
 
 

@@ -89,3 +89,44 @@ def test_objective_variants_and_extra_seeds_expand_into_their_own_runs(data_dir,
     with pytest.raises(sweep.SweepError, match="names no point of the grid"):
         sweep.load_grid(_grid(tmp_path, data_dir, objectives=objectives,
                               extra_seeds=[{"objective": "setdlm", "model": 0, "budget": 0, "seeds": [1]}]))
+
+
+def test_the_held_out_run_is_predicted_before_it_trains_and_then_checked(data_dir, tmp_path):
+    """A grid with a ``holdout`` point (finished runs faked by their summaries: no training): collect writes the
+    prediction once the fit has 5 runs and lists the held-out run as to do; emit then includes it; its measured
+    loss is checked against the interval; the prediction file is never rewritten."""
+    import importlib.util
+
+    from setdiff_mega.eval import sweep
+
+    spec = importlib.util.spec_from_file_location("sweep_tool", ROOT / "tools" / "sweep.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    path = _grid(tmp_path, data_dir, tokens=[256, 512, 1024],
+                 holdout={"model": {"num_layers": 3, "hidden_size": 48, "num_attention_heads": 2}, "tokens": 2048})
+    grid = sweep.load_grid(path)
+    runs, (held,) = sweep.expand(grid), sweep.holdout_runs(grid)
+    assert held.name.startswith("holdout_ar_") and held.tokens == 2048
+
+    def fake(run, loss):
+        d = grid.run_dir(run)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "summary.json").write_text(json.dumps({"final_step": run.steps, "final_val_loss": loss,
+                                                    "num_parameters": 1000}))
+    for r in runs:
+        fake(r, 3.0 + 20.0 / r.tokens ** 0.3 + r.model["hidden_size"] ** -0.5)
+    assert tool.main([str(path), "--mode", "collect", "--bootstrap", "10"]) == 0
+    out = tmp_path / "sweep"
+    pred = json.loads((out / "holdout_prediction.json").read_text())
+    p = pred["predictions"]["ar"]
+    assert p["runs_fitted"] == 6 and p["ci"][0] <= p["ci"][1] and p["loss"] > 3.0
+    assert json.loads((out / "holdout.json").read_text())["ar"]["measured"] is None
+    assert tool.main([str(path), "--mode", "emit"]) == 0
+    assert held.name in (out / "commands.sh").read_text()
+    measured = (p["ci"][0] + p["ci"][1]) / 2
+    fake(held, measured)
+    before = (out / "holdout_prediction.json").read_text()
+    assert tool.main([str(path), "--mode", "collect", "--bootstrap", "10"]) == 0
+    assert (out / "holdout_prediction.json").read_text() == before
+    got = json.loads((out / "holdout.json").read_text())["ar"]
+    assert got["measured"] == measured and got["inside"] is True and got["predicted"] == p["loss"]

@@ -7,9 +7,9 @@ multipliers between objectives at equal loss, held-out predictions).
 """
 from .compare import multipliers, predict
 from .execute import command, emit, finished, run_local, write_config
-from .grid import Run, SweepError, SweepGrid, expand, flops_per_token, load_grid, load_run_config
+from .grid import Run, SweepError, SweepGrid, expand, flops_per_token, holdout_runs, load_grid, load_run_config
 from .report import collect, fit_all, plot, write_csv
 
 __all__ = ["load_grid", "expand", "write_config", "command", "run_local", "emit", "finished", "collect", "fit_all",
-           "plot", "write_csv", "multipliers", "predict", "Run", "SweepGrid", "SweepError", "flops_per_token",
-           "load_run_config"]
+           "plot", "write_csv", "multipliers", "predict", "holdout_runs", "Run", "SweepGrid", "SweepError",
+           "flops_per_token", "load_run_config"]

@@ -10,6 +10,9 @@ Grid file (see ``configs/sweeps/tiny.yaml``)::
     seeds: [0]
     extra_seeds:                      # more seeds at chosen points (seed noise): indices into models / budgets
       - {objective: setdlm, model: 1, budget: 1, seeds: [1, 2]}
+    holdout:                          # one larger run per objective, predicted by the fit before it is trained
+      model: {num_layers: 6, hidden_size: 192, num_attention_heads: 6}
+      tokens: 3200000
     models:                           # model sizes: ModelConfig fields
       - {num_layers: 2, hidden_size: 32, num_attention_heads: 2}
     tokens: [200000, 600000]          # training tokens per run (L-token samples x L), or
@@ -77,10 +80,14 @@ class SweepGrid:
     data_parallel_size: int = 1
     budget_flops: float | None = None
     extra_seeds: list = field(default_factory=list)
+    holdout: dict | None = None
     source: str = ""
 
     def __post_init__(self):
         src = f"sweep grid '{self.source}'"
+        if self.holdout is not None and (not isinstance(self.holdout, dict) or set(self.holdout) !=
+                                         {"model", "tokens"} or not isinstance(self.holdout["model"], dict)):
+            raise SweepError(f"{src}: holdout is {{model: {{ModelConfig fields}}, tokens: N}}, got {self.holdout}")
         if (self.tokens is None) == (self.isoflop is None):
             raise SweepError(f"{src} needs exactly one of 'tokens' (per-run token budgets) or 'isoflop' "
                              f"(FLOP budgets)")
@@ -187,13 +194,25 @@ def expand(grid: SweepGrid) -> list[Run]:
     return runs
 
 
-def _run(grid: SweepGrid, base, obj: dict, model: dict, budget, seed: int) -> Run:
+def holdout_runs(grid: SweepGrid) -> list[Run]:
+    """The grid's held-out point, one run per objective (first seed), named ``holdout_<run name>``; [] without."""
+    if grid.holdout is None:
+        return []
+    base = load_run_config(grid)
+    tokens = float(grid.holdout["tokens"])
+    plan = dataclasses.replace(grid, tokens=[tokens], isoflop=None, objectives=[
+        {"name": o["name"], **o["fields"]} for o in grid.objectives], extra_seeds=[], holdout=None)
+    return [_run(plan, base, obj, dict(grid.holdout["model"]), tokens, grid.seeds[0], prefix="holdout_")
+            for obj in plan.objectives]
+
+
+def _run(grid: SweepGrid, base, obj: dict, model: dict, budget, seed: int, prefix: str = "") -> Run:
     L, gb = base.data.seq_length, grid.global_batch_size
     tokens = int(budget) if grid.tokens is not None else \
         int(float(budget) / flops_per_token(grid, model, obj["name"], base))
     steps = max(1, math.ceil(tokens / (gb * L)))
     budget_tag = f"T{tokens}" if grid.tokens is not None else f"C{float(budget):.1e}"
-    name = _run_name(obj["label"], model, budget_tag, seed)
+    name = prefix + _run_name(obj["label"], model, budget_tag, seed)
     over = [f"objective.name={obj['name']}", *(f"objective.{k}={v}" for k, v in obj["fields"].items()),
             *(f"model.{k}={v}" for k, v in model.items()),
             f"train.train_steps={steps}", f"train.micro_batch_size={grid.micro_batch_size}",
@@ -202,4 +221,5 @@ def _run(grid: SweepGrid, base, obj: dict, model: dict, budget, seed: int) -> Ru
     return Run(name, obj["label"], dict(model), steps * gb * L, seed, steps, over, method=obj["name"])
 
 
-__all__ = ["SweepGrid", "SweepError", "Run", "load_grid", "load_run_config", "flops_per_token", "expand"]
+__all__ = ["SweepGrid", "SweepError", "Run", "load_grid", "load_run_config", "flops_per_token", "expand",
+           "holdout_runs"]
