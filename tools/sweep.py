@@ -56,6 +56,8 @@ def main(argv=None) -> int:
         res = sweep.run_local(grid, runs)
         print(f"sweep {grid.name}: {res['ran']} run(s) trained, {res['skipped']} already finished"
               + (f", {len(res['failed'])} failed: {res['failed']}" if res["failed"] else ""))
+        if res["interrupted"]:
+            return 143
     rows = sweep.collect(grid, runs)
     if not rows:
         print("no finished runs to collect yet")
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
     if pred is not None:
         if args.mode == "run":
             held = sweep.run_local(grid, sweep.holdout_runs(grid))
+            if held["interrupted"]:
+                return 143
             res["failed"] += held["failed"]
         check(grid, pred)
     return 0 if args.mode != "run" or not res["failed"] else 1

@@ -3,6 +3,7 @@ collect with too few runs for a fit, and the plot."""
 import csv
 import json
 
+import pytest
 import yaml
 
 from .conftest import ROOT, run_here
@@ -71,8 +72,6 @@ def test_isoflop_grid_gives_each_model_the_tokens_of_its_budget(data_dir, tmp_pa
 def test_objective_variants_and_extra_seeds_expand_into_their_own_runs(data_dir, tmp_path):
     """``objectives`` may carry objective fields (``{name: bd3lm, block_size: 4}``: labelled runs whose config has
     them); ``extra_seeds`` adds seeds at one point; a point that is not in the grid is refused in one line."""
-    import pytest
-
     from setdiff_mega.eval import sweep
 
     objectives = ["ar", {"name": "bd3lm", "block_size": 4}, {"name": "setdlm", "D": 4}]
@@ -130,3 +129,44 @@ def test_the_held_out_run_is_predicted_before_it_trains_and_then_checked(data_di
     assert (out / "holdout_prediction.json").read_text() == before
     got = json.loads((out / "holdout.json").read_text())["ar"]
     assert got["measured"] == measured and got["inside"] is True and got["predicted"] == p["loss"]
+
+
+@pytest.mark.slow      # three tiny trainings, one of them stopped and resumed: about a minute on 2 cores
+def test_a_sigterm_stops_the_sweep_and_a_rerun_finishes_without_retraining(data_dir, tmp_path):
+    """SIGTERM to the sweep while its second run trains: that run saves and stops, the next ones never start, the
+    exit status is 143; the re-run skips the first (its summary untouched), resumes the second and trains the
+    rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = _grid(tmp_path, data_dir, tokens=[256, 16384],
+                 overrides=[f"data.path={data_dir / 'corpus'}", "data.seq_length=32", "train.eval_interval=0",
+                            "train.eval_iters=1", "train.log_interval=1", "train.warmup_steps=1",
+                            "train.save_interval=4", "logging.wandb=disabled", "logging.progress=false"],
+                 models=[{"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2},
+                         {"num_layers": 1, "hidden_size": 24, "num_attention_heads": 2}])
+    out = tmp_path / "sweep" / "runs"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    sweep = subprocess.Popen([sys.executable, "tools/sweep.py", str(path), "--bootstrap", "5"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list(out.glob("*T16384*/checkpoints/step_0000004/state.json")):  # the long run has saved once
+        assert sweep.poll() is None and time.time() < deadline, sweep.communicate()
+        time.sleep(0.1)
+    first = next(out.glob("*T256*/summary.json"))
+    stamp = first.stat().st_mtime_ns
+    sweep.send_signal(signal.SIGTERM)
+    _, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 143, err[-2000:]
+    long_run = next(out.glob("*T16384*"))
+    assert json.loads((long_run / "summary.json").read_text())["stopped_by"] == "SIGTERM"
+    assert len(list(out.glob("*/summary.json"))) == 2                 # the other model's runs never started
+    r = run_here(["tools/sweep.py", str(path), "--bootstrap", "5"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "skipping 1 finished run(s)" in r.stderr + r.stdout and first.stat().st_mtime_ns == stamp
+    assert "resumed from" in (long_run / "train.log").read_text()
+    summaries = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
+    assert len(summaries) == 4 and all(x.get("stopped_by") is None for x in summaries)

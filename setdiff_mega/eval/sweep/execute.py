@@ -4,14 +4,16 @@ for a cluster.
 Every run gets its own resolved ``config.yaml`` in its directory (what the launch commands use). A run
 is finished when its ``summary.json`` reaches its step count. :func:`run_local` skips finished runs and
 resumes interrupted ones (the trainer's ``train.resume=auto``), so re-invoking a sweep is cheap and
-safe; it launches ``python -m setdiff_mega.train`` (the package's entry point, from the working
-directory) or, for several processes per run, ``launch.sh``. :func:`emit` writes ``commands.sh`` (one
-``launch.sh`` line per unfinished run) and ``sweep.sbatch`` (a Slurm array over those lines) instead.
+safe; SIGTERM / SIGINT reach the run in progress, which saves and stops, and no other run starts. It
+launches ``python -m setdiff_mega.train`` (the package's entry point, from the working directory) or, for
+several processes per run, ``launch.sh``. :func:`emit` writes ``commands.sh`` (one ``launch.sh`` line per
+unfinished run) and ``sweep.sbatch`` (a Slurm array over those lines) instead.
 """
 from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,26 +59,47 @@ def command(grid: SweepGrid, run: Run, launcher: bool = False) -> list[str]:
 
 
 def run_local(grid: SweepGrid, runs: list[Run], log=print, env=None) -> dict:
-    """Run unfinished runs one after another; returns {'ran': n, 'skipped': m, 'failed': [...]}."""
+    """Run unfinished runs one after another; returns {'ran': n, 'skipped': m, 'failed': [...], 'interrupted':
+    bool}. SIGTERM or SIGINT reaches the run in progress as SIGTERM (the trainer saves a checkpoint and stops) and
+    no further run starts: invoking the sweep again skips the finished runs and resumes the stopped one."""
     todo = [r for r in runs if finished(grid, r) is None]
     skipped = len(runs) - len(todo)
     if skipped:
         log(f"skipping {skipped} finished run(s)")
-    failed = []
+    failed, state = [], {"proc": None, "signal": None}
+
+    def forward(signum, _frame):
+        state["signal"] = signum
+        if state["proc"] is not None and state["proc"].poll() is None:      # as SIGTERM: a Ctrl-C in a terminal
+            state["proc"].send_signal(signal.SIGTERM)                       # reaches the trainer too, and a
+                                                                            # second SIGINT would abort unsaved
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     bar = tqdm(total=len(todo), desc=f"sweep {grid.name}", unit="run", file=sys.stderr, dynamic_ncols=True)
-    for r in todo:
-        d = grid.run_dir(r)
-        d.mkdir(parents=True, exist_ok=True)
-        resume = (d / "checkpoints").is_dir()
-        bar.set_postfix_str(f"{r.name}{' (resuming)' if resume else ''}")
-        with open(d / "train.log", "a") as out:
-            p = subprocess.run(command(grid, r), stdout=out, stderr=subprocess.STDOUT, env=env)
-        if p.returncode != 0 or finished(grid, r) is None:
-            failed.append(r.name)
-            log(f"run {r.name} failed (exit {p.returncode}); see {d / 'train.log'}")
-        bar.update(1)
-    bar.close()
-    return {"ran": len(todo) - len(failed), "skipped": skipped, "failed": failed}
+    try:
+        for r in todo:
+            if state["signal"] is not None:
+                break
+            d = grid.run_dir(r)
+            d.mkdir(parents=True, exist_ok=True)
+            resume = (d / "checkpoints").is_dir()
+            bar.set_postfix_str(f"{r.name}{' (resuming)' if resume else ''}")
+            with open(d / "train.log", "a") as out:
+                state["proc"] = subprocess.Popen(command(grid, r), stdout=out, stderr=subprocess.STDOUT, env=env)
+                code = state["proc"].wait()
+            if state["signal"] is not None:
+                log(f"stopped by signal {state['signal']}: {r.name} saved at its last step; run the sweep again to "
+                    f"resume it and the {len(todo) - bar.n - 1} run(s) after it")
+                break
+            if code != 0 or finished(grid, r) is None:
+                failed.append(r.name)
+                log(f"run {r.name} failed (exit {code}); see {d / 'train.log'}")
+            bar.update(1)
+    finally:
+        bar.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return {"ran": bar.n - len(failed), "skipped": skipped, "failed": failed,
+            "interrupted": state["signal"] is not None}
 
 
 def emit(grid: SweepGrid, runs: list[Run]) -> tuple[Path, Path]:
