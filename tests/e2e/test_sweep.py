@@ -170,3 +170,42 @@ def test_a_sigterm_stops_the_sweep_and_a_rerun_finishes_without_retraining(data_
     assert "resumed from" in (long_run / "train.log").read_text()
     summaries = [json.loads(p.read_text()) for p in out.glob("*/summary.json")]
     assert len(summaries) == 4 and all(x.get("stopped_by") is None for x in summaries)
+
+
+@pytest.mark.slow      # four tiny trainings, two of them under torchrun with 2 processes: about a minute
+def test_the_emitted_cluster_commands_reproduce_the_local_sweep(data_dir, tmp_path):
+    """The cluster path: a two-point grid emitted with 2 data-parallel processes per run, its commands.sh lines
+    run as a Slurm array task would (launch.sh under torchrun, the supervisor's --max-restarts), then collected;
+    the validation losses equal those of the same grid run locally in one process (micro batch 4 = 2 x 2)."""
+    import os
+    import socket
+    import subprocess
+
+    for k in ("local", "cluster"):
+        (tmp_path / k).mkdir()
+    common = dict(tokens=[512, 1024], global_batch_size=4,
+                  models=[{"num_layers": 1, "hidden_size": 16, "num_attention_heads": 2}])
+    local = _grid(tmp_path / "local", data_dir, micro_batch_size=4, **common)      # the same 4 validation samples
+    r = run_here(["tools/sweep.py", str(local), "--bootstrap", "5"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    cluster = _grid(tmp_path / "cluster", data_dir, micro_batch_size=2, data_parallel_size=2, **common)
+    r = run_here(["tools/sweep.py", str(cluster), "--mode", "emit"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [x for x in (tmp_path / "cluster" / "sweep" / "commands.sh").read_text().splitlines()
+             if x and not x.startswith("#")]
+    assert len(lines) == 2 and all("--nproc-per-node 2 --max-restarts 2" in x for x in lines)
+    for line in lines:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+               "MASTER_PORT": str(port)}
+        p = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+    r = run_here(["tools/sweep.py", str(cluster), "--mode", "collect", "--bootstrap", "5"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {k: list(csv.DictReader(open(tmp_path / k / "sweep" / "results.csv"))) for k in ("local", "cluster")}
+    assert [x["run"] for x in rows["local"]] == [x["run"] for x in rows["cluster"]] and len(rows["local"]) == 2
+    for a, b in zip(rows["local"], rows["cluster"]):
+        assert (a["N"], a["D"], a["flops"]) == (b["N"], b["D"], b["flops"])
+        assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), rel=1e-4)
