@@ -65,8 +65,8 @@ def main(argv=None) -> int:
             info = check_dataset(out / "corpus")
             print(f"{out / 'corpus'} exists ({info['num_documents']} documents, {info['num_tokens']} tokens); skipping")
             return 0
-        print(f"{out} holds an older corpus or one built with other options ({out / 'embedded.json'} / "
-              f"natural.json); rebuilding")
+        record = out / ("embedded.json" if args.embedded else "natural.json")
+        print(f"{out} holds an older corpus or one built with other options ({record}); rebuilding")
     out.mkdir(parents=True, exist_ok=True)
     write_marker(out, tool)                 # first: an interrupted run's directory is still this tool's
     kw = dict(tokenizer_path=args.tokenizer, vocab_size=args.vocab_size)

@@ -28,12 +28,12 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-# pure-Python packages the project installs (pyproject.toml pins them): code and docstrings of varied style.
-# transformers is left out: its model files are near-copies of each other ("Copied from"), which exact
-# deduplication keeps and which would put near-duplicates on both sides of the train / validation split.
-# (pip and setuptools, which the virtual environment brings in unpinned versions, are left out too)
-PACKAGES = ("datasets", "deepspeed", "megatron", "torch/_dynamo", "torch/distributed", "matplotlib", "sympy",
-            "networkx", "jinja2", "yaml", "httpx")
+# pure-Python packages the project pins (pyproject.toml): code and docstrings of varied style. Left out:
+# transformers, whose model files are near-copies of each other ("Copied from"), which exact deduplication keeps
+# and which would put near-duplicates on both sides of the train / validation split; and packages that arrive
+# unpinned (pip, setuptools, torch's dependencies such as sympy or networkx), which would make the corpus differ
+# between machines.
+PACKAGES = ("datasets", "deepspeed", "megatron", "torch/_dynamo", "torch/distributed", "matplotlib", "yaml", "httpx")
 NATURAL_VERSION = 1
 
 
