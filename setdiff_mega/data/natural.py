@@ -103,13 +103,14 @@ def natural_documents(sources: list[Source], *, max_chars: int = 16000, max_mb: 
             text = "\n".join(line.rstrip() for line in text.splitlines()).strip()
             if not text:
                 continue
-            key = hashlib.sha256(text.encode()).digest()
+            raw = text.encode()
+            key = hashlib.sha256(raw).digest()
             if key in seen:
                 dup += 1
                 continue
             seen.add(key)
             kept += 1
-            size += len(text.encode())
+            size += len(raw)
             docs += split_long(text, max_chars)
         record["sources"].append({"name": src.name, "root": str(src.root), "version": src.version,
                                   "files": len(files), "kept": kept, "duplicates": dup,

@@ -76,8 +76,8 @@ def multipliers(rows: list[dict], reference: str = "ar", n_boot: int = 200, seed
         res = []
         for loss in targets:
             base, mine = compute_for_loss(f_ref, c_ref, loss), compute_for_loss(f, c, loss)
-            ratios = [compute_for_loss(b, c, loss) / compute_for_loss(a, c_ref, loss)
-                      for a, b in zip(boot_ref, boot) if math.isfinite(compute_for_loss(a, c_ref, loss))]
+            pairs = [(compute_for_loss(a, c_ref, loss), b) for a, b in zip(boot_ref, boot)]
+            ratios = [compute_for_loss(b, c, loss) / ref for ref, b in pairs if math.isfinite(ref)]
             ci = _interval(ratios, q)
             res.append({"loss": loss, "flops_reference": base, "flops": mine, "multiplier": mine / base, "ci": ci,
                         "level": level, "n_boot": len(ratios)})

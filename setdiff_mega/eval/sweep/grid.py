@@ -190,7 +190,7 @@ def expand(grid: SweepGrid) -> list[Run]:
                 extra = [s for e in grid.extra_seeds if (e["objective"], e["model"], e["budget"]) ==
                          (obj["label"], mi, bi) for s in e["seeds"]]
                 for seed in [*grid.seeds, *(s for s in extra if s not in grid.seeds)]:
-                    runs.append(_run(grid, base, obj, model, budget, seed))
+                    runs.append(_run(grid, base, obj, model, budget, grid.tokens is not None, seed))
     return runs
 
 
@@ -198,20 +198,17 @@ def holdout_runs(grid: SweepGrid) -> list[Run]:
     """The grid's held-out point, one run per objective (first seed), named ``holdout_<run name>``; [] without."""
     if grid.holdout is None:
         return []
-    base = load_run_config(grid)
-    tokens = float(grid.holdout["tokens"])
-    plan = dataclasses.replace(grid, tokens=[tokens], isoflop=None, objectives=[
-        {"name": o["name"], **o["fields"]} for o in grid.objectives], extra_seeds=[], holdout=None)
-    return [_run(plan, base, obj, dict(grid.holdout["model"]), tokens, grid.seeds[0], prefix="holdout_")
-            for obj in plan.objectives]
+    base, model = load_run_config(grid), dict(grid.holdout["model"])
+    return [_run(grid, base, obj, model, float(grid.holdout["tokens"]), True, grid.seeds[0], prefix="holdout_")
+            for obj in grid.objectives]
 
 
-def _run(grid: SweepGrid, base, obj: dict, model: dict, budget, seed: int, prefix: str = "") -> Run:
+def _run(grid: SweepGrid, base, obj: dict, model: dict, budget, in_tokens: bool, seed: int, prefix: str = "") -> Run:
+    """One run; ``budget`` in tokens (``in_tokens``) or in FLOPs (an IsoFLOP budget)."""
     L, gb = base.data.seq_length, grid.global_batch_size
-    tokens = int(budget) if grid.tokens is not None else \
-        int(float(budget) / flops_per_token(grid, model, obj["name"], base))
+    tokens = int(budget) if in_tokens else int(float(budget) / flops_per_token(grid, model, obj["name"], base))
     steps = max(1, math.ceil(tokens / (gb * L)))
-    budget_tag = f"T{tokens}" if grid.tokens is not None else f"C{float(budget):.1e}"
+    budget_tag = f"T{tokens}" if in_tokens else f"C{float(budget):.1e}"
     name = prefix + _run_name(obj["label"], model, budget_tag, seed)
     over = [f"objective.name={obj['name']}", *(f"objective.{k}={v}" for k, v in obj["fields"].items()),
             *(f"model.{k}={v}" for k, v in model.items()),
