@@ -6,7 +6,8 @@ detected (a hang within 2x its timeout, measured), the job restarts itself from 
 checkpoint, and its final weights and loss curve equal an uninterrupted run's bit for bit. The test prints
 its report (faults injected, detected, time to detect, steps recomputed; docs/results.md).
 
-The default suite runs the short form (one hang, 12 steps); ``-m slow`` the long one (all four kinds)."""
+The default suite runs the short form (a SIGKILL and a hang, 12 steps; it also holds the ``-m slow`` test of
+:mod:`.test_rank_kill`, a killed rank ending the attempt); ``-m slow`` the long one (all four kinds)."""
 import json
 import os
 import random
@@ -114,8 +115,9 @@ def _chaos(two_tokenizers, tmp_path, kinds, steps, seed):
     return report
 
 
-def test_a_hung_rank_of_a_two_node_job_is_detected_and_the_restarted_run_is_exact(two_tokenizers, tmp_path):
-    _chaos(two_tokenizers, tmp_path, ["hang"], steps=12, seed=4)
+def test_a_killed_and_a_hung_rank_of_a_two_node_job_are_detected_and_the_restarted_run_is_exact(two_tokenizers,
+                                                                                                  tmp_path):
+    _chaos(two_tokenizers, tmp_path, ["kill", "hang"], steps=12, seed=4)
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """A rank SIGKILLed mid-step under torchrun (launch.sh): the job exits non-zero within a bounded time
-(no hang), and the resumed run ends with the weights of an uninterrupted run (issue 16, faults)."""
+(no hang), and the resumed run ends with the weights of an uninterrupted run (issue 16, faults). A ``slow`` test:
+the default suite's chaos test (:mod:`.test_chaos`) kills a rank of a 2-node job and checks the same."""
 import os
 import signal
 import socket
@@ -7,6 +8,7 @@ import subprocess
 import time
 
 import psutil
+import pytest
 import torch
 
 from .conftest import ROOT, TINY
@@ -40,6 +42,7 @@ def _rank_process(launcher: psutil.Process, rank: int) -> psutil.Process | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_job_and_the_resume_is_exact(two_tokenizers, tmp_path):
     from setdiff_mega.checkpoint import full_state_dict
 
