@@ -9,13 +9,13 @@
     POST /v1/chat/completions    OpenAI chat completions (the checkpoint's chat template)
     POST /v1/infill              the diffusion endpoint: {prefix, suffix, span} -> the span's text
 
-A request is parsed and checked (:mod:`.protocol`; 400 with one line), queued as ``n`` jobs per prompt (429
-when the queue is full) and answered when its jobs are done, or streamed as server-sent events (``data:
-{chunk}`` per text delta, with ``"trace": true`` a chunk per decode step whose choice holds the step's commits
-(``trace``), the finish reason, the usage with ``stream_options.include_usage``, then ``data: [DONE]``). A
-client that disconnects cancels its jobs (non-streaming requests poll for it every 0.25 s); a job past the
-server's timeout ends with 504 (or an error event). Errors have OpenAI's shape: {"error": {"message",
-"type", "code"}}.
+A request is parsed and checked (:mod:`.protocol`; 400 with one line), queued as ``n`` jobs per prompt (429 when
+the queue is full) and answered when its jobs are done, or streamed as server-sent events (``data: {chunk}`` per
+text delta (the deltas waiting when the stream writes merged per choice, :mod:`.outbox`), with ``"trace": true`` a
+chunk per decode step whose choice holds the step's commits (``trace``), the finish reason, the usage with
+``stream_options.include_usage``, then ``data: [DONE]``). A client that disconnects cancels its jobs (non-streaming
+requests poll for it every 0.25 s); a job past the server's timeout ends with 504 (or an error event). Errors have
+OpenAI's shape: {"error": {"message", "type", "code"}}.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.errors import DataError, RequestError
 
 from .job import Job
+from .outbox import Outbox, coalesce
 from .protocol import parse
 from .scheduler import QueueFull
 
@@ -89,6 +90,7 @@ class Server:
         self.model_name, self.metrics, self.timeout, self.max_body = model_name, metrics, timeout, max_body
         self.created = int(time.time())
         self._chats: dict = {}
+        self.outbox: Outbox | None = None
 
     def app(self) -> Starlette:
         routes = [Route("/", self.playground), Route("/health", self.health), Route("/v1/models", self.models),
@@ -166,13 +168,9 @@ class Server:
             for j in range(parsed.n):
                 i = len(jobs)
 
-                def emit(event, payload, i=i):
-                    try:
-                        loop.call_soon_threadsafe(queue.put_nowait, (i, event, payload))
-                    except RuntimeError:          # the event loop is gone (server shutting down)
-                        pass
                 cfg = replace(parsed.config, seed=parsed.config.seed + j)
-                jobs.append(Job(ids, cfg, emit, parsed.stops, self.timeout, self.tok, trace=parsed.trace))
+                jobs.append(Job(ids, cfg, self._outbox(loop).emitter(queue, i), parsed.stops, self.timeout, self.tok,
+                                trace=parsed.trace))
         try:
             self.scheduler.submit(jobs)
         except QueueFull as e:
@@ -186,6 +184,13 @@ class Server:
         response = await self._collect(request, jobs, queue, parsed, endpoint, rid)
         self.metrics.request(endpoint, response.status_code)
         return response
+
+    def _outbox(self, loop) -> Outbox:
+        """The events' way from the scheduler to this event loop (:mod:`.outbox`), made on the first request."""
+        if self.outbox is None or self.outbox.loop is not loop:
+            self.outbox = Outbox(loop, self.scheduler.in_loop)
+            self.scheduler.on_step_end = self.outbox.flush
+        return self.outbox
 
     def _cancel(self, jobs) -> None:
         for job in jobs:
@@ -259,28 +264,40 @@ class Server:
         return "data: " + json.dumps({"id": rid, "object": obj, "created": int(time.time()),
                                       "model": self.model_name, "choices": [choice]}) + "\n\n"
 
+    def _chunks(self, events, infos: dict, parsed, endpoint: str, rid) -> tuple[list, bool]:
+        """The SSE chunks of ``events`` (finished choices' summaries go to ``infos``), and whether an error ended
+        the stream."""
+        out = []
+        for i, event, payload in events:
+            if event == "delta":
+                out.append(self._chunk(rid, endpoint, i, text=payload))
+            elif event == "trace":
+                out.append(self._chunk(rid, endpoint, i, trace=payload))
+            elif event == "error" or payload["finish_reason"] == "timeout":
+                status, message = payload if event == "error" else (504, "the request timed out")
+                out.append("data: " + json.dumps({"error": {"message": one_line(message), "type": "server_error"
+                                                            if status >= 500 else "invalid_request_error",
+                                                            "code": status}}) + "\n\n")
+                return out, True
+            else:
+                infos[i] = payload
+                ids = payload["token_ids"] if parsed.return_token_ids else None
+                out.append(self._chunk(rid, endpoint, i, finish=payload["finish_reason"], token_ids=ids))
+        return out, False
+
     async def _stream(self, jobs, queue, parsed, endpoint, rid):
         infos: dict = {}
         try:
             if endpoint == "chat":
                 for i in range(len(jobs)):
                     yield self._chunk(rid, endpoint, i, first=True)
-            while len(infos) < len(jobs):
-                i, event, payload = await queue.get()
-                if event == "delta":
-                    yield self._chunk(rid, endpoint, i, text=payload)
-                elif event == "trace":
-                    yield self._chunk(rid, endpoint, i, trace=payload)
-                elif event == "error" or payload["finish_reason"] == "timeout":
-                    status, message = payload if event == "error" else (504, "the request timed out")
-                    yield "data: " + json.dumps({"error": {"message": one_line(message), "type": "server_error"
-                                                           if status >= 500 else "invalid_request_error",
-                                                           "code": status}}) + "\n\n"
-                    break
-                else:
-                    infos[i] = payload
-                    ids = payload["token_ids"] if parsed.return_token_ids else None
-                    yield self._chunk(rid, endpoint, i, finish=payload["finish_reason"], token_ids=ids)
+            failed = False
+            while len(infos) < len(jobs) and not failed:
+                events = [await queue.get()]
+                while not queue.empty():              # what else is waiting goes out in the same write
+                    events.append(queue.get_nowait())
+                chunks, failed = self._chunks(coalesce(events), infos, parsed, endpoint, rid)
+                yield "".join(chunks)
             if parsed.include_usage and len(infos) == len(jobs):
                 usage = self._usage(list(infos.values()), parsed)
                 yield "data: " + json.dumps({"id": rid, "object": "chat.completion.chunk" if endpoint == "chat"

@@ -12,13 +12,14 @@ next call.
         step       the calls -> :func:`~setdiff_mega.decoding.calls.fused_forward` (cached and uncached calls
                    apart) -> each decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
 
-No thread per request and no hand-off per step: the HTTP side only queues jobs (:meth:`Scheduler.submit`),
-flags cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV
-cache; a job joining or leaving resets or frees its row only. The queue is bounded (``max_queue``:
-:class:`QueueFull`, HTTP 429). Client disconnects and timeouts cancel a job: its row is retired before the next
-step. A failing forward fails the jobs of the decodes in it (HTTP 500), a failing decode its own jobs, not the
-loop. ``part_seconds`` accumulates each step's time by part (:data:`PARTS`); everything but ``forward`` is the
-per-step host overhead (``host_seconds``), the number that carries over to a GPU.
+No thread per request and no hand-off per step: the HTTP side only queues jobs (:meth:`Scheduler.submit`), flags
+cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV cache; a
+job joining or leaving resets or frees its row only. The queue is bounded (``max_queue``: :class:`QueueFull`, HTTP
+429). Client disconnects and timeouts cancel a job: its row is retired before the next step. A failing forward
+fails the jobs of the decodes in it (HTTP 500), a failing decode its own jobs, not the loop. After each loop
+iteration ``on_step_end`` (if set) runs: the server hands the iteration's events to the HTTP side in one call
+(:mod:`.outbox`). ``part_seconds`` accumulates each step's time by part (:data:`PARTS`); everything but ``forward``
+is the per-step host overhead (``host_seconds``), the number that carries over to a GPU.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class Scheduler:
         self.steps = 0
         self.part_seconds = dict.fromkeys(PARTS, 0.0)   # decode-step time by part, summed (:data:`PARTS`)
         self.clock = _Clocked(model)
+        self.on_step_end = None          # called by the loop after each iteration (the server's event hand-over)
 
     # -- the HTTP side ---------------------------------------------------------------------------------
     def start(self) -> "Scheduler":
@@ -108,6 +110,10 @@ class Scheduler:
                 job.reason = reason
                 job.cancelled = True
                 self.cond.notify_all()
+
+    def in_loop(self) -> bool:
+        """Whether the caller is the scheduler's loop (its events may wait for ``on_step_end``)."""
+        return threading.current_thread() is self._thread
 
     @property
     def idle(self) -> bool:
@@ -206,14 +212,21 @@ class Scheduler:
                 self._expire()
                 jobs = [] if self._closing else self._take()
                 if not jobs and not self.running:
+                    self._end_step()                  # queued jobs that expired
                     self.cond.wait(timeout=0.05)
                     continue
             t0 = time.perf_counter()
             self._admit(jobs)
             self._sweep()
-            if not (self.decodes and self._step(time.perf_counter() - t0)):
+            stepped = self.decodes and self._step(time.perf_counter() - t0)
+            self._end_step()
+            if not stepped:
                 with self.cond:                   # nothing to compute (never expected with jobs running): no spin
                     self.cond.wait(timeout=0.005)
+
+    def _end_step(self) -> None:
+        if self.on_step_end is not None:
+            self.on_step_end()
 
     def _calls(self) -> list:
         out = []

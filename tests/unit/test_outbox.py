@@ -1,0 +1,59 @@
+"""The scheduler -> HTTP event hand-over (setdiff_mega/serving/outbox.py): the scheduler thread's events wait for
+the end of its step and go over in one call; other threads' go at once; waiting deltas merge per choice without
+reordering any choice's events."""
+import asyncio
+import threading
+
+from setdiff_mega.serving.outbox import Outbox, coalesce
+
+
+def test_coalesce_merges_each_choices_waiting_deltas_and_keeps_its_order():
+    events = [(0, "delta", "a"), (1, "delta", "x"), (0, "delta", "b"), (0, "trace", {"s": 1}), (0, "delta", "c"),
+              (1, "delta", "y"), (1, "done", {"r": 1}), (0, "delta", "d")]
+    assert coalesce(events) == [(0, "delta", "ab"), (1, "delta", "xy"), (0, "trace", {"s": 1}), (0, "delta", "cd"),
+                                (1, "done", {"r": 1})]
+    # per choice, the text and the order of its events are what they were
+    for i in (0, 1):
+        mine = [e for e in events if e[0] == i]
+        merged = [e for e in coalesce(events) if e[0] == i]
+        assert "".join(p for _, k, p in mine if k == "delta") == "".join(p for _, k, p in merged if k == "delta")
+        assert [k for _, k, _ in merged if k != "delta"] == [k for _, k, _ in mine if k != "delta"]
+    assert coalesce([]) == []
+
+
+def test_the_producers_events_wait_for_flush_and_arrive_in_one_wake_up():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        producer = threading.current_thread()
+        box = Outbox(loop, lambda: threading.current_thread() is producer)
+        q0, q1 = asyncio.Queue(), asyncio.Queue()
+        e0, e1 = box.emitter(q0, 0), box.emitter(q1, 1)
+        e0("delta", "he")
+        e1("delta", "x")
+        e0("delta", "llo")
+        await asyncio.sleep(0.01)
+        assert q0.empty() and q1.empty() and len(box.pending) == 3          # held until the step ends
+        calls = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (calls.append(a), real(*a))
+        box.flush()
+        assert len(calls) == 1 and not box.pending
+        await asyncio.sleep(0.01)
+        assert [q0.get_nowait(), q0.get_nowait()] == [(0, "delta", "he"), (0, "delta", "llo")]
+        assert q1.get_nowait() == (1, "delta", "x")
+        box.flush()                                                          # nothing pending: no wake-up
+        assert len(calls) == 1
+        other = threading.Thread(target=e1, args=("error", (500, "x")))      # another thread: at once
+        other.start()
+        other.join()
+        await asyncio.sleep(0.01)
+        assert q1.get_nowait() == (1, "error", (500, "x")) and not box.pending
+
+    asyncio.run(scenario())
+
+
+def test_a_closed_loop_drops_events_without_raising():
+    loop = asyncio.new_event_loop()
+    loop.close()
+    box = Outbox(loop, lambda: False)
+    box.emitter(asyncio.Queue(), 0)("delta", "x")
