@@ -19,8 +19,10 @@ A decode forward over a chunk of T tokens writes the chunk's K/V into the scratc
 attention of the chunk's queries over the contiguous view ``[window (C slots) ; chunk (T)]`` with a
 boolean keep-mask [B, 1, T, C + T] that the sampler builds (window slots >= length are never visible): no
 concatenation. :meth:`commit` then persists the first ``n[b]`` chunk entries of each row (the committed
-tokens) with one scatter for all layers (one slice copy when every row commits the same number of entries
-at the same length, e.g. batch 1); the rest (masked queries) are dropped.
+tokens), all layers at once: one slice copy when every row commits the same number of entries at the same
+length (e.g. batch 1), else one slice copy per committing row on CPU (at GPT-2-small shape and batch 8 about
+20x cheaper there than the scatter) and one scatter on an accelerator (a kernel launch per row would cost
+more); the rest (masked queries) are dropped.
 """
 from __future__ import annotations
 
@@ -139,13 +141,27 @@ class KVCache:
                 self.v[:, :, :, at:at + m] = self.v[:, :, :, o + C:o + C + m]
             self.length = self.length + n
             return
+        if self.k.device.type == "cpu":        # a slice copy per row: on CPU far cheaper than a scatter
+            self._commit_rows(counts, lengths)
+        else:
+            self._commit_scatter(n, T)
+        self.length = self.length + n
+
+    def _commit_rows(self, counts: list, lengths: list) -> None:
+        o, C = self.offset, self.capacity
+        for b, (m, at) in enumerate(zip(counts, lengths)):
+            if m:                                              # all layers at once; never overlaps the scratch
+                self.k[:, b, :, o + at:o + at + m] = self.k[:, b, :, o + C:o + C + m]
+                self.v[:, b, :, o + at:o + at + m] = self.v[:, b, :, o + C:o + C + m]
+
+    def _commit_scatter(self, n: torch.Tensor, T: int) -> None:
+        o, C = self.offset, self.capacity
         j = torch.arange(T, device=n.device)[None]
         dest = torch.where(j < n[:, None], o + self.length[:, None] + j, o + C + j)    # dropped: stay in scratch
         L, B, g, _, d = self.k.shape
         gidx = dest[None, :, None, :, None].expand(L, B, g, T, d)
         self.k.scatter_(3, gidx, self.k[:, :, :, o + C:o + C + T].clone())
         self.v.scatter_(3, gidx, self.v[:, :, :, o + C:o + C + T].clone())
-        self.length = self.length + n
 
     def discard(self) -> None:
         """Forget the last chunk without persisting anything."""

@@ -80,14 +80,17 @@ class Metrics:
         for k, v in (parts or {}).items():
             self.parts.labels(part=k).inc(v)
 
-    def committed(self, n: int) -> None:
+    def committed(self, counts: list[int]) -> None:
+        """One decode step's committed tokens, per busy row."""
+        n = sum(counts)
         if n:
             self.tokens.inc(n)
             now = time.monotonic()
             with self._lock:
                 self._recent.append((now, n))
                 self._prune(now)
-        self.per_step.observe(n)
+        for c in counts:
+            self.per_step.observe(c)
 
     def finished(self, job) -> None:
         self.jobs.labels(reason=job.reason or "error").inc()

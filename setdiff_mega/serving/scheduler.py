@@ -124,9 +124,9 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.occupancy(len(self.queue), len(self.running))
 
-    def _committed(self, n: int) -> None:
+    def _committed(self, counts: list[int]) -> None:
         if self.metrics is not None:
-            self.metrics.committed(n)
+            self.metrics.committed(counts)
 
     def _expire(self) -> None:
         now = time.monotonic()

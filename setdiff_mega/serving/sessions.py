@@ -42,7 +42,8 @@ def session_key(cfg) -> str | None:
 
 
 class Decode:
-    """A session and the jobs in its rows (module docstring); ``committed(n)`` reports committed tokens."""
+    """A session and the jobs in its rows (module docstring); ``committed(counts)`` reports a step's committed
+    tokens per busy row."""
 
     def __init__(self, method, model, tokenizer, config, *, rows: int, width: int, device, committed,
                  job=None):
@@ -78,9 +79,9 @@ class Decode:
         for b, job in self.slots.items():
             job.committed_last = int(counts[b])
             job.steps += job.committed_last > 0
-            self.committed(job.committed_last)
             if job.trace and st.commit_step is not None:
                 self._trace_step(st, b, job)
+        self.committed([int(counts[b]) for b in self.slots])
         rows = [b for b, job in self.slots.items() if job.streaming]
         if not rows:
             return
@@ -88,16 +89,27 @@ class Decode:
         f = first_true(st.masked & cv.generate)
         final = (cv.generate & (st.pos[None] < f[:, None])).sum(1)
         n, g, done = torch.stack([final, first_true(cv.generate), st.done.long()]).tolist()   # one host sync
+        rows = [b for b in rows if not done[b] and n[b] > len(self.slots[b].tokens)]
+        news = self._new_tokens(st, rows, n, g)
         for b in rows:
-            job, old = self.slots[b], len(self.slots[b].tokens)
-            if done[b] or n[b] <= old:
-                continue
-            if bool(cv.infill[b]):                    # MASK spans: the generated positions in order
-                new = st.tokens[b][cv.generate[b]][old:n[b]].tolist()
-            else:                                     # one contiguous region from g
-                new = st.tokens[b, g[b] + old:g[b] + n[b]].tolist()
-            if job.extend(new):
-                job.cancelled = True                  # a stop string: the text is complete
+            if self.slots[b].extend(news[b]):
+                self.slots[b].cancelled = True        # a stop string: the text is complete
+
+    def _new_tokens(self, st, rows: list, n: list, g: list) -> dict:
+        """row -> its final tokens after the ``len(job.tokens)`` it has streamed, up to n[row]: rows generating one
+        contiguous region from g (the usual) read one copy of the columns spanning all their news; infilling rows
+        (MASK spans) take their generated positions in order."""
+        cv, out = st.canvas, {}
+        plain = [b for b in rows if not bool(cv.infill[b])] if bool(cv.infill.any()) else rows
+        if plain:
+            start = {b: g[b] + len(self.slots[b].tokens) for b in plain}
+            lo, hi = min(start.values()), max(g[b] + n[b] for b in plain)
+            block = st.tokens[plain, lo:hi].tolist()
+            out = {b: row[start[b] - lo:g[b] + n[b] - lo] for b, row in zip(plain, block)}
+        for b in rows:
+            if b not in out:
+                out[b] = st.tokens[b][cv.generate[b]][len(self.slots[b].tokens):n[b]].tolist()
+        return out
 
     def _trace_step(self, st, b: int, job) -> None:
         """A traced job's commits of the step just taken (its decode is recorded: private, ``record``)."""

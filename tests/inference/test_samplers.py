@@ -252,6 +252,33 @@ def test_kv_cache_commit_and_keep():
     assert c.k.shape[3] == c.capacity + 100 + 64 and torch.equal(c.window(0)[0], window)
 
 
+def test_kv_cache_commit_per_row_equals_the_scatter():
+    """Rows committing different counts at different lengths: the CPU's per-row slice copies leave the same
+    windows as the accelerator's scatter (both run here on CPU)."""
+    from setdiff_mega.inference import KVCache
+
+    g = torch.Generator().manual_seed(0)
+    caches = [KVCache(num_layers=3, batch=5, groups=2, head_dim=4, capacity=12) for _ in range(2)]
+    for step in range(6):
+        k = torch.randn(3, 5, 2, 4, 4, generator=g)
+        n = torch.randint(0, 5, (5,), generator=g)
+        n[0] = step % 3                                         # rows differ, one sometimes commits nothing
+        for c, path in zip(caches, ("_commit_rows", "_commit_scatter")):
+            n_c = torch.minimum(n, c.capacity - c.length)
+            c._room(4)
+            s = c.offset + c.capacity
+            c.k[:, :, :, s:s + 4], c.v[:, :, :, s:s + 4] = k, -k
+            counts, lengths = torch.stack([n_c, c.length]).tolist()
+            getattr(c, path)(*((counts, lengths) if path == "_commit_rows" else (n_c, 4)))
+            c.length = c.length + n_c
+        a, b = caches
+        assert a.length.tolist() == b.length.tolist()
+        for layer in range(3):
+            for x, y in zip(a.window(layer), b.window(layer)):
+                assert torch.equal(x * a.valid()[:, None, :, None], y * b.valid()[:, None, :, None])
+    assert caches[0].length.max() > 4 and caches[0].length.min() < caches[0].length.max()
+
+
 def test_sampled_decoding_is_seeded_and_cache_exact(rand_model):
     kw = dict(window=4, tau=0.7, temperature=1.0, top_p=0.9, max_new_tokens=12)
     a = _run(SetDLMSampler, rand_model, PROMPTS["prompt"], use_cache=True, seed=3, **kw)
