@@ -76,9 +76,10 @@ class KVCache:
         return self.k[layer, rows, :, o:o + C], self.v[layer, rows, :, o:o + C]
 
     def begin(self, T: int) -> None:
-        """Reserve the scratch slots of a chunk of T entries (the host-side part of a cached forward)."""
+        """Reserve the scratch slots of a chunk of T entries (the host-side part of a cached forward). Rows of one
+        chunk may run in several forwards (a scheduler cutting padding): the chunk is the widest of them."""
         self._room(T)
-        self._T = T
+        self._T = T if self._T is None else max(self._T, T)
 
     def write(self, layer: int, k, v, rows=slice(None)) -> None:
         """The chunk's k / v [b, g, T, d] into the scratch slots of ``layer`` for ``rows`` (after :meth:`begin`)."""
@@ -185,6 +186,11 @@ class CacheRows:
 
     def begin(self, T: int) -> None:
         self.cache.begin(T)
+
+    def rows(self, idx: torch.Tensor) -> "CacheRows":
+        """Rows ``idx`` of these rows."""
+        mine = self.idx if isinstance(self.idx, torch.Tensor) else torch.arange(self.idx.start, self.idx.stop)
+        return CacheRows(self.cache, mine.to(idx.device)[idx])
 
     def write(self, layer: int, k, v) -> None:
         self.cache.write(layer, k, v, self.idx)

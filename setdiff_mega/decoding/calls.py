@@ -49,6 +49,8 @@ class Call:
     keep: torch.Tensor            # [b, T, C + T] bool (C = 0 without a cache)
     start: int                    # logits for rows [start, T)
     cache: object = None          # the caller's KVCache (or rows of it) with b rows; None: uncached
+    pending_count: torch.Tensor | None = None   # [b]: row b's valid entries lead columns [0, pending_width)
+    pending_width: int = 0        # (set by cached chunk forwards: a scheduler may cut the padding, serving/fusion)
 
     @property
     def rows(self) -> int:

@@ -121,7 +121,7 @@ class ChunkRunner:
         tok, posi, ok, allowed = self._chunk(pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask)
         start = 0 if logits_rows == "all" else pend_idx.shape[1]
         if self.cache is not None:
-            out = yield from self._cached_forward(tok, posi, allowed, ok, start)
+            out = yield from self._cached_forward(tok, posi, allowed, ok, start, pend_ok)
             if logits_rows != "all":
                 return out[:, :A]
             return torch.cat([out[:, :P], out[:, pend_idx.shape[1]:pend_idx.shape[1] + A]], 1)
@@ -139,17 +139,20 @@ class ChunkRunner:
         self.nfe += 1
         return (yield Call(torch.cat([htok, tok], 1), torch.cat([hpos, posi], 1), mask, H + start))
 
-    def _cached_forward(self, tok, posi, allowed, ok, start):
+    def _cached_forward(self, tok, posi, allowed, ok, start, pend_ok):
         """The forward through the cache; rows with nothing in the chunk (finished, or free slots of a serving
-        session) are left out of it (their logits are zeros, never read)."""
+        session) are left out of it (their logits are zeros, never read). The call says how many pending entries
+        lead each row (the rest of the pending columns is padding)."""
         B, T = tok.shape
         keep = torch.cat([self.cache.valid()[:, None, :].expand(B, T, self.cache.capacity), allowed], -1)
         self.nfe += 1
         rows = ok.any(1)
+        P = pend_ok.shape[1]
         if B == 1 or self.static_chunk is not None or int(rows.sum()) in (0, B):     # one host sync
-            return (yield Call(tok, posi, keep, start, self.cache))
+            count = None if B == 1 or self.static_chunk is not None else pend_ok.sum(1)
+            return (yield Call(tok, posi, keep, start, self.cache, count, P))
         idx = rows.nonzero()[:, 0]
-        part = yield Call(tok[idx], posi[idx], keep[idx], start, self.cache.rows(idx))
+        part = yield Call(tok[idx], posi[idx], keep[idx], start, self.cache.rows(idx), pend_ok[idx].sum(1), P)
         out = part.new_zeros(B, *part.shape[1:])
         out[idx] = part
         return out

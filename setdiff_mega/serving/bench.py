@@ -8,11 +8,12 @@ the tokens are the same in every phase: greedy decoding is batch-independent).
     concurrent   ``clients`` closed-loop clients (each sends its next request when its previous one ended)
     poisson      open loop: arrivals with exponential gaps at ``rate`` requests/s (seeded)
 
-Per phase: throughput (generated tokens/s, requests/s over the phase's wall time), latency (request sent ->
-last event) and time to first token (-> the first text delta), p50 / p99, and the server's mean decode step by
-part (from its /metrics counters before and after the phase: ``setdiff_step_part_seconds_total``; host time =
-every part but the model forward). The ratio printed is concurrent / sequential throughput. A server is started
-on a free loopback port unless ``url`` points at a running one.
+Per phase: throughput (generated tokens/s, requests/s over the phase's wall time), latency (request sent -> last
+event) and time to first token (-> the first text delta), p50 / p99, and the server's mean decode step by part
+(from its /metrics counters before and after the phase: ``setdiff_step_part_seconds_total``; host time = every part
+but the model forward), and the CPU time the clients themselves took (they share the machine with the server; they
+parse only the chunks they need: the first text and the usage). The ratio printed is concurrent / sequential
+throughput. A server is started on a free loopback port unless ``url`` points at a running one.
 
 In-process baseline (:func:`in_process`): the same prompts through ``setdiff_mega.inference.generate`` in this
 process, with the server's decoding options (the checkpoint's defaults, greedy, EOS stop off, the same
@@ -64,6 +65,8 @@ async def one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
+            if ttft is not None and '"usage"' not in line and '"error"' not in line:
+                continue                 # a later text delta: nothing to read (the client stays light)
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise ValueError(f"the server reported: {chunk['error']['message']}")
@@ -124,10 +127,11 @@ def in_process(checkpoint: str, prompts: list[str], max_tokens: int, batch: int)
             "tokens_per_s": tokens / wall, "requests_per_s": len(prompts) / wall}
 
 
-def summary(name: str, results: list[dict], wall: float) -> dict:
+def summary(name: str, results: list[dict], wall: float, cpu: float | None = None) -> dict:
+    """A phase's row; ``cpu``: the CPU seconds this (the clients') process spent in it."""
     lat, ttft = [r["latency"] for r in results], [r["ttft"] for r in results]
     tokens = sum(r["tokens"] for r in results)
-    return {"phase": name, "requests": len(results), "wall_s": wall, "tokens": tokens,
+    return {"phase": name, "requests": len(results), "wall_s": wall, "tokens": tokens, "client_cpu_s": cpu,
             "tokens_per_s": tokens / wall, "requests_per_s": len(results) / wall,
             "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),
             "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99)}
@@ -139,12 +143,12 @@ async def run_phases(url: str, bodies: list[dict], clients: int, rate: float | N
         await one(client, url, {**bodies[0], "max_tokens": 2})         # warm-up (not counted)
         out = []
         m0 = await scrape(client, url)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         seq = []
         for b in bodies:
             seq.append(await one(client, url, b))
             progress and progress("sequential", len(seq), len(bodies))
-        out.append(summary("sequential", seq, time.perf_counter() - t0))
+        out.append(summary("sequential", seq, time.perf_counter() - t0, time.process_time() - c0))
         m1 = await scrape(client, url)
         out[-1].update(step_parts(m0, m1))
         pending = list(bodies)
@@ -154,9 +158,9 @@ async def run_phases(url: str, bodies: list[dict], clients: int, rate: float | N
             while pending:
                 conc.append(await one(client, url, pending.pop(0)))
                 progress and progress(f"concurrent x{clients}", len(conc), len(bodies))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        out.append(summary(f"concurrent x{clients}", conc, time.perf_counter() - t0))
+        out.append(summary(f"concurrent x{clients}", conc, time.perf_counter() - t0, time.process_time() - c0))
         out[-1].update(step_parts(m1, await scrape(client, url)))
         if rate:
             rng = random.Random(seed)
@@ -198,8 +202,8 @@ def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[sub
 
 def table(rows: list[dict]) -> str:
     head = ("| phase | requests | tokens/s | requests/s | latency p50 / p99 (s) | TTFT p50 / p99 (s) | step ms: host "
-            "(admit / calls / fuse / advance) + forward |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---|"]
+            "(admit / calls / fuse / advance) + forward | clients' CPU / wall |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         lat = (f"{r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f} | {r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f}"
                if "latency_p50_s" in r else "- | -")
@@ -207,8 +211,9 @@ def table(rows: list[dict]) -> str:
         if "step_host_ms" in r:
             host = " / ".join(f"{r.get('step_' + k + '_ms', 0.0):.2f}" for k in ("admit", "calls", "fuse", "advance"))
             step = f"{r['step_host_ms']:.2f} ({host}) + {r.get('step_forward_ms', 0.0):.2f}"
+        cpu = f"{r['client_cpu_s'] / r['wall_s']:.0%}" if r.get("client_cpu_s") is not None else "-"
         lines.append(f"| {r['phase']} | {r['requests']} | {r['tokens_per_s']:.1f} | {r['requests_per_s']:.2f} | "
-                     f"{lat} | {step} |")
+                     f"{lat} | {step} | {cpu} |")
     return "\n".join(lines)
 
 

@@ -10,7 +10,8 @@ next call.
         sweep      finished jobs leave (EOS, stop string, max_tokens, cancellation, error); their rows are free
         calls      every decode's ``next_calls()`` (:mod:`setdiff_mega.decoding.calls`)
         step       the calls -> :func:`~setdiff_mega.decoding.calls.fused_forward` (cached and uncached calls
-                   apart) -> each decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
+                   apart, joining rows' prefills apart where that saves padding: :mod:`.fusion`) -> each
+                   decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
 
 No thread per request and no hand-off per step: the HTTP side only queues jobs (:meth:`Scheduler.submit`), flags
 cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV cache; a
@@ -31,6 +32,7 @@ import torch
 
 from setdiff_mega.decoding.calls import fused_forward
 
+from .fusion import default_min_saving, groups, split_rows, stitch
 from .job import Job
 from .sessions import USER, Decode, session_key
 
@@ -47,14 +49,16 @@ class QueueFull(Exception):
 
 class Scheduler:
     def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None,
-                 width: int = 4096):
+                 width: int = 4096, min_saving: int | None = None):
         """``width``: the most canvas positions of a request (prompt plus ``max_tokens``); shared decodes are
-        as wide as their requests need, by powers of two (:meth:`_bucket`)."""
+        as wide as their requests need, by powers of two (:meth:`_bucket`). ``min_saving``: the padding (row x
+        positions) a second forward in a step must save (:mod:`.fusion`; None: the device's default)."""
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch ({max_batch}) and max_queue ({max_queue}) must be >= 1")
         self.model, self.tokenizer, self.method = model, tokenizer, method
         self.max_batch, self.max_queue, self.metrics = max_batch, max_queue, metrics
         self.device = next(model.parameters()).device
+        self.min_saving = default_min_saving(self.device) if min_saving is None else int(min_saving)
         self.cond = threading.Condition()
         self.queue: collections.deque = collections.deque()
         self.running: dict[int, Job] = {}
@@ -241,19 +245,29 @@ class Scheduler:
         return out
 
     def _forward(self, work: list) -> list:
-        """The step's calls as one fused forward per kind (cached, uncached) -> [(decode, [logits])]."""
-        groups: dict = {}
-        for d, calls in work:
-            groups.setdefault(calls[0].cache is not None, []).append((d, calls[0]))
-        results = []
-        for members in groups.values():
-            try:
-                outs = fused_forward(self.clock, [c for _, c in members], self.tokenizer.pad)
-                results += [(d, [o]) for (d, _), o in zip(members, outs)]
-            except Exception as e:            # noqa: BLE001 (the decodes of this forward fail; the loop goes on)
-                for d, _ in members:
-                    self._drop(d, 500, f"the decode forward failed: {e}")
-        return results
+        """The step's calls as fused forwards -> [(decode, [logits])]: cached and uncached calls apart, and the
+        cached ones cut by width where that saves padding (:mod:`.fusion`: a joining row's prefill apart from the
+        decoding rows; the wide forward first)."""
+        parts, failed = [], set()                # (work index, part of its call)
+        for i, (d, calls) in enumerate(work):
+            parts += [(i, p) for p in split_rows(calls[0], self.min_saving)]
+        results: dict = {}
+        for cached in (True, False):
+            mine = [(i, p) for i, p in parts if (p[0].cache is not None) == cached]
+            for group in groups([p[0] for _, p in mine], self.min_saving) if mine else []:
+                members = [mine[j] for j in group]
+                try:
+                    outs = fused_forward(self.clock, [p[0] for _, p in members], self.tokenizer.pad)
+                except Exception as e:            # noqa: BLE001 (the decodes of this forward fail; the loop goes on)
+                    for i, _ in members:
+                        if i not in failed:
+                            failed.add(i)
+                            self._drop(work[i][0], 500, f"the decode forward failed: {e}")
+                    continue
+                for (i, (_, rows, cols)), o in zip(members, outs):
+                    results.setdefault(i, []).append((o, rows, cols))
+        return [(d, [stitch(calls[0], results[i])]) for i, (d, calls) in enumerate(work)
+                if i not in failed and i in results]
 
     def _step(self, admitted: float) -> bool:
         """One step: every decode's calls, the fused forwards, every decode's bookkeeping; its time by part

@@ -75,8 +75,8 @@ def test_fused_forward_equals_each_call_alone(rand_model):
         torch.testing.assert_close(f, a, atol=1e-5, rtol=1e-5)
 
 
-def _serve(model, method, cfgs, prompts, max_batch, stagger: float = 0.0):
-    sch = Scheduler(model, Tok(), method, max_batch=max_batch).start()
+def _serve(model, method, cfgs, prompts, max_batch, stagger: float = 0.0, min_saving=None):
+    sch = Scheduler(model, Tok(), method, max_batch=max_batch, min_saving=min_saving).start()
     events = {}
     lock = threading.Lock()
 
@@ -99,14 +99,24 @@ def _serve(model, method, cfgs, prompts, max_batch, stagger: float = 0.0):
     return jobs, events, sch
 
 
+@pytest.mark.parametrize("cut", [False, True], ids=["default", "prefills-apart"])
 @pytest.mark.parametrize("method,kw", METHODS)
-def test_every_sampler_decodes_the_same_tokens_in_a_continuous_batch(rand_model, method, kw):
+def test_every_sampler_decodes_the_same_tokens_in_a_continuous_batch(rand_model, method, kw, cut, monkeypatch):
     """Different max_new_tokens make jobs leave at different steps; staggered arrivals make others join. Jobs of
     equal options share a session (slot rows reused as jobs leave); sampled ones too, each row drawing from its
-    own seeded stream."""
+    own seeded stream. ``prefills-apart``: every joining row's prefill that leaves padding runs in a forward of
+    its own (serving/fusion.py, ``min_saving=1``), and the tokens are the same."""
+    import setdiff_mega.serving.scheduler as scheduler
+
+    cuts = []
+    real = scheduler.split_rows
+    monkeypatch.setattr(scheduler, "split_rows", lambda call, m: cuts.append(len(out := real(call, m)) - 1) or out)
     method = _method(method)
     cfgs = [GenerationConfig(max_new_tokens=6 + 3 * (i % 3), stop_at_eos=False, **kw) for i in range(len(PROMPTS))]
-    jobs, events, sch = _serve(rand_model, method, cfgs, PROMPTS, max_batch=3, stagger=0.003)
+    jobs, events, sch = _serve(rand_model, method, cfgs, PROMPTS, max_batch=3, stagger=0.003,
+                               min_saving=1 if cut else None)
+    if cut and method not in ("mdlm",):                   # MDLM decodes uncached: nothing to cut
+        assert sum(cuts) > 0
     for i, (job, p, c) in enumerate(zip(jobs, PROMPTS, cfgs)):
         done = [x for ev, x in events[i] if ev == "done"]
         assert done, events[i]
