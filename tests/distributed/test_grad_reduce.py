@@ -65,6 +65,7 @@ def test_grad_reducer_averages_exactly_and_overlaps_the_last_backward(overlap):
         torch.testing.assert_close(out[1]["weights"][k], v, rtol=0, atol=0)
 
 
+@pytest.mark.slow            # the benchmark's runner; the reducer's exactness above stays in the default suite
 def test_grad_reduce_benchmark_runs_both_variants_with_equal_losses(tmp_path):
     """tools/bench_grad_reduce.py's runner at toy size: every layout and variant, equal losses, a ratio."""
     from setdiff_mega.data.prepare import prepare

@@ -56,6 +56,7 @@ def test_two_nodes_on_localhost_train_data_parallel(data_dir, tmp_path):
     assert "done:" not in outs[1][0] + outs[1][1]          # only rank 0 reports
 
 
+@pytest.mark.slow            # CP = 2 against one process is in the default suite (tests/distributed)
 def test_torchrun_context_parallel_run(data_dir, tmp_path):
     """CP = 2 under a real torchrun: both ranks read the same samples (DP = 1) and hold half of each stream,
     attending with the set-causal decomposition per chunk (no mask)."""
@@ -91,7 +92,9 @@ def test_dry_run_commands_for_every_launcher():
     assert rc == 2 and "must be torchrun, deepspeed, mpirun or srun" in line
 
 
-@pytest.mark.parametrize("launcher,extra", [("mpirun", []), ("deepspeed", ["train.zero_stage=2"])])
+@pytest.mark.parametrize("launcher,extra", [("mpirun", []),
+                                            # slow: ZeRO-2 itself is in the default suite (tests/distributed)
+                                            pytest.param("deepspeed", ["train.zero_stage=2"], marks=pytest.mark.slow)])
 def test_mpirun_and_deepspeed_launchers_train(data_dir, tmp_path, launcher, extra):
     save = tmp_path / launcher
     args = ["--config", "configs/tiny_cpu.yaml", *TINY, "train.train_steps=4", f"data.path={data_dir / 'corpus'}",
