@@ -36,6 +36,10 @@ def parse_args(argv=None):
     p.add_argument("--max-batch", type=int, default=8, help="jobs decoded together (one KV cache each)")
     p.add_argument("--max-queue", type=int, default=256, help="jobs waiting beyond the batch; more: HTTP 429")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival (0: none)")
+    p.add_argument("--stream-interval", type=float, default=0.02,
+                   help="seconds more text of a started stream may wait to go out with the next (fewer, larger SSE "
+                   "chunks: the HTTP side then takes less of the decoding loop's time); the first text and the end "
+                   "go at once; 0: a chunk per decode step")
     p.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens / span accepted")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads, set once for the process "
                    "(default: the cores this process may use minus one, at least 1: the HTTP side keeps a core; on a "
@@ -97,7 +101,7 @@ def build(args):
                           width=L + args.max_tokens_limit)
     name = args.served_model_name or Path(os.path.abspath(args.checkpoint)).name
     server = Server(scheduler, tok, defaults, name, metrics, timeout=args.request_timeout or None,
-                    api_key=args.api_key or None)
+                    api_key=args.api_key or None, stream_interval=max(0.0, args.stream_interval))
     server.shutdown_grace = args.shutdown_grace
     return server, scheduler
 

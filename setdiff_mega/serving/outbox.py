@@ -8,13 +8,19 @@ needs for its next step. So:
 
 * :class:`Outbox` keeps the events the scheduler's thread emits during a loop iteration and hands them over in
   one call at its end (:meth:`Outbox.flush`, the scheduler's ``on_step_end``): one wake-up per step, whatever
-  the number of rows. Events emitted on any other thread (a cancellation or a failure on the HTTP side, the
-  shutdown) go over at once, as before.
+  the number of rows. More text for a stream that has already started waits until ``interval`` seconds have
+  passed since the last hand-over (``serve.py --stream-interval``, 0.02 s by default; 0: every step); a
+  stream's first text, its end (``done``, ``error``) and anything after them go at the next flush, so the
+  time to first token and to the last are not delayed, and a client sees the same text in fewer, larger
+  chunks. Events emitted on any other thread (a cancellation or a failure on the HTTP side, the shutdown) go
+  over at once.
 * :func:`coalesce` merges the text deltas a streaming handler finds waiting for one choice into one delta
   (the concatenation, in order), up to that choice's next other event; the handler writes the chunks it has
   in one piece. The client receives the same text, in at most as many chunks.
 """
 from __future__ import annotations
+
+import time
 
 
 def _deliver(batch: list) -> None:
@@ -23,27 +29,39 @@ def _deliver(batch: list) -> None:
 
 
 class Outbox:
-    def __init__(self, loop, producer):
+    def __init__(self, loop, producer, interval: float = 0.0):
         """``loop``: the event loop of the queues; ``producer()``: whether the calling thread is the scheduler's
-        (whose events wait for :meth:`flush`)."""
-        self.loop, self.producer = loop, producer
+        (whose events wait for :meth:`flush`); ``interval``: seconds more text of a started stream may wait."""
+        self.loop, self.producer, self.interval = loop, producer, float(interval)
         self.pending: list = []           # appended and swapped by the scheduler's thread only
+        self.urgent = False               # a pending event must go at the next flush
+        self.sent = 0.0                   # time of the last hand-over
 
     def emitter(self, queue, i: int):
         """The ``emit`` of a request's job ``i``: its events go to ``queue`` as ``(i, event, payload)``."""
+        started = False
+
         def emit(event, payload):
+            nonlocal started
             item = (i, event, payload)
             if self.producer():
+                self.urgent = self.urgent or event not in ("delta", "trace") or not started
+                started = started or event == "delta"
                 self.pending.append((queue, item))
             else:
                 self._send([(queue, item)])
         return emit
 
     def flush(self) -> None:
-        """Hand over what the scheduler's thread emitted since the last flush (one event-loop wake-up)."""
-        if self.pending:
-            batch, self.pending = self.pending, []
-            self._send(batch)
+        """Hand over what the scheduler's thread emitted since the last hand-over (one event-loop wake-up),
+        unless it is only more text of started streams and ``interval`` has not passed."""
+        if not self.pending:
+            return
+        now = time.monotonic()
+        if not self.urgent and now - self.sent < self.interval:
+            return
+        batch, self.pending, self.urgent, self.sent = self.pending, [], False, now
+        self._send(batch)
 
     def _send(self, batch: list) -> None:
         try:

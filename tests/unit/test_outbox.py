@@ -57,3 +57,35 @@ def test_a_closed_loop_drops_events_without_raising():
     loop.close()
     box = Outbox(loop, lambda: False)
     box.emitter(asyncio.Queue(), 0)("delta", "x")
+
+
+def test_more_text_of_a_started_stream_waits_for_the_interval_but_first_text_and_ends_do_not():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        box = Outbox(loop, lambda: True, interval=3600.0)
+        q = asyncio.Queue()
+        emit = box.emitter(q, 0)
+        emit("delta", "a")                       # the first text: goes at the next flush
+        box.flush()
+        await asyncio.sleep(0.01)
+        assert q.get_nowait() == (0, "delta", "a")
+        emit("delta", "b")
+        emit("delta", "c")
+        box.flush()                              # only more text, within the interval: held
+        await asyncio.sleep(0.01)
+        assert q.empty() and len(box.pending) == 2
+        emit("done", {"finish_reason": "length"})
+        box.flush()                              # the end takes what waited with it, in order
+        await asyncio.sleep(0.01)
+        assert [q.get_nowait()[1:] for _ in range(3)] == [("delta", "b"), ("delta", "c"),
+                                                         ("done", {"finish_reason": "length"})]
+        other = box.emitter(q, 1)
+        box.interval = 0.0                       # 0: every flush hands over
+        other("delta", "x")
+        box.flush()
+        other("delta", "y")
+        box.flush()
+        await asyncio.sleep(0.01)
+        assert [q.get_nowait()[2] for _ in range(2)] == ["x", "y"]
+
+    asyncio.run(scenario())
