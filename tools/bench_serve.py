@@ -7,10 +7,12 @@ and Poisson arrivals (open loop) over one workload of embedded-task prompts, in 
     python tools/bench_serve.py --url http://127.0.0.1:8000 --clients 8     # a server already running
 
 Prints throughput (tokens/s, requests/s), p50 / p99 latency and time to first token per phase, the server's
-mean decode step by part (host time: admission, the samplers' bookkeeping, fusion; and the model forward), and
-the ratio of concurrent to sequential throughput. With --checkpoint the same prompts then run in-process through
-``generate`` at batch 1 and at batch --clients (the server stopped, same threads), and the server's share of
-each is printed (sequential / batch 1, concurrent / batch B); --no-in-process skips that. --json writes the rows.
+mean decode step by part (host time: admission, the samplers' bookkeeping, fusion; and the model forward), the
+clients' CPU share, and the ratio of concurrent to sequential throughput. With --checkpoint the same prompts
+also run in-process through ``generate`` at batch 1 and at batch --clients (the server idle, same threads),
+in --rounds rounds alternating with the server's phases (each phase: its median round; the server's shares,
+sequential / batch 1 and concurrent / batch B: the medians of the rounds' paired ratios); --no-in-process skips
+that. --json writes the rows.
 """
 import argparse
 import asyncio
@@ -23,7 +25,7 @@ from tqdm import tqdm
 from setdiff_mega.cli import run_cli
 from setdiff_mega.outputs import check_output_file, write_file_atomic
 from setdiff_mega.serve import serving_threads
-from setdiff_mega.serving.bench import in_process, run_phases, start_server, table, workload
+from setdiff_mega.serving.bench import InProcess, medians, run_phases, run_poisson, start_server, table, workload
 
 
 def main(argv=None) -> int:
@@ -42,6 +44,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None, help="the started server's torch threads (default: the "
                    "server's, cores minus one), also the in-process baseline's")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process generate baseline")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of (server sequential + concurrent, in-process "
+                   "batch 1 + batch B), alternating; each phase reports its median round, the shares the median "
+                   "of the rounds' paired ratios")
     p.add_argument("--json", help="write the phases' rows here")
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
@@ -63,26 +68,31 @@ def main(argv=None) -> int:
     def progress(phase, done, total):
         bar = bars.get(phase) or bars.setdefault(phase, tqdm(total=total, desc=phase, unit="req", file=sys.stderr))
         bar.update(done - bar.n)
+    local = None
+    if args.checkpoint and not args.no_in_process:
+        torch.set_num_threads(threads)
+        local = InProcess(args.checkpoint, args.max_tokens)
+    prompts, rounds = [b["prompt"] for b in bodies], []
     try:
+        for r in range(args.rounds):                # the server waits idle while this process decodes
+            rows = asyncio.run(run_phases(url, bodies, args.clients, 0, args.seed, progress))
+            if local is not None:
+                rows += [local.run(prompts, b) for b in (1, args.clients)]
+            rounds.append(rows)
+            for bar in bars.values():
+                bar.close()
+            bars.clear()
+        rows, shares = medians(rounds, args.clients)
         rate = None if args.rate == "auto" else float(args.rate)
-        rows = asyncio.run(run_phases(url, bodies, args.clients, rate, args.seed, progress))
-        if args.rate == "auto":
-            auto = 0.75 * rows[1]["requests_per_s"]
-            rows += asyncio.run(run_phases(url, bodies, args.clients, auto, args.seed, progress))[2:]
+        if rate != 0:                               # open-loop arrivals: once, after the rounds
+            auto = 0.75 * rows[1]["requests_per_s"] if rate is None else rate
+            rows.insert(2, asyncio.run(run_poisson(url, bodies, auto, args.seed)))
     finally:
         for bar in bars.values():
             bar.close()
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    shares = {}
-    if args.checkpoint and not args.no_in_process:
-        torch.set_num_threads(threads)
-        prompts = [b["prompt"] for b in bodies]
-        local = [in_process(args.checkpoint, prompts, args.max_tokens, b) for b in (1, args.clients)]
-        rows += local
-        shares = {"sequential_over_batch1": rows[0]["tokens_per_s"] / local[0]["tokens_per_s"],
-                  f"concurrent_over_batch{args.clients}": rows[1]["tokens_per_s"] / local[1]["tokens_per_s"]}
     print(table(rows))
     ratio = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     print(f"concurrent x{args.clients} / sequential throughput: {ratio:.2f}x")

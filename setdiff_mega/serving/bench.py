@@ -15,10 +15,12 @@ but the model forward), and the CPU time the clients themselves took (they share
 parse only the chunks they need: the first text and the usage). The ratio printed is concurrent / sequential
 throughput. A server is started on a free loopback port unless ``url`` points at a running one.
 
-In-process baseline (:func:`in_process`): the same prompts through ``setdiff_mega.inference.generate`` in this
+In-process baseline (:class:`InProcess`): the same prompts through ``setdiff_mega.inference.generate`` in this
 process, with the server's decoding options (the checkpoint's defaults, greedy, EOS stop off, the same
-max_tokens), at batch 1 and at batch ``clients``, timed the same way (tokens over wall time), after the server
-has stopped: the server's share of the model's own speed is sequential / batch 1 and concurrent / batch B.
+max_tokens), at batch 1 and at batch ``clients``, timed the same way (tokens over wall time), while the server
+waits idle: the server's share of the model's own speed is sequential / batch 1 and concurrent / batch B. With
+several rounds (server phases, then in-process, alternating) each phase reports its median round and the
+shares are the medians of the rounds' paired ratios (:func:`medians`).
 """
 from __future__ import annotations
 
@@ -104,27 +106,67 @@ def step_parts(before: dict, after: dict) -> dict:
     return ms
 
 
+class InProcess:
+    """The in-process baseline (module docstring): the checkpoint loaded once in this process, decoding the
+    prompts through ``generate`` with the server's options."""
+
+    def __init__(self, checkpoint: str, max_tokens: int):
+        from dataclasses import replace
+
+        from setdiff_mega.checkpoint import load_model
+        from setdiff_mega.inference.engine import decoding_model
+        from setdiff_mega.inference.options import generation_config
+
+        model, self.objective, self.tok, cfg = load_model(checkpoint)
+        self.model = decoding_model(model, cfg, self.tok, "auto")
+        self.L = cfg.data.seq_length
+        self.gc = replace(generation_config(cfg.objective, self.L, None, {"max_new_tokens": max_tokens}),
+                          temperature=0.0, stop_at_eos=False)
+        self.warm = False
+
+    def run(self, prompts: list[str], batch: int) -> dict:
+        """One timed pass over ``prompts`` at ``batch`` (one row)."""
+        from dataclasses import replace
+
+        from setdiff_mega.inference import generate
+
+        if not self.warm:
+            generate(self.model, self.tok, self.objective, prompts[:1], replace(self.gc, max_new_tokens=2),
+                     context=self.L)
+            self.warm = True
+        t0 = time.perf_counter()
+        out = generate(self.model, self.tok, self.objective, prompts, self.gc, context=self.L, batch_size=batch)
+        wall = time.perf_counter() - t0
+        tokens = sum(r["num_tokens"] for r in out)
+        return {"phase": f"in-process batch {batch}", "requests": len(prompts), "wall_s": wall, "tokens": tokens,
+                "tokens_per_s": tokens / wall, "requests_per_s": len(prompts) / wall}
+
+
 def in_process(checkpoint: str, prompts: list[str], max_tokens: int, batch: int) -> dict:
     """The prompts through ``generate`` in this process at ``batch`` (module docstring): one row."""
-    from dataclasses import replace
+    return InProcess(checkpoint, max_tokens).run(prompts, batch)
 
-    from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference import generate
-    from setdiff_mega.inference.engine import decoding_model
-    from setdiff_mega.inference.options import generation_config
 
-    model, objective, tok, cfg = load_model(checkpoint)
-    model = decoding_model(model, cfg, tok, "auto")
-    L = cfg.data.seq_length
-    gc = replace(generation_config(cfg.objective, L, None, {"max_new_tokens": max_tokens}), temperature=0.0,
-                 stop_at_eos=False)
-    generate(model, tok, objective, prompts[:1], replace(gc, max_new_tokens=2), context=L)      # warm-up
-    t0 = time.perf_counter()
-    out = generate(model, tok, objective, prompts, gc, context=L, batch_size=batch)
-    wall = time.perf_counter() - t0
-    tokens = sum(r["num_tokens"] for r in out)
-    return {"phase": f"in-process batch {batch}", "requests": len(prompts), "wall_s": wall, "tokens": tokens,
-            "tokens_per_s": tokens / wall, "requests_per_s": len(prompts) / wall}
+def medians(rounds: list[list[dict]], clients: int) -> tuple[list[dict], dict]:
+    """Rounds of rows with the same phases -> (per phase the round with the median tokens/s, each row carrying
+    every round's tokens/s), and the median over rounds of each round's server / in-process ratios (paired:
+    the two sides of a ratio ran minutes apart at most, so a machine whose speed drifts moves both)."""
+    rows = []
+    for phase_rows in zip(*rounds):
+        ranked = sorted(phase_rows, key=lambda r: r["tokens_per_s"])
+        rows.append({**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["tokens_per_s"] for r in phase_rows]})
+    pairs = {"sequential_over_batch1": ("sequential", "in-process batch 1"),
+             f"concurrent_over_batch{clients}": (f"concurrent x{clients}", f"in-process batch {clients}")}
+    shares = {}
+    for key, (num, den) in pairs.items():
+        ratios = []
+        for rs in rounds:
+            by = {r["phase"]: r["tokens_per_s"] for r in rs}
+            if num in by and den in by:
+                ratios.append(by[num] / by[den])
+        if ratios:
+            shares[key] = float(np.median(ratios))
+    return rows, shares
 
 
 def summary(name: str, results: list[dict], wall: float, cpu: float | None = None) -> dict:
@@ -163,14 +205,24 @@ async def run_phases(url: str, bodies: list[dict], clients: int, rate: float | N
         out.append(summary(f"concurrent x{clients}", conc, time.perf_counter() - t0, time.process_time() - c0))
         out[-1].update(step_parts(m1, await scrape(client, url)))
         if rate:
-            rng = random.Random(seed)
-            t0 = time.perf_counter()
-            tasks = []
-            for b in bodies:
-                tasks.append(asyncio.create_task(one(client, url, b)))
-                await asyncio.sleep(rng.expovariate(rate))
-            out.append(summary(f"poisson {rate:g}/s", list(await asyncio.gather(*tasks)), time.perf_counter() - t0))
+            out.append(await _poisson(client, url, bodies, rate, seed))
     return out
+
+
+async def _poisson(client, url: str, bodies: list[dict], rate: float, seed: int) -> dict:
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    tasks = []
+    for b in bodies:
+        tasks.append(asyncio.create_task(one(client, url, b)))
+        await asyncio.sleep(rng.expovariate(rate))
+    return summary(f"poisson {rate:g}/s", list(await asyncio.gather(*tasks)), time.perf_counter() - t0)
+
+
+async def run_poisson(url: str, bodies: list[dict], rate: float, seed: int) -> dict:
+    """The open-loop phase alone: arrivals with exponential gaps at ``rate`` requests/s (seeded)."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=64)) as client:
+        return await _poisson(client, url, bodies, rate, seed)
 
 
 def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
@@ -218,4 +270,4 @@ def table(rows: list[dict]) -> str:
 
 
 __all__ = ["workload", "run_phases", "start_server", "summary", "table", "percentile", "in_process", "step_parts",
-           "scrape"]
+           "scrape", "InProcess", "medians", "run_poisson"]

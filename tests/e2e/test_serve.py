@@ -255,13 +255,14 @@ def test_bench_serve_cli_starts_a_server_and_reports_the_ratio(trained_run, tmp_
     (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
     out = tmp_path / "bench.json"
     r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--clients", "2", "--requests", "4",
-                  "--max-tokens", "4", "--tasks", tasks, "--json", out])
+                  "--max-tokens", "4", "--tasks", tasks, "--json", out, "--rounds", "2"])
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
     rows = report["rows"]
     assert [x["phase"] for x in rows] == ["sequential", "concurrent x2", rows[2]["phase"], "in-process batch 1",
                                           "in-process batch 2"] and rows[2]["phase"].startswith("poisson")
     assert all(x["tokens"] == 16 for x in rows)
+    assert all(len(x["rounds_tokens_per_s"]) == 2 for i, x in enumerate(rows) if i != 2)     # poisson: once
     assert all(x["latency_p99_s"] >= x["latency_p50_s"] > 0 for x in rows[:3])
     for x in rows[:2]:                          # the step's parts add up: host time + the forward
         assert x["steps"] > 0 and x["step_forward_ms"] > 0 and x["step_calls_ms"] > 0 and x["step_advance_ms"] > 0
