@@ -133,11 +133,12 @@ class Decode:
     def sweep(self) -> list:
         """Jobs whose row is done leave with its output, cancelled ones with what they emitted; returns them."""
         st, left = self.session.st, []
+        done = st.done.tolist() if self.slots else []       # one host sync
         for b, job in list(self.slots.items()):
             if job.cancelled:
                 self.session.retire(b)
                 job.finish(None)
-            elif bool(st.done[b]):
+            elif done[b]:
                 out = self.session.output(rows=slice(b, b + 1))
                 if job.trace and out.commit_steps:
                     self._trace_record(b, job, out)
