@@ -8,6 +8,8 @@ next call.
                    prompt + max_tokens; its prefill rides in that decode's next step), any other gets a private
                    decode (:mod:`.sessions`)
         sweep      finished jobs leave (EOS, stop string, max_tokens, cancellation, error); their rows are free
+                   (a shared decode left without jobs waits, up to IDLE_DECODES of them, for the next job of its
+                   options: its KV cache is not allocated again)
         calls      every decode's ``next_calls()`` (:mod:`setdiff_mega.decoding.calls`)
         step       the calls -> :func:`~setdiff_mega.decoding.calls.fused_forward` (cached and uncached calls
                    apart, joining rows' prefills apart where that saves padding: :mod:`.fusion`) -> each
@@ -41,6 +43,8 @@ from .sessions import USER, Decode, session_key
 # choice, commits, stopping, the jobs' new text)
 PARTS = ("admit", "calls", "fuse", "forward", "advance")
 MIN_WIDTH = 64                  # the narrowest shared decode (canvas positions)
+IDLE_DECODES = 4                # shared decodes kept without jobs: a request of their options and width reuses one
+                                # (its KV cache allocated and zeroed: at GPT-2-small shape ~12 ms per new decode)
 
 
 class QueueFull(Exception):
@@ -65,6 +69,7 @@ class Scheduler:
         self.width = width
         self.decodes: list[Decode] = []
         self.shared: dict = {}           # (session key, width) -> its shared Decode
+        self.resting: list = []          # shared decodes without jobs, oldest first (:data:`IDLE_DECODES`)
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="setdiff-scheduler", daemon=True)
         self.steps = 0
@@ -186,6 +191,8 @@ class Scheduler:
                 continue
             if d not in self.decodes:
                 self.decodes.append(d)
+            if d in self.resting:
+                self.resting.remove(d)
 
     def _left(self, jobs: list[Job]) -> None:
         with self.cond:
@@ -205,7 +212,14 @@ class Scheduler:
         for d in list(self.decodes):
             self._left(d.sweep())
             if not d.slots:
-                self._drop(d, 500, "")
+                if any(v is d for v in self.shared.values()):      # kept for the next job of its options
+                    self.decodes.remove(d)
+                    self.resting.append(d)
+                    while len(self.resting) > IDLE_DECODES:
+                        old = self.resting.pop(0)
+                        self.shared = {k: v for k, v in self.shared.items() if v is not old}
+                else:
+                    self._drop(d, 500, "")
 
     @torch.inference_mode()
     def _loop(self) -> None:

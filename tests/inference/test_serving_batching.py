@@ -209,3 +209,36 @@ def test_shared_decodes_are_as_wide_as_their_requests_need(rand_model, monkeypat
     for i, (p, c) in enumerate(zip(PROMPTS, cfgs)):
         done = [x for ev, x in events[i] if ev == "done"]
         assert done and done[0]["token_ids"] == _alone(rand_model, "setdlm", p, c), i
+
+
+def test_a_shared_decode_left_without_jobs_is_reused_and_the_resting_ones_are_bounded(rand_model, monkeypatch):
+    """One request at a time: every request after the first decodes in the first one's decode (its KV cache is
+    not allocated again); requests of other options each rest a decode, the newest IDLE_DECODES of them."""
+    import setdiff_mega.serving.scheduler as scheduler
+
+    made = []
+
+    class Counted(scheduler.Decode):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+    monkeypatch.setattr(scheduler, "Decode", Counted)
+    monkeypatch.setattr(scheduler, "IDLE_DECODES", 2)
+    base = GenerationConfig(max_new_tokens=5, stop_at_eos=False, window=4, tau=0.5)
+    sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=2).start()
+    try:
+        for i, p in enumerate(PROMPTS[:3] + PROMPTS[:3]):
+            cfg = base if i < 3 else replace(base, tau=(0.6, 0.7, 0.8)[i - 3])    # other options: other decodes
+            job = Job(p, cfg, lambda e, x: None, tokenizer=Tok())
+            sch.submit([job])
+            deadline = time.monotonic() + 60
+            while not job.done:
+                assert time.monotonic() < deadline
+                time.sleep(0.002)
+            assert job.tokens == _alone(rand_model, "setdlm", p, cfg)
+            time.sleep(0.02)                                   # the loop sweeps the finished job
+        mine = [d for d in made if d.shared]
+        assert len(mine) == 1 + 3                              # the first options' decode served all three
+        assert len(sch.resting) == len(sch.shared) == 2 and not sch.decodes     # the oldest two were let go
+    finally:
+        sch.close()
