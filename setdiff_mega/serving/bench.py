@@ -142,11 +142,6 @@ class InProcess:
                 "tokens_per_s": tokens / wall, "requests_per_s": len(prompts) / wall}
 
 
-def in_process(checkpoint: str, prompts: list[str], max_tokens: int, batch: int) -> dict:
-    """The prompts through ``generate`` in this process at ``batch`` (module docstring): one row."""
-    return InProcess(checkpoint, max_tokens).run(prompts, batch)
-
-
 def medians(rounds: list[list[dict]], clients: int) -> tuple[list[dict], dict]:
     """Rounds of rows with the same phases -> (per phase the round with the median tokens/s, each row carrying
     every round's tokens/s), and the median over rounds of each round's server / in-process ratios (paired:
@@ -269,5 +264,5 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["workload", "run_phases", "start_server", "summary", "table", "percentile", "in_process", "step_parts",
+__all__ = ["workload", "run_phases", "start_server", "summary", "table", "percentile", "step_parts",
            "scrape", "InProcess", "medians", "run_poisson"]
