@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     prompts, rounds = [b["prompt"] for b in bodies], []
     try:
         for r in range(args.rounds):                # the server waits idle while this process decodes
-            rows = asyncio.run(run_phases(url, bodies, args.clients, 0, args.seed, progress))
+            rows = asyncio.run(run_phases(url, bodies, args.clients, progress))
             if local is not None:
                 rows += [local.run(prompts, b) for b in (1, args.clients)]
             rounds.append(rows)

@@ -174,7 +174,8 @@ def summary(name: str, results: list[dict], wall: float, cpu: float | None = Non
             "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99)}
 
 
-async def run_phases(url: str, bodies: list[dict], clients: int, rate: float | None, seed: int, progress=None) -> list:
+async def run_phases(url: str, bodies: list[dict], clients: int, progress=None) -> list:
+    """The closed-loop phases: sequential, then ``clients`` concurrent clients (rows with the step parts)."""
     limits = httpx.Limits(max_connections=max(clients, 64))
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         await one(client, url, {**bodies[0], "max_tokens": 2})         # warm-up (not counted)
@@ -199,25 +200,19 @@ async def run_phases(url: str, bodies: list[dict], clients: int, rate: float | N
         await asyncio.gather(*(worker() for _ in range(clients)))
         out.append(summary(f"concurrent x{clients}", conc, time.perf_counter() - t0, time.process_time() - c0))
         out[-1].update(step_parts(m1, await scrape(client, url)))
-        if rate:
-            out.append(await _poisson(client, url, bodies, rate, seed))
     return out
 
 
-async def _poisson(client, url: str, bodies: list[dict], rate: float, seed: int) -> dict:
-    rng = random.Random(seed)
-    t0 = time.perf_counter()
-    tasks = []
-    for b in bodies:
-        tasks.append(asyncio.create_task(one(client, url, b)))
-        await asyncio.sleep(rng.expovariate(rate))
-    return summary(f"poisson {rate:g}/s", list(await asyncio.gather(*tasks)), time.perf_counter() - t0)
-
-
 async def run_poisson(url: str, bodies: list[dict], rate: float, seed: int) -> dict:
-    """The open-loop phase alone: arrivals with exponential gaps at ``rate`` requests/s (seeded)."""
+    """The open-loop phase: arrivals with exponential gaps at ``rate`` requests/s (seeded)."""
+    rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=64)) as client:
-        return await _poisson(client, url, bodies, rate, seed)
+        t0 = time.perf_counter()
+        tasks = []
+        for b in bodies:
+            tasks.append(asyncio.create_task(one(client, url, b)))
+            await asyncio.sleep(rng.expovariate(rate))
+        return summary(f"poisson {rate:g}/s", list(await asyncio.gather(*tasks)), time.perf_counter() - t0)
 
 
 def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
