@@ -87,7 +87,7 @@ def build(args):
         raise ValueError("--static-shapes and --no-cache do not apply to the server (its jobs share each step's "
                          "forward); leave them out")
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
-    model = decoding_model(model, cfg, tok, args.engine)
+    model = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
     check_vocab(model, tok)
     model.eval()
     L = cfg.data.seq_length

@@ -13,10 +13,15 @@ SetDLM / AR / BD3LM on the math prompts, and for the long SetDLM case the split 
 the model forward and the samplers' own work (shared by both engines); then SetDLM's and BD3LM's decode
 step on the same model and chunk (--same-chunk S: W = S, tau 0, S pending + S query rows every step;
 same_chunk.json); then what recording the decoding trace costs (record off / on, interleaved;
-trace_cost.json; --no-trace-cost skips it). ``--checkpoint`` may be a Hugging Face export: its own remote
-code is then the plain engine. The grid decodes with --engine (default auto: plain when unsharded).
-Writes bench_generate.csv, cache_speedup.json, engine_speedup.json, same_chunk.json, trace_cost.json and
-speed_vs_tau.png.
+trace_cost.json; --no-trace-cost skips it); then one decode forward against the machine's memory bandwidth
+at the main job's shape and at GPT-2-small shape (--forward-shapes; random weights): ms per forward of the
+plain forward in every --decode-weights format and of the megatron-core forward, interleaved, the bytes a
+forward reads and the floor from a stream-copy benchmark in the same run, and a torch.profiler split of the
+plain forward (by part, layer, operator) and of the megatron-core forward (forward.json, forward.png;
+:mod:`setdiff_mega.inference.forward_bench`). ``--checkpoint`` may be a Hugging Face export: its own remote
+code is then the plain engine. The grid decodes with --engine (default auto: plain when unsharded) and
+--decode-weights. Writes bench_generate.csv, cache_speedup.json, engine_speedup.json, same_chunk.json,
+trace_cost.json, forward.json, forward.png and speed_vs_tau.png.
 """
 import argparse
 import csv
@@ -34,7 +39,8 @@ from setdiff_mega.checkpoint import hf, load_model
 from setdiff_mega.cli import run_cli
 from setdiff_mega.diffusion.setdlm import SETDLM
 from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
-from setdiff_mega.inference import GenerationConfig, benchmark
+from setdiff_mega.hfmodel.linears import FORMATS
+from setdiff_mega.inference import GenerationConfig, benchmark, forward_bench
 from setdiff_mega.inference.benchmark import default_grid, measure, plot_speed_vs_tau
 from setdiff_mega.inference.engine import decoding_model, plain_model
 from setdiff_mega.model import build_model
@@ -62,6 +68,10 @@ def main(argv=None) -> int:
     p.add_argument("--engine-repeats", type=int, default=3, help="interleaved repeats of the engine comparison")
     p.add_argument("--no-engine-comparison", action="store_true")
     p.add_argument("--no-trace-cost", action="store_true", help="skip the decoding trace's cost (record off / on)")
+    p.add_argument("--decode-weights", choices=FORMATS, default="fp32", help="the grid's decode-weights format")
+    p.add_argument("--forward-shapes", default="main,gpt2",
+                   help="shapes of the forward-vs-bandwidth measurement (main, gpt2; 'none' skips it)")
+    p.add_argument("--forward-repeats", type=int, default=5, help="interleaved rounds of the forward measurement")
     p.add_argument("--same-chunk", type=int, default=4, help="SetDLM's and BD3LM's decode step on the same model and "
                    "chunk (W = S = this, tau 0: this many pending + this many query rows every step; 0: skip)")
     args = p.parse_args(argv)
@@ -71,7 +81,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     native, objective, tok, cfg = load_model(args.checkpoint)
-    model = decoding_model(native, cfg, tok, args.engine)
+    model = decoding_model(native, cfg, tok, args.engine, args.decode_weights)
     tasks = Path(args.tasks)
     if not tasks.is_file():
         raise FileNotFoundError(f"prompt file '{tasks}' does not exist; run tools/prepare_data.py --embedded first")
@@ -118,10 +128,36 @@ def main(argv=None) -> int:
             print(f"same chunk {m:6s} per step {same[m]['step_ms']:.3f} ms: forward {same[m]['forward_ms']:.3f} ms, "
                   f"sampler {same[m]['sampler_ms']:.3f} ms (chunk {same[m]['chunk']})", file=sys.stderr)
         print(f"same chunk: SetDLM / BD3LM = {same['setdlm_over_bd3lm']:.2f}")
+    if args.forward_shapes != "none":
+        forward_report(args.forward_shapes.split(","), args.forward_repeats, out)
     plot_speed_vs_tau(rows, out / "speed_vs_tau.png")
     print(json.dumps(speedup))
     print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")
     return 0
+
+
+def forward_report(shapes: list, repeats: int, out: Path) -> None:
+    """One decode forward per engine and format against the bandwidth floor, and its profile -> forward.json,
+    forward.png (:mod:`setdiff_mega.inference.forward_bench`)."""
+    unknown = sorted(set(shapes) - set(forward_bench.SHAPES))
+    if unknown:
+        raise ValueError(f"--forward-shapes: unknown {unknown}; choose among {', '.join(forward_bench.SHAPES)}")
+    bw = forward_bench.stream_bandwidth()
+    report = {"machine": platform.processor() or platform.machine(), "bandwidth_gb_s": bw, "shapes": []}
+    for name in tqdm(shapes, desc="forward shapes", file=sys.stderr):
+        shape = forward_bench.SHAPES[name]
+        case = forward_bench.forward_case(shape, repeats=repeats, bandwidth=bw)
+        native, cfg, tok = forward_bench.build_models(shape)
+        chunk = forward_bench.Chunk(native, cfg.data.seq_length, shape.window, shape.vocab)
+        case["profile"] = {"plain-fp32": forward_bench.profile_forward(plain_model(native, cfg, tok), chunk),
+                           "megatron-core": forward_bench.profile_forward(native, chunk)}
+        report["shapes"].append(case)
+        for r in case["rows"]:
+            print(f"forward {name:5s} {r['engine']:18s} {r['ms_per_forward']:8.2f} ms  reads {r['bytes'] / 1e6:7.1f} MB  "
+                  f"floor {r['floor_ms']:6.2f} ms  x{r['floor_ratio']:5.2f} of the floor  "
+                  f"logits rel. err {r['logits_rel_err']:.1e}", file=sys.stderr)
+    (out / "forward.json").write_text(json.dumps(report, indent=2))
+    forward_bench.plot(report, out / "forward.png")
 
 
 def ratio_model_speedup(spec: str, cfg, tok, prompts, long_cfg) -> dict:

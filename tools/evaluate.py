@@ -97,8 +97,8 @@ def main(argv=None) -> int:
         report["likelihood"] = res
     if not args.no_tasks:
         gc = config_from_args(args, cfg.objective, L)
-        report.update(run_tasks(decoding_model(model, cfg, tok, args.engine), tok, objective, gc, L, args,
-                                task_rows))
+        decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
+        report.update(run_tasks(decoder, tok, objective, gc, L, args, task_rows))
     parts = [f"{objective.name}"]
     if "likelihood" in report:
         lk = report["likelihood"]

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
                           overwrite=args.overwrite)
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
-    model = decoding_model(model, cfg, tok, args.engine)
+    model = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
     L = cfg.data.seq_length
     if args.distill:
         return distill(args, model, objective, tok, cfg)

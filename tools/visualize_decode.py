@@ -70,7 +70,7 @@ def decode_panels(args) -> list[tuple[str, DecodeTrace]]:
     panels = []
     for ck in args.checkpoint:
         model, objective, tok, cfg = load_model(ck, weights=args.weights)
-        model = decoding_model(model, cfg, tok, args.engine)
+        model = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
         L = cfg.data.seq_length
         base = dataclasses.replace(config_from_args(args, cfg.objective, L), record=True)
         settings = [parse_setting(s, base) for s in args.compare] or [(None, base)]

@@ -6,9 +6,12 @@ not their size:
 
     weights  per layer: norm 1, W_qkv = [W_q ; W_k ; W_v] (one matmul), W_o, norm 2, W_up (SwiGLU:
              [W_gate ; W_up], one matmul), W_down; the final norm; the head's rows of the real
-             vocabulary. Built once by :func:`prepare` (the fused matrices are copies: one extra copy of
-             the attention and up-projection weights while a decoder is alive) and rebuilt by
-             :meth:`Prepared.current` when a parameter was replaced or changed in place.
+             vocabulary, each a :class:`~.linears.Product` in the decode-weights format (fp32 by
+             default: F.linear, bit-identical to the model; fp32-packed, bf16, int8: :mod:`.linears`).
+             Built once by :class:`Prepared` (the fused matrices are copies: one extra copy of the
+             attention and up-projection weights while a decoder is alive; other formats hold their own
+             copy of every matrix) and rebuilt by :meth:`Prepared.current` when a parameter was replaced
+             or changed in place or the format changed.
     forward  tokens / positions [B, T], keep [B, 1|-, T, C + T] bool; q, k, v = split(x W_qkv) as
              [B, heads + 2 groups, T, d]; the per-head q / k norms if the model has them; RoPE
              (rotate-half on the first rot_dim channels) on the q and k heads in one operation;
@@ -26,6 +29,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .linears import Product, check
 
 
 def inverse_frequencies(dim: int, base: float, scaling: dict | None = None) -> torch.Tensor:
@@ -76,8 +81,10 @@ def _norm_params(norm) -> tuple:
 class Prepared:
     """Flat weights of a ``SetDLMForDiffusionLM`` for :func:`forward`."""
 
-    def __init__(self, model):
+    def __init__(self, model, decode_weights: str = "fp32"):
         c = model.config
+        self.format = check(decode_weights)
+        rows = 2 * int((getattr(c, "method", None) or {}).get("D", 8) or 8)     # oneDNN's rows hint: ~2W
         body = model.model
         self.rms = c.normalization == "RMSNorm"
         self.gated = c.hidden_act == "swiglu"
@@ -96,25 +103,35 @@ class Prepared:
             qkv_b = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
             ups = [m.gate_proj, m.up_proj] if self.gated else [m.up_proj]
             up_b = None if ups[0].bias is None else torch.cat([u.bias for u in ups])
-            self.layers.append((_norm_params(layer.input_layernorm),
-                                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b,
-                                a.o_proj.weight, a.o_proj.bias, _norm_params(layer.post_attention_layernorm),
-                                torch.cat([u.weight for u in ups]), up_b, m.down_proj.weight, m.down_proj.bias))
+            fmt, qkv_w = self.format, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            self.layers.append((_norm_params(layer.input_layernorm), Product(qkv_w, qkv_b, fmt, rows),
+                                Product(a.o_proj.weight, a.o_proj.bias, fmt, rows),
+                                _norm_params(layer.post_attention_layernorm),
+                                Product(torch.cat([u.weight for u in ups]), up_b, fmt, rows),
+                                Product(m.down_proj.weight, m.down_proj.bias, fmt, rows)))
         self.final = _norm_params(body.norm)
         v = c.tokenizer_vocab_size
         if model.lm_head_tied:
             bias = getattr(model, "lm_head_bias", None)
-            self.head = (body.embed_tokens.weight[:v], None if bias is None else bias[:v])
+            head = (body.embed_tokens.weight[:v], None if bias is None else bias[:v])
         else:
-            self.head = (model.lm_head.weight[:v], None if model.lm_head.bias is None else model.lm_head.bias[:v])
+            head = (model.lm_head.weight[:v], None if model.lm_head.bias is None else model.lm_head.bias[:v])
+        self.head = Product(*head, self.format, rows // 2)
         self.params = list(model.parameters())
         self.key = _key(self.params)
 
+    def nbytes(self) -> int:
+        """Bytes of weights one forward reads (every layer's products and the head; norms and the few embedding
+        rows gathered are left out: they are < 0.1 % at any shape decoding cares about)."""
+        return sum(p.nbytes for layer in self.layers for p in layer if isinstance(p, Product)) + self.head.nbytes
+
     @staticmethod
-    def current(model, prepared: "Prepared | None") -> "Prepared":
-        """``prepared`` if the model's parameters are still the ones it was built from (same storage, not
-        modified in place), else a new one."""
-        return prepared if prepared is not None and prepared.key == _key(prepared.params) else Prepared(model)
+    def current(model, prepared: "Prepared | None", decode_weights: str = "fp32") -> "Prepared":
+        """``prepared`` if it is in ``decode_weights`` and the model's parameters are still the ones it was built
+        from (same storage, not modified in place), else a new one."""
+        if prepared is not None and prepared.format == decode_weights and prepared.key == _key(prepared.params):
+            return prepared
+        return Prepared(model, decode_weights)
 
 
 def _key(params: list) -> list:
@@ -130,38 +147,53 @@ def _norm(x, p, rms: bool):
 
 @torch.no_grad()
 def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cache=None):
-    """logits [B, T - logits_start, V] of one chunk (see the module docstring)."""
-    b, t = tokens.shape
+    """logits [B, T - logits_start, V] of one chunk (see the module docstring). Under torch.profiler each layer
+    and the head are labelled (``decode layer i``, ``decode head``); otherwise nothing is recorded."""
     h = F.embedding(tokens, w.embed)
     cos, sin = rope_cos_sin(position_ids, w.inv_freq, h.dtype)
     keep = keep[:, None] if keep.dim() == 3 else keep
     if keep.dtype == torch.bool:           # the additive mask SDPA would build in every layer, built once
         keep = torch.zeros(keep.shape, dtype=h.dtype, device=h.device).masked_fill_(~keep, float("-inf"))
+    label = torch.profiler.record_function if torch._C._autograd._profiler_enabled() else None
+    for i, layer in enumerate(w.layers):
+        if label is None:
+            h = _layer(w, i, layer, h, cos, sin, keep, cache)
+        else:
+            with label(f"decode layer {i}"):
+                h = _layer(w, i, layer, h, cos, sin, keep, cache)
+    h = _norm(h[:, logits_start:], w.final, w.rms)
+    if label is None:
+        return w.head(h)
+    with label("decode head"):
+        return w.head(h)
+
+
+def _layer(w: Prepared, i: int, layer: tuple, h, cos, sin, keep, cache):
+    """Layer ``i``: h + attention(norm1 h), then + MLP(norm2 .) (the module docstring's forward)."""
+    n1, qkv_proj, o_proj, n2, up_proj, down_proj = layer
+    b, t = h.shape[:2]
     nh, g, d = w.heads, w.groups, w.head_dim
     gqa = nh != g
-    for i, (n1, qkv_w, qkv_b, o_w, o_b, n2, up_w, up_b, down_w, down_b) in enumerate(w.layers):
-        qkv = F.linear(_norm(h, n1, w.rms), qkv_w, qkv_b).view(b, t, nh + 2 * g, d).transpose(1, 2)
-        if w.qk_norms:
-            qn, kn = w.qk_norms[i]
-            normed = (_norm(qkv[:, :nh], qn, w.rms), _norm(qkv[:, nh:nh + g], kn, w.rms))
-            qk = rotate(torch.cat(normed, dim=1), cos, sin)
-        else:
-            qk = rotate(qkv[:, :nh + g], cos, sin)
-        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + g:]
-        if cache is not None:
-            out = cache.attend(i, q, k, v, keep, enable_gqa=gqa)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=gqa)
-        h = h + F.linear(out.transpose(1, 2).reshape(b, t, nh * d), o_w, o_b)
-        x = F.linear(_norm(h, n2, w.rms), up_w, up_b)
-        if w.gated:
-            gate, up = x.chunk(2, dim=-1)
-            x = F.silu(gate) * up
-        else:
-            x = F.gelu(x, approximate=w.approximate)
-        h = h + F.linear(x, down_w, down_b)
-    h = _norm(h[:, logits_start:], w.final, w.rms)
-    return F.linear(h, *w.head)
+    qkv = qkv_proj(_norm(h, n1, w.rms)).view(b, t, nh + 2 * g, d).transpose(1, 2)
+    if w.qk_norms:
+        qn, kn = w.qk_norms[i]
+        normed = (_norm(qkv[:, :nh], qn, w.rms), _norm(qkv[:, nh:nh + g], kn, w.rms))
+        qk = rotate(torch.cat(normed, dim=1), cos, sin)
+    else:
+        qk = rotate(qkv[:, :nh + g], cos, sin)
+    q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + g:]
+    if cache is not None:
+        out = cache.attend(i, q, k, v, keep, enable_gqa=gqa)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=gqa)
+    h = h + o_proj(out.transpose(1, 2).reshape(b, t, nh * d))
+    x = up_proj(_norm(h, n2, w.rms))
+    if w.gated:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    else:
+        x = F.gelu(x, approximate=w.approximate)
+    return h + down_proj(x)
 
 
 __all__ = ["Prepared", "forward", "inverse_frequencies", "rope_cos_sin", "rotate"]

@@ -20,7 +20,8 @@ mask is 1; left or right padding) start with BOS (prepended when missing, as eve
 does); a row holding MASK tokens is an infill request (``[BOS] prefix MASK*m suffix [EOS]``), any other
 row is continued for ``max_new_tokens`` positions. The options are the sampler's
 (:class:`GenerationConfig` fields: ``window``, ``tau``, ``commit_k``, ``block_size``, ``temperature``,
-``top_p``, ``stop_strings`` ...; ``do_sample=False`` means greedy); their defaults come from the export's
+``top_p``, ``stop_strings`` ...; ``do_sample=False`` means greedy; ``decode_weights`` = fp32 | fp32-packed |
+bf16 | int8 says how the forward reads the weights, :mod:`.linears`); their defaults come from the export's
 ``generation_config.json`` (the method's: W = D, block size, the training length L). The sampler is the
 one ``config.method["sampler"]`` names. Output: :class:`SetDLMGenerateOutput` with ``sequences`` [B, N]
 (each row's whole decoded canvas, prompt included, right-padded with PAD), ``generated`` (the new tokens
@@ -43,6 +44,7 @@ from ..decoding.trace import traces
 from .capture import CapturedStep
 from .decode_step import Prepared
 from .decode_step import forward as decode_forward
+from .linears import check as check_format
 
 SAMPLERS = {c.__name__: c for c in (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)}
 METHOD_OF = {"SetDLMSampler": "setdlm", "ARSampler": "ar", "BD3LMSampler": "bd3lm", "MDLMSampler": "mdlm"}
@@ -64,8 +66,9 @@ class DecodeModel:
     is one :func:`.decode_step.forward` over the model's prepared (fused) weights, through the KV cache
     that :meth:`use_cache` installs."""
 
-    def __init__(self, model, context_length: int | None = None):
+    def __init__(self, model, context_length: int | None = None, decode_weights: str = "fp32"):
         self.model, c = model, model.config
+        self.decode_weights = check_format(decode_weights)          # how the products read weights (.linears)
         self.training_length = context_length or c.method.get("seq_length")
         self.shift_logits = bool(getattr(c, "shift_logits", False))    # the AR head alignment (shift.py)
         self.vocab_size = c.tokenizer_vocab_size
@@ -97,8 +100,9 @@ class DecodeModel:
             self._cache = None
 
     def weights(self) -> Prepared:
-        """The fused weights, rebuilt when a parameter was replaced or changed in place."""
-        prepared = Prepared.current(self.model, self._prepared)
+        """The fused weights in the decode-weights format, rebuilt when a parameter was replaced or changed in
+        place (one prepared copy is kept on the model: the last format asked for)."""
+        prepared = Prepared.current(self.model, self._prepared, self.decode_weights)
         if prepared is not self._prepared:
             self._prepared = self.model._setdiff_prepared = prepared
         return prepared
@@ -196,14 +200,16 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
              **kwargs):
     """Decode a batch with the export's sampler (see the module docstring)."""
     c, m = model.config, model.config.method
-    cfg = options(model, dict(kwargs))
+    kwargs = dict(kwargs)
+    decode_weights = kwargs.pop("decode_weights", "fp32")
+    cfg = options(model, kwargs)
     name = m.get("sampler")
     if name not in SAMPLERS:
         raise ValueError(f"config.json 'method.sampler' is {name!r}; this code decodes {sorted(SAMPLERS)}: "
                          f"re-export the checkpoint with tools/convert_checkpoint.py to-hf")
     mask_id, pad_id, eos_id, bos_id = m["mask_token_id"], c.pad_token_id, c.eos_token_id, c.bos_token_id
     rows = _rows(input_ids, attention_mask, bos_id)
-    dm = DecodeModel(model, cfg.context_length)
+    dm = DecodeModel(model, cfg.context_length, decode_weights)
     dm.eval()
     if cfg.context_length is None:
         cfg = replace(cfg, context_length=dm.training_length)

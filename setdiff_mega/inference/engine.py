@@ -1,16 +1,21 @@
 """Which model the samplers decode with: the engine.
 
-    native   the megatron-core model itself (any TP / PP layout the process was built with)
     plain    the inference format's plain-PyTorch model (:mod:`setdiff_mega.hfmodel.modeling_setdlm`, the
              code every Hugging Face export carries), built in memory from the same weights by the export's
              name mapping (:data:`setdiff_mega.checkpoint.hf.RULES`) and wrapped in
-             :class:`~setdiff_mega.hfmodel.generation_setdlm.DecodeModel`; same function, same samplers,
-             identical greedy tokens (tests/inference/test_export_generate.py), none of megatron-core's
-             per-layer overhead
-    auto     plain for an unsharded model (TP = PP = 1), else native
+             :class:`~setdiff_mega.hfmodel.generation_setdlm.DecodeModel`: one fused forward per step
+             (:mod:`setdiff_mega.hfmodel.decode_step`) whose products read the weights in the
+             ``decode_weights`` format (fp32 | fp32-packed | bf16 | int8, :mod:`setdiff_mega.hfmodel.linears`);
+             same function and samplers as the native model, identical greedy tokens in fp32
+             (tests/inference/test_export_generate.py)
+    native   the megatron-core model itself: used for decoding only when the process holds a sharded model
+             (TP or PP > 1), where no plain twin exists. An unsharded model decodes through the plain
+             forward whichever engine is named (one fast path: megatron-core's per-layer modules cost
+             more per step, docs/results.md "Decode near the bandwidth floor")
+    auto     the same as native: plain when unsharded, else the megatron-core model
 
-``tools/generate.py``, ``tools/evaluate.py`` (its decoding tasks; likelihoods stay on the native model)
-and the lm-eval adapter take ``--engine`` / ``engine=``.
+``tools/generate.py``, ``tools/evaluate.py`` (its decoding tasks; likelihoods stay on the native model),
+``tools/serve.py`` and the lm-eval adapter take ``--engine`` / ``engine=`` and ``--decode-weights``.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import torch
 from setdiff_mega.checkpoint import hf
 from setdiff_mega.hfmodel.configuration_setdlm import SetDLMConfig
 from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
+from setdiff_mega.hfmodel.linears import check as check_format
 from setdiff_mega.hfmodel.modeling_setdlm import SetDLMForDiffusionLM
 
 ENGINES = ("auto", "plain", "native")
@@ -30,29 +36,33 @@ def _unsharded(model) -> bool:
             and getattr(model, "pre_process", True) and getattr(model, "post_process", True))
 
 
-def plain_model(model, cfg, tokenizer):
+def plain_model(model, cfg, tokenizer, decode_weights: str = "fp32"):
     """The plain-PyTorch twin of a single-process native model, ready for the samplers."""
     p = next(model.parameters())
     conf = SetDLMConfig(**hf.hf_config(cfg, tokenizer, model.padded_vocab_size))
     twin = SetDLMForDiffusionLM(conf)
     twin.load_state_dict(hf.native_to_hf(model.state_dict(), cfg.model))
-    dm = DecodeModel(twin.to(device=p.device, dtype=p.dtype).eval(), cfg.data.seq_length)
+    dm = DecodeModel(twin.to(device=p.device, dtype=p.dtype).eval(), cfg.data.seq_length, decode_weights)
     for attr in ("tokenizer_hash", "weights_kind"):
         if hasattr(model, attr):
             setattr(dm, attr, getattr(model, attr))
     return dm
 
 
-def decoding_model(model, cfg, tokenizer, engine: str = "auto"):
-    """``model`` itself (native) or its plain twin (see the module docstring)."""
+def decoding_model(model, cfg, tokenizer, engine: str = "auto", decode_weights: str = "fp32"):
+    """The plain twin of an unsharded model, or a sharded model itself (see the module docstring)."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} is unknown; choose one of {', '.join(ENGINES)}")
-    if engine == "native" or (engine == "auto" and not _unsharded(model)):
-        return model
+    check_format(decode_weights)
     if not _unsharded(model):
-        raise ValueError("engine 'plain' decodes unsharded models only (TP = PP = 1); use --engine native")
+        if engine == "plain":
+            raise ValueError("engine 'plain' decodes unsharded models only (TP = PP = 1); use --engine native")
+        if decode_weights != "fp32":
+            raise ValueError(f"--decode-weights {decode_weights} needs the plain engine (an unsharded model, "
+                             "TP = PP = 1); a sharded model decodes in fp32")
+        return model
     with torch.no_grad():
-        return plain_model(model, cfg, tokenizer)
+        return plain_model(model, cfg, tokenizer, decode_weights)
 
 
 __all__ = ["ENGINES", "decoding_model", "plain_model"]

@@ -19,6 +19,7 @@ from dataclasses import replace
 from setdiff_mega import methods
 from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.decoding.base import GenerationConfig
+from setdiff_mega.hfmodel.linears import FORMATS
 
 # the paper's protocols (method.md 7); "window_per_D" scales the checkpoint's D
 PRESETS: dict[str, dict] = {
@@ -81,8 +82,11 @@ def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int = 6
                    help="SetDLM: one shape for every decode step (exported model on CUDA: CUDA-graph replay)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--engine", choices=("auto", "plain", "native"), default="auto",
-                   help="decode with the plain-PyTorch model of the export format (auto: when TP = PP = 1) or the "
-                        "native megatron-core model; identical tokens")
+                   help="an unsharded model (TP = PP = 1) decodes through the plain-PyTorch forward of the export "
+                        "format whichever is named; a sharded one through megatron-core (native)")
+    g.add_argument("--decode-weights", choices=FORMATS, default="fp32",
+                   help="how the plain forward reads the weights: fp32 (exact), fp32-packed (oneDNN, CPU), bf16, "
+                        "int8 (torchao weight-only); README 'Decoding speed'")
     p.set_defaults(_max_new_tokens_default=max_new_tokens)
 
 

@@ -27,21 +27,22 @@ def test_generate_cli_prompts_infill_and_jsonl(trained_run, tmp_path):
     assert r2.returncode == 0 and "--- [setdlm, prompt] 6 tokens in" in r2.stdout and "tokens/step" in r2.stdout
 
 
-def test_generate_cli_plain_and_native_engines_give_identical_tokens(trained_run, tmp_path):
-    """tools/generate.py decodes with the plain-PyTorch twin by default (unsharded); the native engine
-    gives the same tokens (issue 17)."""
+def test_generate_cli_decodes_the_same_tokens_in_fp32_and_fp32_packed(trained_run, tmp_path):
+    """tools/generate.py decodes with the plain-PyTorch twin (unsharded: whichever engine is named, issue 44);
+    oneDNN's prepacked fp32 products (--decode-weights fp32-packed) give the same tokens."""
     save, _ = trained_run
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Question:"}) + "\n" + json.dumps({"prompt": "Once"}) + "\n" +
                        json.dumps({"prefix": "Ava was a baker.", "suffix": " She felt proud.", "span": 5}) + "\n")
     texts = {}
-    for engine in ("plain", "native"):
-        out = tmp_path / f"{engine}.jsonl"
+    for engine, fmt in (("native", "fp32"), ("auto", "fp32-packed")):
+        out = tmp_path / f"{fmt}.jsonl"
         r = run_here(["tools/generate.py", "--checkpoint", str(save), "--file", str(prompts), "--out", str(out),
-                  "--max-new-tokens", "40", "--tau", "0.5", "--no-eos-stop", "--engine", engine])
+                  "--max-new-tokens", "40", "--tau", "0.5", "--no-eos-stop", "--engine", engine,
+                  "--decode-weights", fmt])
         assert r.returncode == 0, r.stderr[-2000:]
-        texts[engine] = [(x["sequence"], x["nfe"]) for x in map(json.loads, out.read_text().splitlines())]
-    assert texts["plain"] == texts["native"] and len(texts["plain"]) == 3
+        texts[fmt] = [(x["sequence"], x["nfe"]) for x in map(json.loads, out.read_text().splitlines())]
+    assert texts["fp32"] == texts["fp32-packed"] and len(texts["fp32"]) == 3
 
 
 @pytest.mark.parametrize("args,message,subprocess", [

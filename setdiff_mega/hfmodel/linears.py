@@ -1,0 +1,87 @@
+"""How a decode forward's matrix products read their weights: ``DecodeModel(decode_weights=...)``.
+
+Batch-1 decoding multiplies a handful of rows x [T, H] (T = pending + query rows, about 2W) by every weight
+matrix once per step, so a forward's cost is reading the matrices (bytes) and how well the kernel uses the
+few rows it has, not arithmetic. Each product is ``y = x W^T + b`` with x [.., K] float32, W [N, K], b [N],
+y [.., N] float32 in every format; what differs is what is read and which kernel reads it:
+
+    fp32         F.linear over the fused float32 matrices: bit-identical to the model's own forward (default)
+    fp32-packed  the same float32 matrices reordered once into oneDNN's blocked layout (the prepacked linear
+                 that torch.compile's CPU freezing uses): at T ~ 9 about 2x MKL's small-M sgemm on AVX-512
+                 CPUs; products agree with fp32 to ~1e-6 relative (another summation order), and every row's
+                 result is independent of the other rows (batching never changes a row's tokens)
+    bf16         bfloat16 matrices (half the bytes), the activations cast to bfloat16 at each product's input,
+                 float32 accumulation inside the kernel, the product (rounded to bfloat16 by the kernel) and
+                 the bias added in float32; oneDNN-prepacked on CPU. The residual stream, norms, attention,
+                 KV cache and softmax stay float32
+    int8         weight-only int8 with one scale per output row through torchao's ``Int8WeightOnlyConfig``
+                 (bf16 activations; torchao installed), otherwise as bf16
+
+Formats other than fp32 are CPU / CUDA options for speed with a stated tolerance (tests pin it); the
+fp32 default is the one the exactness tests hold to. Packing needs oneDNN (x86 CPUs with torch's mkldnn
+build): elsewhere the packed formats run F.linear on the same matrices.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FORMATS = ("fp32", "fp32-packed", "bf16", "int8")
+
+
+def check(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"decode_weights={fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _can_pack(w: torch.Tensor) -> bool:
+    return w.device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
+                                                                                       "_reorder_linear_weight")
+
+
+class Product:
+    """One matrix product ``x -> x W^T + b`` in a format (see the module docstring). ``rows`` is the expected
+    number of rows per call (oneDNN's packing hint; any count works). ``nbytes`` is what a call reads of W."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str = "fp32", rows: int = 16):
+        self.fmt, self.bias = check(fmt), bias
+        self.out_features = weight.shape[0]
+        self.packed = False
+        if fmt == "fp32":
+            self.w = weight
+        elif fmt == "int8":
+            self.w = _int8(weight)
+        else:
+            w = weight.detach().to(torch.bfloat16 if fmt == "bf16" else weight.dtype).contiguous()
+            self.packed = _can_pack(w)
+            self.w = torch.ops.mkldnn._reorder_linear_weight(w, rows) if self.packed else w
+        self.nbytes = weight.numel() * {"fp32": weight.element_size(), "fp32-packed": weight.element_size(),
+                                        "bf16": 2, "int8": 1}[fmt] + (0 if bias is None else bias.numel() * 4)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "fp32":
+            return F.linear(x, self.w, self.bias)
+        low = x if self.fmt == "fp32-packed" else x.to(torch.bfloat16)
+        if self.packed:
+            y = torch.ops.mkldnn._linear_pointwise(low, self.w, None, "none", [], "")
+        else:
+            y = F.linear(low, self.w)
+        y = y.to(x.dtype)
+        return y if self.bias is None else y.add_(self.bias)
+
+
+def _int8(weight: torch.Tensor):
+    """torchao's weight-only int8 tensor of ``weight`` (per-row scales), applied to a bf16 linear."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError:
+        raise ValueError("decode_weights='int8' needs torchao (pip install torchao); or use bf16") from None
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+    quantize_(lin, Int8WeightOnlyConfig())
+    return lin.weight
+
+
+__all__ = ["FORMATS", "Product", "check"]

@@ -1,0 +1,125 @@
+"""The decode-weights formats of the plain forward (``setdiff_mega/hfmodel/linears.py``, issue 44).
+
+fp32 (the default) and fp32-packed (oneDNN's prepacked float32 kernel) must decode exactly the pinned greedy
+tokens of every method (``data/golden_tokens.json``: each prompt alone and the prompts as one batch, so a row's
+tokens do not depend on its batch either); bf16 and int8 are reduced precision: their logits stay within a
+stated tolerance of fp32 and their tokens' agreement with the pinned ones is measured and bounded. The
+benchmark's forward measurement (``setdiff_mega/inference/forward_bench.py``) is checked on the main job's
+shape: its plain fp32 forward is the megatron-core forward bit for bit, and its byte counts add up.
+"""
+import pytest
+import torch
+
+from tests.inference.test_golden_tokens import GOLDEN, MASK, PAD, EOS, BOS, decode_all, golden_model
+
+# relative max |logit error| / max |logit| of one cached decode forward against fp32, and the least fraction of
+# pinned greedy tokens a format reproduces on the golden model (measured: see the closing assertions' messages)
+TOLERANCE = {"fp32": 0.0, "fp32-packed": 1e-5, "bf16": 3e-2, "int8": 6e-2}
+AGREEMENT = {"fp32": 1.0, "fp32-packed": 1.0, "bf16": 0.9, "int8": 0.8}
+
+
+@pytest.fixture(scope="module")
+def twins(mcore):
+    """{format: the golden model's plain twin decoding in that format}."""
+    from types import SimpleNamespace
+
+    from setdiff_mega.config import load_config
+    from setdiff_mega.hfmodel.linears import FORMATS
+    from setdiff_mega.inference.engine import plain_model
+
+    cfg = load_config(None, ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+                             "model.zero_init_head=false", "model.init_method_std=0.5",
+                             "model.make_vocab_size_divisible_by=8", "data.seq_length=64"])
+    tok = SimpleNamespace(vocab_size=61, bos=BOS, eos=EOS, pad=PAD, mask=MASK)
+    native = golden_model()
+    return native, {f: plain_model(native, cfg, tok, f) for f in FORMATS}
+
+
+def _agreement(got: dict, want: dict) -> float:
+    same = total = 0
+    for name in want:
+        for part in ("alone", "batch"):
+            for a, b in zip(got[name][part], want[name][part]):
+                same += sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else 0
+                total += len(b)
+    return same / total
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp32-packed", "bf16", "int8"])
+def test_each_format_decodes_the_pinned_tokens_or_within_its_stated_agreement(twins, fmt):
+    import json
+
+    want = json.loads(GOLDEN.read_text())
+    got = decode_all(twins[1][fmt])
+    agreement = _agreement(got, want)
+    if AGREEMENT[fmt] == 1.0:
+        for name in want:
+            assert got[name] == want[name], (fmt, name)
+    print(f"{fmt}: {agreement:.3f} of the pinned greedy tokens")
+    assert agreement >= AGREEMENT[fmt], f"{fmt}: {agreement:.3f} of the pinned greedy tokens"
+
+
+@pytest.mark.parametrize("fmt", ["fp32-packed", "bf16", "int8"])
+def test_a_cached_forwards_logits_stay_within_the_formats_tolerance(twins, fmt):
+    from setdiff_mega.decoding.cache import KVCache
+
+    _, plain = twins
+    layers, groups, d = plain["fp32"].cache_shape()
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache(layers, 2, groups, d, 20)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cache.length.fill_(17)
+    tokens = torch.randint(0, 56, (2, 5), generator=g)
+    pos = torch.arange(17, 22).expand(2, 5)
+    keep = torch.ones(2, 5, 25, dtype=torch.bool)
+    keep[:, :, 17:20] = False                              # window slots past the length are never visible
+    out = {}
+    for f in ("fp32", fmt):
+        with plain[f].use_cache(cache), torch.no_grad():
+            out[f] = plain[f](tokens, pos, keep, 1)
+        cache.discard()
+    err = float((out[fmt] - out["fp32"]).abs().max() / out["fp32"].abs().max())
+    print(f"{fmt}: relative logit error {err:.2e}")
+    assert err <= TOLERANCE[fmt], f"{fmt}: relative logit error {err:.2e}"
+    assert plain[fmt].weights().nbytes() < plain["fp32"].weights().nbytes() or fmt == "fp32-packed"
+
+
+def test_an_unsharded_model_decodes_through_the_plain_forward_whichever_engine_is_named(twins):
+    from types import SimpleNamespace
+
+    from setdiff_mega.config import load_config
+    from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
+    from setdiff_mega.inference.engine import decoding_model
+
+    native = twins[0]
+    cfg = load_config(None, ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+                             "model.make_vocab_size_divisible_by=8", "data.seq_length=64"])
+    tok = SimpleNamespace(vocab_size=61, bos=BOS, eos=EOS, pad=PAD, mask=MASK)
+    for engine in ("auto", "plain", "native"):
+        dm = decoding_model(native, cfg, tok, engine, "bf16")
+        assert isinstance(dm, DecodeModel) and dm.decode_weights == "bf16"
+    with pytest.raises(ValueError, match="decode_weights='fp16' is unknown; choose one of fp32, fp32-packed"):
+        DecodeModel(twins[1]["fp32"].model, 64, "fp16")
+
+
+def test_the_forward_benchmark_measures_the_plain_and_megatron_core_forwards_on_the_same_weights(mcore):
+    from setdiff_mega.inference import forward_bench
+
+    case = forward_bench.forward_case(forward_bench.SHAPES["main"], repeats=1, forwards=1, bandwidth=10.0)
+    rows = {r["engine"]: r for r in case["rows"]}
+    assert set(rows) == {"plain-fp32", "plain-fp32-packed", "plain-bf16", "plain-int8", "megatron-core"}
+    assert rows["megatron-core"]["logits_rel_err"] == 0.0          # the same function, bit for bit
+    assert rows["plain-bf16"]["logits_rel_err"] <= TOLERANCE["bf16"]
+    fp32 = rows["plain-fp32"]
+    assert rows["plain-bf16"]["weight_bytes"] < 0.51 * fp32["weight_bytes"]
+    assert fp32["bytes"] > fp32["weight_bytes"] and fp32["floor_ms"] == pytest.approx(1e3 * fp32["bytes"] / 1e10)
+    assert case["chunk_rows"] == 1 + forward_bench.SHAPES["main"].window
+    native, cfg, tok = forward_bench.build_models(forward_bench.SHAPES["main"])
+    chunk = forward_bench.Chunk(native, cfg.data.seq_length, 4, 2048)
+    from setdiff_mega.inference.engine import plain_model
+
+    prof = forward_bench.profile_forward(plain_model(native, cfg, tok), chunk, forwards=1)
+    assert len(prof["by_layer_ms"]) == cfg.model.num_layers and prof["head_ms"] > 0
+    assert prof["by_part"]["products"] > 0 and prof["by_part"]["attention"] > 0
+    assert sum(prof["by_part"].values()) == pytest.approx(prof["ms_per_forward"])
