@@ -120,20 +120,25 @@ def main(argv=None) -> int:
     if not args.no_trace_cost:
         trace_cost(args, model, tok, cfg, prompts, base, out)
     if args.same_chunk:
-        same = benchmark.same_chunk(model, tok, prompts, args.same_chunk, args.max_new_tokens // args.same_chunk
-                                    * args.same_chunk, repeats=args.engine_repeats)
-        same["setdlm_over_bd3lm"] = same["setdlm"]["step_ms"] / same["bd3lm"]["step_ms"]
-        (out / "same_chunk.json").write_text(json.dumps(same, indent=2))
-        for m in ("setdlm", "bd3lm"):
-            print(f"same chunk {m:6s} per step {same[m]['step_ms']:.3f} ms: forward {same[m]['forward_ms']:.3f} ms, "
-                  f"sampler {same[m]['sampler_ms']:.3f} ms (chunk {same[m]['chunk']})", file=sys.stderr)
-        print(f"same chunk: SetDLM / BD3LM = {same['setdlm_over_bd3lm']:.2f}")
+        same_chunk(args, model, tok, prompts, out)
     if args.forward_shapes != "none":
         forward_report(args.forward_shapes.split(","), args.forward_repeats, out)
     plot_speed_vs_tau(rows, out / "speed_vs_tau.png")
     print(json.dumps(speedup))
     print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")
     return 0
+
+
+def same_chunk(args, model, tok, prompts, out: Path) -> None:
+    """SetDLM's and BD3LM's decode step on the same model and chunk -> same_chunk.json."""
+    same = benchmark.same_chunk(model, tok, prompts, args.same_chunk, args.max_new_tokens // args.same_chunk
+                                * args.same_chunk, repeats=args.engine_repeats)
+    same["setdlm_over_bd3lm"] = same["setdlm"]["step_ms"] / same["bd3lm"]["step_ms"]
+    (out / "same_chunk.json").write_text(json.dumps(same, indent=2))
+    for m in ("setdlm", "bd3lm"):
+        print(f"same chunk {m:6s} per step {same[m]['step_ms']:.3f} ms: forward {same[m]['forward_ms']:.3f} ms, "
+              f"sampler {same[m]['sampler_ms']:.3f} ms (chunk {same[m]['chunk']})", file=sys.stderr)
+    print(f"same chunk: SetDLM / BD3LM = {same['setdlm_over_bd3lm']:.2f}")
 
 
 def forward_report(shapes: list, repeats: int, out: Path) -> None:
@@ -153,8 +158,8 @@ def forward_report(shapes: list, repeats: int, out: Path) -> None:
                            "megatron-core": forward_bench.profile_forward(native, chunk)}
         report["shapes"].append(case)
         for r in case["rows"]:
-            print(f"forward {name:5s} {r['engine']:18s} {r['ms_per_forward']:8.2f} ms  reads {r['bytes'] / 1e6:7.1f} MB  "
-                  f"floor {r['floor_ms']:6.2f} ms  x{r['floor_ratio']:5.2f} of the floor  "
+            print(f"forward {name:5s} {r['engine']:18s} {r['ms_per_forward']:8.2f} ms  "
+                  f"reads {r['bytes'] / 1e6:7.1f} MB  floor {r['floor_ms']:6.2f} ms  x{r['floor_ratio']:5.2f} of it  "
                   f"logits rel. err {r['logits_rel_err']:.1e}", file=sys.stderr)
     (out / "forward.json").write_text(json.dumps(report, indent=2))
     forward_bench.plot(report, out / "forward.png")

@@ -15,6 +15,10 @@ other pattern compacts the window with a gather; the window moves back to offset
 buffer's end is reached. A ``static`` cache always compacts, so o stays 0 and the attended view keeps its
 address (captured decode steps, :mod:`.capture`).
 
+Entries are held in the cache's dtype (the model's, or bfloat16 for a model whose ``cache_dtype`` says so:
+the reduced-precision decode-weights formats); attention casts the queries to it, never the cache to the
+queries' (:func:`attend_in`).
+
 A decode forward over a chunk of T tokens writes the chunk's K/V into the scratch region and computes
 attention of the chunk's queries over the contiguous view ``[window (C slots) ; chunk (T)]`` with a
 boolean keep-mask [B, 1, T, C + T] that the sampler builds (window slots >= length are never visible): no
@@ -84,8 +88,8 @@ class KVCache:
     def write(self, layer: int, k, v, rows=slice(None)) -> None:
         """The chunk's k / v [b, g, T, d] into the scratch slots of ``layer`` for ``rows`` (after :meth:`begin`)."""
         s, T = self.offset + self.capacity, k.shape[2]
-        self.k[layer, rows, :, s:s + T] = k
-        self.v[layer, rows, :, s:s + T] = v
+        self.k[layer, rows, :, s:s + T] = k.to(self.k.dtype)
+        self.v[layer, rows, :, s:s + T] = v.to(self.v.dtype)
 
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False,
                rows=slice(None)):
@@ -97,8 +101,7 @@ class KVCache:
         self.write(layer, k, v, rows)
         o, s = self.offset, self.offset + self.capacity
         K, V = self.k[layer, rows, :, o:s + T], self.v[layer, rows, :, o:s + T]
-        return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep,
-                                              dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+        return attend_in(K.dtype, q, K, V, keep, dropout_p, scale, enable_gqa)
 
     def rows(self, idx: torch.Tensor) -> "CacheRows":
         """A view of rows ``idx`` for a forward over those rows only (the others have nothing in the chunk)."""
@@ -169,6 +172,16 @@ class KVCache:
         self._T = None
 
 
+def attend_in(dtype, q, K, V, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
+    """SDPA of q over K / V held in ``dtype`` (the cache's): q and an additive mask are cast to it (the cache is
+    never copied into q's precision), the output back to q's dtype. The same dtype: plain SDPA, nothing cast."""
+    if keep is not None and keep.dtype != torch.bool:
+        keep = keep.to(dtype)
+    out = F.scaled_dot_product_attention(q.to(dtype), K, V, attn_mask=keep, dropout_p=dropout_p, scale=scale,
+                                         enable_gqa=enable_gqa)
+    return out.to(q.dtype)
+
+
 class CacheRows:
     """Rows ``idx`` of a :class:`KVCache` as a cache for a forward over those rows: their chunk K/V go to their
     scratch slots (persisted by the cache's :meth:`KVCache.commit` as usual) and attention reads their windows
@@ -202,4 +215,4 @@ class CacheRows:
         return self.cache.attend(layer, q, k, v, keep, dropout_p, scale, enable_gqa, rows=self.idx)
 
 
-__all__ = ["KVCache", "CacheRows"]
+__all__ = ["KVCache", "CacheRows", "attend_in"]

@@ -38,7 +38,8 @@ import abc
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from .cache import attend_in
 
 
 @dataclass
@@ -87,8 +88,9 @@ class RowCaches:
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
         """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] (bool or additive) -> [B, h, T, d]."""
         B, g, T, d = k.shape
-        K = k.new_zeros(B, g, self.capacity + T, d)
-        V = v.new_zeros(B, g, self.capacity + T, d)
+        dt = self.calls[0].cache.window(layer)[0].dtype                    # the caches' dtype
+        K = k.new_zeros(B, g, self.capacity + T, d, dtype=dt)
+        V = v.new_zeros(B, g, self.capacity + T, d, dtype=dt)
         K[:, :, self.capacity:] = k
         V[:, :, self.capacity:] = v
         for call, idx, r0 in zip(self.calls, self.columns, self.offsets):
@@ -99,8 +101,7 @@ class RowCaches:
             window_k, window_v = cache.window(layer)
             K[rows, :, :cache.capacity] = window_k
             V[rows, :, :cache.capacity] = window_v
-        return F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=keep, dropout_p=dropout_p,
-                                              scale=scale, enable_gqa=enable_gqa)
+        return attend_in(dt, q, K, V, keep, dropout_p, scale, enable_gqa)
 
 
 def _columns(call: Call, S: int) -> torch.Tensor:

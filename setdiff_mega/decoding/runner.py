@@ -51,7 +51,8 @@ class ChunkRunner:
             layers, groups, head_dim = model.cache_shape()
             p = next(model.parameters())
             capacity = N if budget is None else min(int(budget), N)
-            self.cache = KVCache(layers, B, groups, head_dim, capacity, dtype=p.dtype, device=p.device,
+            dtype = getattr(model, "cache_dtype", None) or p.dtype           # a model may ask for a narrower cache
+            self.cache = KVCache(layers, B, groups, head_dim, capacity, dtype=dtype, device=p.device,
                                  static=self.static_chunk is not None)
         self.forwards = 0     # forward index (also counts skipped prefills: the ledger's clock)
         self.nfe = 0          # model calls

@@ -44,6 +44,7 @@ from ..decoding.trace import traces
 from .capture import CapturedStep
 from .decode_step import Prepared
 from .decode_step import forward as decode_forward
+from .linears import cache_dtype
 from .linears import check as check_format
 
 SAMPLERS = {c.__name__: c for c in (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)}
@@ -69,6 +70,7 @@ class DecodeModel:
     def __init__(self, model, context_length: int | None = None, decode_weights: str = "fp32"):
         self.model, c = model, model.config
         self.decode_weights = check_format(decode_weights)          # how the products read weights (.linears)
+        self.cache_dtype = cache_dtype(decode_weights)               # the KV cache's (None: the model's)
         self.training_length = context_length or c.method.get("seq_length")
         self.shift_logits = bool(getattr(c, "shift_logits", False))    # the AR head alignment (shift.py)
         self.vocab_size = c.tokenizer_vocab_size

@@ -12,10 +12,11 @@ y [.., N] float32 in every format; what differs is what is read and which kernel
                  result is independent of the other rows (batching never changes a row's tokens)
     bf16         bfloat16 matrices (half the bytes), the activations cast to bfloat16 at each product's input,
                  float32 accumulation inside the kernel, the product (rounded to bfloat16 by the kernel) and
-                 the bias added in float32; oneDNN-prepacked on CPU. The residual stream, norms, attention,
-                 KV cache and softmax stay float32
+                 the bias added in float32; oneDNN-prepacked on CPU. The KV cache is bfloat16 too (half the
+                 bytes attention reads; queries cast to it, float32 accumulation inside SDPA); the residual
+                 stream, norms, the logits and the samplers' softmax stay float32
     int8         weight-only int8 with one scale per output row through torchao's ``Int8WeightOnlyConfig``
-                 (bf16 activations; torchao installed), otherwise as bf16
+                 (bf16 activations; torchao installed), otherwise as bf16 (bfloat16 KV cache)
 
 Formats other than fp32 are CPU / CUDA options for speed with a stated tolerance (tests pin it); the
 fp32 default is the one the exactness tests hold to. Packing needs oneDNN (x86 CPUs with torch's mkldnn
@@ -33,6 +34,11 @@ def check(fmt: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"decode_weights={fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
     return fmt
+
+
+def cache_dtype(fmt: str):
+    """The KV cache's dtype a format asks for (bfloat16 for bf16 / int8), None: the model's."""
+    return torch.bfloat16 if check(fmt) in ("bf16", "int8") else None
 
 
 def _can_pack(w: torch.Tensor) -> bool:
@@ -84,4 +90,4 @@ def _int8(weight: torch.Tensor):
     return lin.weight
 
 
-__all__ = ["FORMATS", "Product", "check"]
+__all__ = ["FORMATS", "Product", "cache_dtype", "check"]

@@ -6,7 +6,8 @@ rows. What it must read at least, in bytes:
 
     weights   every product's matrix once (:meth:`~setdiff_mega.hfmodel.decode_step.Prepared.nbytes`: the
               layers' fused q/k/v, o, up, down and the head, in the decode-weights format)
-    cache     layers x 2 (K, V) x groups x (C + T) x head_dim x 4 (read by attention; the chunk's T written)
+    cache     layers x 2 (K, V) x groups x (C + T) x head_dim x 4 (2 in bfloat16: the bf16 / int8 formats
+              cache), read by attention (the chunk's T entries written)
     logits    W x V x 4 written
 
 The floor is those bytes over the bandwidth of a stream copy measured in the same run (:func:`stream_bandwidth`:
@@ -80,7 +81,8 @@ def build_models(shape: Shape, config: str = "configs/tiny_cpu.yaml", seed: int 
 
 
 class Chunk:
-    """The tau >= 1 decode step's inputs: a cache of C = L - T - 8 committed entries, T = 1 + W chunk rows."""
+    """The tau >= 1 decode step's inputs: a cache of C = L - T - 8 committed entries, T = 1 + W chunk rows; one
+    cache per dtype a model asks for (``cache_dtype``: bf16 formats), the same random entries in each."""
 
     def __init__(self, model, L: int, W: int, vocab: int, seed: int = 0):
         layers, groups, d = model.cache_shape()
@@ -91,16 +93,32 @@ class Chunk:
         self.cache.k.normal_(generator=g)
         self.cache.v.normal_(generator=g)
         self.cache.length.fill_(C)
+        self.caches = {torch.float32: self.cache}
         self.tokens = torch.randint(0, vocab - 8, (1, self.T), generator=g)
         self.positions = torch.arange(C, C + self.T)[None]
         self.keep = torch.ones(1, self.T, C + self.T, dtype=torch.bool)
-        self.kv_bytes = layers * 2 * groups * (C + self.T) * d * 4
+        self.kv_elements = layers * 2 * groups * (C + self.T) * d
         self.logit_bytes = W * vocab * 4
 
+    def cache_for(self, model) -> KVCache:
+        dtype = getattr(model, "cache_dtype", None) or torch.float32
+        if dtype not in self.caches:
+            c = self.cache
+            cache = KVCache(c.num_layers, 1, c.k.shape[2], c.k.shape[4], c.capacity, dtype=dtype)
+            cache.k.copy_(c.k)
+            cache.v.copy_(c.v)
+            cache.length.copy_(c.length)
+            self.caches[dtype] = cache
+        return self.caches[dtype]
+
+    def kv_bytes(self, model) -> int:
+        return self.kv_elements * self.cache_for(model).k.element_size()
+
     def run(self, model):
-        with model.use_cache(self.cache):
+        cache = self.cache_for(model)
+        with model.use_cache(cache):
             out = model(self.tokens, self.positions, self.keep, 1)
-        self.cache.discard()
+        cache.discard()
         return out
 
 
@@ -131,7 +149,7 @@ def forward_case(shape: Shape, formats=FORMATS, repeats: int = 5, forwards: int 
     fp32_bytes = Prepared(runners[f"plain-{formats[0]}"].model).nbytes()      # megatron-core reads fp32
     for n, m in runners.items():
         wbytes = m.weights().nbytes() if hasattr(m, "weights") else fp32_bytes
-        total = wbytes + chunk.kv_bytes + chunk.logit_bytes
+        total = wbytes + chunk.kv_bytes(m) + chunk.logit_bytes
         ms = statistics.median(times[n])
         floor = 1e3 * total / (bw * 1e9)
         rows.append({"engine": n, "ms_per_forward": ms, "bytes": total, "weight_bytes": wbytes,

@@ -10,7 +10,7 @@ shape: its plain fp32 forward is the megatron-core forward bit for bit, and its 
 import pytest
 import torch
 
-from tests.inference.test_golden_tokens import GOLDEN, MASK, PAD, EOS, BOS, decode_all, golden_model
+from tests.inference.test_golden_tokens import BOS, EOS, GOLDEN, MASK, PAD, decode_all, golden_model
 
 # relative max |logit error| / max |logit| of one cached decode forward against fp32, and the least fraction of
 # pinned greedy tokens a format reproduces on the golden model (measured: see the closing assertions' messages)
