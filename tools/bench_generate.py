@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--forward-shapes", default="main,gpt2",
                    help="shapes of the forward-vs-bandwidth measurement (main, gpt2; 'none' skips it)")
     p.add_argument("--forward-repeats", type=int, default=5, help="interleaved rounds of the forward measurement")
+    p.add_argument("--forward-only", action="store_true", help="only the forward measurement (no checkpoint needed)")
     p.add_argument("--same-chunk", type=int, default=4, help="SetDLM's and BD3LM's decode step on the same model and "
                    "chunk (W = S = this, tau 0: this many pending + this many query rows every step; 0: skip)")
     args = p.parse_args(argv)
@@ -80,6 +81,9 @@ def main(argv=None) -> int:
                            continues=True, owned=either(marked_by("bench_generate"), holds_only(*REPORTS)))
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.forward_only:
+        forward_report(args.forward_shapes.split(","), args.forward_repeats, out)
+        return 0
     native, objective, tok, cfg = load_model(args.checkpoint)
     model = decoding_model(native, cfg, tok, args.engine, args.decode_weights)
     tasks = Path(args.tasks)
@@ -154,8 +158,9 @@ def forward_report(shapes: list, repeats: int, out: Path) -> None:
         case = forward_bench.forward_case(shape, repeats=repeats, bandwidth=bw)
         native, cfg, tok = forward_bench.build_models(shape)
         chunk = forward_bench.Chunk(native, cfg.data.seq_length, shape.window, shape.vocab)
-        case["profile"] = {"plain-fp32": forward_bench.profile_forward(plain_model(native, cfg, tok), chunk),
-                           "megatron-core": forward_bench.profile_forward(native, chunk)}
+        case["profile"] = {f"plain-{f}": forward_bench.profile_forward(plain_model(native, cfg, tok, f), chunk)
+                           for f in ("fp32", "fp32-packed", "bf16")}
+        case["profile"]["megatron-core"] = forward_bench.profile_forward(native, chunk)
         report["shapes"].append(case)
         for r in case["rows"]:
             print(f"forward {name:5s} {r['engine']:18s} {r['ms_per_forward']:8.2f} ms  "

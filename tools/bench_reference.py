@@ -33,6 +33,14 @@ def _floats(s: str) -> tuple:
     return tuple(float(x) for x in s.split(",") if x.strip())
 
 
+def _formats(s: str) -> tuple:
+    out = tuple(x.strip() for x in s.split(",") if x.strip())
+    bad = [x for x in out if x not in FORMATS]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(f"unknown format(s) {bad}; choose among {', '.join(FORMATS)}")
+    return out
+
+
 def _ints(s: str) -> tuple:
     return tuple(int(x) for x in s.split(",") if x.strip())
 
@@ -56,8 +64,9 @@ def main(argv=None) -> int:
     p.add_argument("--logit-std", type=float, default=8.0,
                    help="the head's scale: logits ~ N(0, s^2), so some confidences pass tau 0.9")
     p.add_argument("--threads", type=int, default=1, help="torch threads in each process")
-    p.add_argument("--decode-weights", choices=FORMATS, default="fp32",
-                   help="how this side's plain forward reads the weights (fp32: exact, the tokens comparable)")
+    p.add_argument("--decode-weights", type=_formats, default=("fp32",),
+                   help="comma-separated formats of this side's plain forward, each its own runner (the first is "
+                        "'ours'; fp32: exact, the tokens comparable), e.g. fp32,fp32-packed,bf16")
     p.add_argument("--out-dir", default="runs/bench_reference")
     args = p.parse_args(argv)
 

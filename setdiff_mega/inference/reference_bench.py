@@ -163,21 +163,25 @@ def prompts_for(shape: Shape, count: int, length: int, seed: int) -> list[list[i
 class OursSide:
     """This project's plain engine on the release (see the module docstring); ``generate`` as the worker's."""
 
-    def __init__(self, release: Path, decode_weights: str = "fp32"):
+    def __init__(self, release: Path, decode_weights=("fp32",)):
         import transformers
 
+        decode_weights = (decode_weights,) if isinstance(decode_weights, str) else tuple(decode_weights)
         L = json.loads((Path(release) / "config.json").read_text())["length"]
         native, cfg, self.tok, _ = families.load_family(release, overrides=[f"data.seq_length={L}"])
-        self.model, self.L = decoding_model(native, cfg, self.tok, "plain", decode_weights), L
-        self.info = {"side": "ours", "engine": "plain", "decode_weights": decode_weights,
+        self.models = {f: decoding_model(native, cfg, self.tok, "plain", f) for f in decode_weights}
+        self.L, self.formats = L, decode_weights
+        self.info = {"side": "ours", "engine": "plain", "decode_weights": ",".join(decode_weights),
                      "transformers": transformers.__version__,
                      "parameters": sum(p.numel() for p in native.parameters())}
 
-    def generate(self, prompt: list, max_new_tokens: int, window: int, tau: float, k_schedule: str = "ours") -> dict:
-        """``k_schedule`` "reference": the reference's forced count per step (the module docstring)."""
+    def generate(self, prompt: list, max_new_tokens: int, window: int, tau: float, k_schedule: str = "ours",
+                 fmt: str | None = None) -> dict:
+        """``k_schedule`` "reference": the reference's forced count per step (the module docstring); ``fmt``: the
+        decode-weights format (default: the first)."""
         cfg = GenerationConfig(max_new_tokens=max_new_tokens, window=window, tau=tau, commit_k=1,
                                commit_rule="confidence", use_cache=True, context_length=self.L, stop_at_eos=False)
-        sampler = build_sampler("setdlm", self.model, self.tok, cfg)
+        sampler = build_sampler("setdlm", self.models[fmt or self.formats[0]], self.tok, cfg)
         if k_schedule == "reference":
             sampler.observer = lambda st: setattr(cfg, "commit_k", int(st.committed[0] - st.steps[0]) + 1)
         canvas = Canvas.from_prompts([prompt], self.tok.mask, self.tok.pad, max_new_tokens)
@@ -321,7 +325,7 @@ def check_options(shape: Shape, taus, windows, rounds: int, num_prompts: int, pr
 
 def run(out: Path, shape: Shape, *, ref_dir=None, ref_venv=None, self_test: bool = False, taus=(1e6, 0.9),
         windows=(8,), rounds: int = 3, num_prompts: int = 3, prompt_length: int = 32, max_new_tokens: int = 64,
-        seed: int = 0, logit_std: float = 8.0, threads: int = 1, decode_weights: str = "fp32", say=print,
+        seed: int = 0, logit_std: float = 8.0, threads: int = 1, decode_weights=("fp32",), say=print,
         tick=lambda name: None) -> dict:
     """The whole benchmark into ``out`` (already claimed): release, both sides, every (W, tau); returns the report
     (also written to ``out/reference.json``)."""
@@ -344,9 +348,14 @@ def run(out: Path, shape: Shape, *, ref_dir=None, ref_venv=None, self_test: bool
             for tau in taus:
                 runners = {"ours": lambda p, W=W, tau=tau: ours.generate(p, max_new_tokens, W, tau),
                            "reference": lambda p, W=W, tau=tau: worker.generate(p, max_new_tokens, W, tau)}
+                for f in ours.formats[1:]:                        # further decode-weights formats of our side
+                    runners[f"ours_{f}"] = lambda p, W=W, tau=tau, f=f: ours.generate(p, max_new_tokens, W, tau,
+                                                                                      fmt=f)
                 if tau < 1:
-                    runners["ours_reference_k"] = lambda p, W=W, tau=tau: ours.generate(p, max_new_tokens, W, tau,
-                                                                                        "reference")
+                    for f in ours.formats:
+                        name = "ours_reference_k" + ("" if f == ours.formats[0] else f"_{f}")
+                        runners[name] = lambda p, W=W, tau=tau, f=f: ours.generate(p, max_new_tokens, W, tau,
+                                                                                   "reference", f)
                 say(f"W = {W}, tau = {tau:g}: {rounds} rounds of {', '.join(runners)}")
                 rows.append({"window": W, "tau": tau, **compare_setting(runners, prompts, rounds, tick)})
     finally:
