@@ -2,7 +2,7 @@
 """Build a tokenizer and a Megatron-format indexed dataset (.bin/.idx + manifest).
 
     python tools/prepare_data.py --embedded --out data/embedded          # the built-in corpus
-    python tools/prepare_data.py --natural --out data/natural --vocab-size 8192    # installed Python sources
+    python tools/prepare_data.py --natural --out data/natural --vocab-size 2048    # installed Python sources
     python tools/prepare_data.py --input a.jsonl b.txt --json-key text --out data/mine [--tokenizer tok.json]
 
 Idempotent: with --skip-existing an output whose manifest exists is left alone (for --embedded: when its
