@@ -49,7 +49,7 @@ from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
 REPORTS = (".csv", ".png", ".json", ".jsonl", ".log", ".txt")     # what an --out-dir of this tool holds
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default="runs/tiny_cpu")
     p.add_argument("--tasks", default="data/embedded/tasks/math.jsonl", help="prompts: held-out math questions")
@@ -75,8 +75,11 @@ def main(argv=None) -> int:
     p.add_argument("--forward-only", action="store_true", help="only the forward measurement (no checkpoint needed)")
     p.add_argument("--same-chunk", type=int, default=4, help="SetDLM's and BD3LM's decode step on the same model and "
                    "chunk (W = S = this, tau 0: this many pending + this many query rows every step; 0: skip)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     out = claim_output_dir(args.out_dir, [args.checkpoint, args.tasks], flag="--out-dir", tool="bench_generate",
                            continues=True, owned=either(marked_by("bench_generate"), holds_only(*REPORTS)))
     if args.threads:
