@@ -133,17 +133,17 @@ def forward_case(shape: Shape, formats=FORMATS, repeats: int = 5, forwards: int 
         runners["megatron-core"] = model
     chunk = Chunk(model, L, shape.window, shape.vocab)
     ref = chunk.run(runners[f"plain-{formats[0]}"])
-    times = {n: [] for n in runners}
+    times, errs = {n: [] for n in runners}, {}
     with torch.no_grad():
-        for r in range(repeats + 1):                                  # the first round warms up
+        for r in range(max(repeats, 1) + 1):                          # the first round warms up
             for n in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
                 t0 = time.perf_counter()
                 for _ in range(forwards):
                     out = chunk.run(runners[n])
                 if r:
                     times[n].append(1e3 * (time.perf_counter() - t0) / forwards)
-                if r == 1:
-                    times[n + ":err"] = float((out - ref).abs().max() / ref.abs().max())
+                else:
+                    errs[n] = float((out - ref).abs().max() / ref.abs().max())
     bw = bandwidth or stream_bandwidth()
     rows = []
     fp32_bytes = Prepared(runners[f"plain-{formats[0]}"].model).nbytes()      # megatron-core reads fp32
@@ -153,7 +153,7 @@ def forward_case(shape: Shape, formats=FORMATS, repeats: int = 5, forwards: int 
         ms = statistics.median(times[n])
         floor = 1e3 * total / (bw * 1e9)
         rows.append({"engine": n, "ms_per_forward": ms, "bytes": total, "weight_bytes": wbytes,
-                     "floor_ms": floor, "floor_ratio": ms / floor, "logits_rel_err": times[n + ":err"]})
+                     "floor_ms": floor, "floor_ratio": ms / floor, "logits_rel_err": errs[n]})
     return {"shape": shape.name, "parameters": sum(p.numel() for p in model.parameters()),
             "chunk_rows": chunk.T, "cache_entries": chunk.cache.capacity, "window": shape.window,
             "bandwidth_gb_s": bw, "threads": torch.get_num_threads(), "repeats": repeats, "forwards": forwards,
