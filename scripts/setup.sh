@@ -4,18 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-find_python() {
-  for cand in "${PYTHON:-}" python3.11 python3; do
-    [ -n "$cand" ] || continue
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
-      echo "$cand"; return 0
-    fi
-  done
-  echo "error: setdiff-mega needs Python 3.11 (megatron-core 0.16.1 and the CPU torch wheel); set PYTHON=/path/to/python3.11" >&2
-  return 1
-}
+source scripts/find_python.sh
 
-PY=$(find_python)
+PY=$(find_python "setdiff-mega (megatron-core 0.16.1 and the CPU torch wheel)")
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $PY"
   "$PY" -m venv .venv

@@ -31,20 +31,11 @@ VENV="${2:-$ROOT/.venv-ref}"
 PINS=(torch==2.13.0 transformers==4.52.4 tokenizers==0.21.4 huggingface-hub==0.36.0 safetensors==0.6.2
       hydra-core==1.3.2 omegaconf==2.3.0 einops==0.8.1 numpy==2.2.6 tqdm==4.67.1)
 
-find_python() {
-  for cand in "${PYTHON:-}" python3.11 python3; do
-    [ -n "$cand" ] || continue
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
-      echo "$cand"; return 0
-    fi
-  done
-  echo "error: the reference environment needs Python 3.11 (the project's torch wheel); set PYTHON=/path/to/python3.11" >&2
-  return 1
-}
+source "$ROOT/scripts/find_python.sh"
 
 start=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
-  PY=$(find_python)
+  PY=$(find_python "the reference environment (the project's torch wheel)")
   echo "[setup_reference] creating $VENV with $PY"
   "$PY" -m venv "$VENV"
 fi

@@ -6,8 +6,9 @@
         [--taus 1e6,0.9] [--windows 8] [--rounds 3] [--out-dir runs/bench_reference]
 
 This project's plain engine and the reference's SetDLM.generate (kuleshov-group/setdlms, unmodified, in its own
-venv with transformers 4.52.4) decode the same random-weight DiT (GPT-2-small shape by default; written once into
-OUT/release) and the same token-id prompts, batch 1, one thread each, greedy, KV cache, window W, threshold tau;
+venv with transformers 4.52.4) decode the same random-weight DiT (GPT-2-small shape by default; written once
+into OUT/release-<digest>) and the same token-id prompts, batch 1, one thread each, greedy, KV cache, window W,
+threshold tau;
 rounds interleaved (ours, reference, reference, ours, ...). Reports per setting the median tokens/s and ms per
 forward of each side, their ratios (ours / reference) and the fraction of identical generated tokens; at tau < 1
 also ``ours_reference_k``, this engine with the reference's forced-commit schedule (see
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
         inputs = [args.ref_dir, args.ref_venv]
     out = claim_output_dir(args.out_dir, inputs, flag="--out-dir", tool=TOOL, continues=True,
                            owned=either(marked_by(TOOL), holds_only(*REPORTS)))
-    runners = 2 * len(args.taus) + sum(t < 1 for t in args.taus)
+    k = len(args.decode_weights)
+    runners = (1 + k) * len(args.taus) + k * sum(t < 1 for t in args.taus)
     with tqdm(total=args.rounds * runners * len(args.windows), desc="decode passes", file=sys.stderr) as bar:
         report = reference_bench.run(
             out, shape, ref_dir=args.ref_dir, ref_venv=args.ref_venv, self_test=args.self_test, taus=args.taus,

@@ -6,18 +6,17 @@ and the reference's ``SetDLM.generate`` (kuleshov-group/setdlms, unmodified, in 
 the same options (SetDLM, window W, threshold tau, KV cache, greedy), one thread in each process. Per decode:
 generated tokens, wall time (prefill included) and forwards (NFE, the prefill counted on both sides);
 per side and round, tokens/s = tokens / seconds and ms per forward = 1000 seconds / NFE over all prompts (the
-sampler's own work per step included); the
-report gives the median over rounds, the ratios ours / reference, and the fraction of generated tokens that are
-identical (position by position).
+sampler's own work per step included); the report gives the median over rounds, the ratios ours / reference,
+and the fraction of generated tokens that are identical (position by position).
 
-The model: a DiT release (the reference's names and layout, :mod:`setdiff_mega.checkpoint.adapters.dit`)
-written once into ``OUT/release`` with seeded random values: embedding N(0, 1) [V, d]; per block LayerNorm
-weights 1 + N(0, 0.1^2) [d], attn_qkv [3d, d], attn_out [d, d], mlp.0 [4d, d] + bias [4d], mlp.2 [d, 4d] + bias
-[d], each weight N(0, 1 / fan_in) (context-dependent outputs, no near-ties between positions); the head
-[V, d] N(0, s^2 / d) with s = ``logit_std``, so logits are about N(0, s^2) and some confidences pass tau 0.9
-(random heads of the usual scale never do). The reference loads it into its SetDLM; this side imports it
-through the DiT adapter (:func:`~setdiff_mega.checkpoint.families.load_family`: reference names -> native,
-bit-exact both ways, tests/model/test_dit_release.py) and builds the plain twin.
+The model: a DiT release (the reference's names and layout, :mod:`setdiff_mega.checkpoint.adapters.dit`) written
+once into ``OUT/release-<digest of its spec>`` with seeded random values: embedding N(0, 1) [V, d]; per block
+LayerNorm weights 1 + N(0, 0.1^2) [d], attn_qkv [3d, d], attn_out [d, d], mlp.0 [4d, d] + bias [4d], mlp.2 [d, 4d]
++ bias [d], each weight N(0, 1 / fan_in) (context-dependent outputs, no near-ties between positions); the head [V,
+d] N(0, s^2 / d) with s = ``logit_std``, so logits are about N(0, s^2) and some confidences pass tau 0.9 (random
+heads of the usual scale never do). The reference loads it into its SetDLM; this side imports it through the DiT
+adapter (:func:`~setdiff_mega.checkpoint.families.load_family`: reference names -> native, bit-exact both ways,
+tests/model/test_dit_release.py) and builds the plain twin.
 
 Rounds alternate the order (ours, reference, reference, ours, ...) so a slow phase of the machine hits both;
 each side first decodes one prompt untimed. The reference's worker is a persistent subprocess speaking JSON
@@ -33,6 +32,7 @@ and the tests' tiny one).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -44,12 +44,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from setdiff_mega.checkpoint import families
 from setdiff_mega.config import load_config
 from setdiff_mega.decoding.base import Canvas, GenerationConfig
 from setdiff_mega.errors import ConfigError
-from setdiff_mega.outputs import usual_mode
+from setdiff_mega.outputs import staged_dir, usual_mode
 
 from .api import build_sampler
 from .engine import decoding_model
@@ -129,28 +130,28 @@ def _tokenizer(path: Path, vocab: int) -> None:
     tok.save(str(path))
 
 
-def ensure_release(d: Path, shape: Shape, seed: int, logit_std: float, say=print) -> Path:
-    """``d`` holds the release of (shape, seed, logit_std): written once, reused when its spec.json matches."""
-    from safetensors.torch import save_file
-
+def ensure_release(parent: Path, shape: Shape, seed: int, logit_std: float, say=print) -> Path:
+    """The release of (shape, seed, logit_std) in ``parent/release-<digest of that spec>``: reused when there,
+    else written once through a staging directory renamed into place (a content-keyed cache; nothing replaced)."""
     spec = {"format": RELEASE_FORMAT, "shape": asdict(shape), "seed": seed, "logit_std": logit_std}
-    f = d / "spec.json"
-    if f.is_file() and json.loads(f.read_text()) == spec and (d / "model.safetensors").is_file():
+    d = Path(parent) / f"release-{hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]}"
+    if d.exists():
+        if not ((d / "model.safetensors").is_file() and json.loads((d / "spec.json").read_text()) == spec):
+            raise ConfigError(f"'{d}' does not hold the release its name promises; remove it and run again")
         say(f"reusing the release in {d}")
         return d
     say(f"writing a random-weight DiT release {asdict(shape)} to {d}")
-    d.mkdir(parents=True, exist_ok=True)
-    f.unlink(missing_ok=True)
-    save_file(release_tensors(shape, seed, logit_std), str(d / "model.safetensors"), metadata={"format": "pt"})
-    usual_mode(d / "model.safetensors")
-    V, L = shape.vocab, shape.length
-    config = {"model_type": "bd3lm", "architectures": ["BD3LM"], "length": L, "vocab_size": V,
-              "mask_token_id": V - 1, "eos_token_id": 0, "bos_token_id": 0, "pad_token_id": 0,
-              "noise_config": {"desired_block_size": shape.D, "max_block_size": 2 * shape.D, "length": L},
-              "backbone_config": {"n_heads": shape.heads, "dropout": 0.1, "length": L, "adaln": False}}
-    (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _tokenizer(d / "tokenizer.json", V)
-    f.write_text(json.dumps(spec, indent=2) + "\n")
+    with staged_dir(d, "bench_reference") as tmp:
+        save_file(release_tensors(shape, seed, logit_std), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        usual_mode(tmp / "model.safetensors")
+        V, L = shape.vocab, shape.length
+        config = {"model_type": "bd3lm", "architectures": ["BD3LM"], "length": L, "vocab_size": V,
+                  "mask_token_id": V - 1, "eos_token_id": 0, "bos_token_id": 0, "pad_token_id": 0,
+                  "noise_config": {"desired_block_size": shape.D, "max_block_size": 2 * shape.D, "length": L},
+                  "backbone_config": {"n_heads": shape.heads, "dropout": 0.1, "length": L, "adaln": False}}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _tokenizer(tmp / "tokenizer.json", V)
+        (tmp / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     return d
 
 
@@ -336,7 +337,7 @@ def run(out: Path, shape: Shape, *, ref_dir=None, ref_venv=None, self_test: bool
         python, worker_args = str(py), ["--ref-dir", str(ref)]
     check_options(shape, taus, windows, rounds, num_prompts, prompt_length, max_new_tokens)
     load = os.getloadavg()
-    release = ensure_release(out / "release", shape, seed, logit_std, say)
+    release = ensure_release(out, shape, seed, logit_std, say)
     torch.set_num_threads(threads)
     prompts = prompts_for(shape, num_prompts, prompt_length, seed)
     say(f"loading both sides ({'self-test worker' if self_test else 'reference worker: ' + python})")
