@@ -92,16 +92,17 @@ class KVCache:
         self.v[layer, rows, :, s:s + T] = v.to(self.v.dtype)
 
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False,
-               rows=slice(None)):
+               rows=slice(None), kernel=None):
         """q [b, h, T, d], k / v [b, g, T, d], keep [b, 1, T, C + T] -> [b, h, T, d] for ``rows`` (all: views of
-        [window ; chunk], no copy); k, v stay in the scratch region until :meth:`commit` or the next forward."""
+        [window ; chunk], no copy); k, v stay in the scratch region until :meth:`commit` or the next forward.
+        ``kernel``: an attention kernel to try before SDPA (:func:`attend_in`)."""
         T = k.shape[2]
         if layer == 0:
             self.begin(T)
         self.write(layer, k, v, rows)
         o, s = self.offset, self.offset + self.capacity
         K, V = self.k[layer, rows, :, o:s + T], self.v[layer, rows, :, o:s + T]
-        return attend_in(K.dtype, q, K, V, keep, dropout_p, scale, enable_gqa)
+        return attend_in(K.dtype, q, K, V, keep, dropout_p, scale, enable_gqa, kernel)
 
     def rows(self, idx: torch.Tensor) -> "CacheRows":
         """A view of rows ``idx`` for a forward over those rows only (the others have nothing in the chunk)."""
@@ -172,9 +173,15 @@ class KVCache:
         self._T = None
 
 
-def attend_in(dtype, q, K, V, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
+def attend_in(dtype, q, K, V, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False, kernel=None):
     """SDPA of q over K / V held in ``dtype`` (the cache's): q and an additive mask are cast to it (the cache is
-    never copied into q's precision), the output back to q's dtype. The same dtype: plain SDPA, nothing cast."""
+    never copied into q's precision), the output back to q's dtype. The same dtype: plain SDPA, nothing cast.
+    ``kernel(q, K, V, keep, scale)``, when given, is tried first (it returns None where it does not apply: the
+    decode-attention kernel of the fp32-packed format, ``hfmodel/decode_attention.py``)."""
+    if kernel is not None and dropout_p == 0.0:
+        out = kernel(q, K, V, keep, scale)
+        if out is not None:
+            return out
     if keep is not None and keep.dtype != torch.bool:
         keep = keep.to(dtype)
     out = F.scaled_dot_product_attention(q.to(dtype), K, V, attn_mask=keep, dropout_p=dropout_p, scale=scale,
@@ -211,8 +218,8 @@ class CacheRows:
     def window(self, layer: int) -> tuple:
         return self.cache.window(layer, self.idx)
 
-    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
-        return self.cache.attend(layer, q, k, v, keep, dropout_p, scale, enable_gqa, rows=self.idx)
+    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False, kernel=None):
+        return self.cache.attend(layer, q, k, v, keep, dropout_p, scale, enable_gqa, rows=self.idx, kernel=kernel)
 
 
 __all__ = ["KVCache", "CacheRows", "attend_in"]

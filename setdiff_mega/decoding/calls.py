@@ -85,7 +85,7 @@ class RowCaches:
     def __init__(self, calls: list[Call], columns: list[torch.Tensor], offsets: list[int], capacity: int):
         self.calls, self.columns, self.offsets, self.capacity = calls, columns, offsets, capacity
 
-    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False):
+    def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False, kernel=None):
         """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] (bool or additive) -> [B, h, T, d]."""
         B, g, T, d = k.shape
         dt = self.calls[0].cache.window(layer)[0].dtype                    # the caches' dtype
@@ -101,7 +101,7 @@ class RowCaches:
             window_k, window_v = cache.window(layer)
             K[rows, :, :cache.capacity] = window_k
             V[rows, :, :cache.capacity] = window_v
-        return attend_in(dt, q, K, V, keep, dropout_p, scale, enable_gqa)
+        return attend_in(dt, q, K, V, keep, dropout_p, scale, enable_gqa, kernel)
 
 
 def _columns(call: Call, S: int) -> torch.Tensor:

@@ -16,7 +16,8 @@ not their size:
              [B, heads + 2 groups, T, d]; the per-head q / k norms if the model has them; RoPE
              (rotate-half on the first rot_dim channels) on the q and k heads in one operation;
              attention over [cache ; chunk] through ``cache.attend`` (or plain SDPA over the chunk
-             without a cache), with the boolean mask turned into SDPA's additive
+             without a cache; in fp32-packed the cache's attention tries :mod:`.cpu_kernels`' attention
+             first: chunks of <= 16 queries over a float32 cache), with the boolean mask turned into SDPA's additive
              0 / -inf mask once per forward instead of once per layer; the final norm and the head only
              on rows >= start.
 
@@ -30,6 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .cpu_kernels import library
 from .linears import Product, check
 
 
@@ -119,6 +121,9 @@ class Prepared:
         self.head = Product(*head, self.format, rows // 2)
         self.params = list(model.parameters())
         self.key = _key(self.params)
+        # fp32-packed: the decode chunk's attention over a float32 cache by the small C++ kernel (None: SDPA)
+        kernels = library() if self.format == "fp32-packed" and self.embed.device.type == "cpu" else None
+        self.attention = None if kernels is None else kernels.attention
 
     def nbytes(self) -> int:
         """Bytes of weights one forward reads (every layer's products and the head; norms and the few embedding
@@ -183,7 +188,7 @@ def _layer(w: Prepared, i: int, layer: tuple, h, cos, sin, keep, cache):
         qk = rotate(qkv[:, :nh + g], cos, sin)
     q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + g:]
     if cache is not None:
-        out = cache.attend(i, q, k, v, keep, enable_gqa=gqa)
+        out = cache.attend(i, q, k, v, keep, enable_gqa=gqa, kernel=w.attention)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=gqa)
     h = h + o_proj(out.transpose(1, 2).reshape(b, t, nh * d))

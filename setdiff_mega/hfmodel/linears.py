@@ -6,10 +6,14 @@ few rows it has, not arithmetic. Each product is ``y = x W^T + b`` with x [.., K
 y [.., N] float32 in every format; what differs is what is read and which kernel reads it:
 
     fp32         F.linear over the fused float32 matrices: bit-identical to the model's own forward (default)
-    fp32-packed  the same float32 matrices reordered once into oneDNN's blocked layout (the prepacked linear
-                 that torch.compile's CPU freezing uses): at T ~ 9 about 2x MKL's small-M sgemm on AVX-512
-                 CPUs; products agree with fp32 to ~1e-6 relative (another summation order), and every row's
-                 result is independent of the other rows (batching never changes a row's tokens)
+    fp32-packed  the same float32 matrices packed once in panels of 32 output columns for the small-M kernel
+                 of :mod:`.cpu_kernels` (one sequential stream of each matrix, up to 12 rows per pass:
+                 at T ~ 9 on an AVX-512 CPU about 1.3x oneDNN's prepacked linear and 2.5x MKL's sgemm), or,
+                 where that kernel cannot be built, reordered into oneDNN's blocked layout (the prepacked
+                 linear torch.compile's CPU freezing uses); the decode chunk's attention over the float32
+                 cache by the same library's kernel. Products agree with fp32 to ~1e-6 relative (another
+                 summation order), and every row's result is independent of the other rows (batching never
+                 changes a row's tokens)
     bf16         bfloat16 matrices (half the bytes), the activations cast to bfloat16 at each product's input,
                  float32 accumulation inside the kernel, the product (rounded to bfloat16 by the kernel) and
                  the bias added in float32; oneDNN-prepacked on CPU. The KV cache is bfloat16 too (half the
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .cpu_kernels import library
 
 FORMATS = ("fp32", "fp32-packed", "bf16", "int8")
 
@@ -53,11 +59,13 @@ class Product:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str = "fp32", rows: int = 16):
         self.fmt, self.bias = check(fmt), bias
         self.out_features = weight.shape[0]
-        self.packed = False
+        self.packed, self.panels = False, None
         if fmt == "fp32":
             self.w = weight
         elif fmt == "int8":
             self.w = _int8(weight)
+        elif fmt == "fp32-packed" and weight.device.type == "cpu" and library() is not None:
+            self.panels, self.w = library(), library().pack(weight)
         else:
             w = weight.detach().to(torch.bfloat16 if fmt == "bf16" else weight.dtype).contiguous()
             self.packed = _can_pack(w)
@@ -68,6 +76,9 @@ class Product:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "fp32":
             return F.linear(x, self.w, self.bias)
+        if self.panels is not None:
+            y = self.panels.linear(x, self.w, self.out_features)
+            return y if self.bias is None else y.add_(self.bias)
         low = x if self.fmt == "fp32-packed" else x.to(torch.bfloat16)
         if self.packed:
             y = torch.ops.mkldnn._linear_pointwise(low, self.w, None, "none", [], "")

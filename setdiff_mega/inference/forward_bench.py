@@ -32,6 +32,7 @@ import torch
 
 from setdiff_mega.config.loading import load_config
 from setdiff_mega.decoding.cache import KVCache
+from setdiff_mega.hfmodel.cpu_kernels import ATTENTION_LABEL, LINEAR_LABEL
 from setdiff_mega.hfmodel.decode_step import Prepared
 from setdiff_mega.hfmodel.linears import FORMATS
 from setdiff_mega.model import build_model
@@ -160,9 +161,10 @@ def forward_case(shape: Shape, formats=FORMATS, repeats: int = 5, forwards: int 
             "rows": rows}
 
 
-PARTS = (("products", ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::_weight_int8pack_mm")),
+PARTS = (("products", ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::_weight_int8pack_mm",
+                       LINEAR_LABEL)),
          ("attention", ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
-                        "aten::bmm", "aten::baddbmm", "aten::_softmax")),
+                        "aten::bmm", "aten::baddbmm", "aten::_softmax", ATTENTION_LABEL)),
          ("cache writes and copies", ("aten::copy_", "aten::index_put_", "aten::scatter_")))
 
 

@@ -177,8 +177,11 @@ from transformers import AutoModelForCausalLM
 d, rows = sys.argv[1], json.loads(sys.argv[2])
 model = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True).eval()
 out = model.generate(torch.tensor(rows), max_new_tokens=20, stop_at_eos=False, window=4, tau=0.5)
+packed = model.generate(torch.tensor(rows), max_new_tokens=20, stop_at_eos=False, window=4, tau=0.5,
+                        decode_weights="fp32-packed")
 loaded = sorted(m for m in sys.modules if m.startswith(("setdiff", "megatron")))
-print(json.dumps({"tokens": out.generated, "modules": loaded}))
+kernels = [m for m in sys.modules if m.endswith(".cpu_kernels")]
+print(json.dumps({"tokens": out.generated, "packed": packed.generated, "modules": loaded, "kernels": kernels}))
 """
 
 
@@ -194,6 +197,8 @@ def test_export_loads_and_decodes_without_setdiff_mega(exports, tokenizer, tmp_p
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["tokens"] == expected
+    assert got["packed"] == expected                          # fp32-packed: the export's own copy of the kernels
+    assert len(got["kernels"]) == 1
     assert [m for m in got["modules"] if m not in ("setdiff_mega", "megatron")] == []
 
 
