@@ -1,6 +1,6 @@
 """The decode-weights formats of the plain forward (``setdiff_mega/hfmodel/linears.py``, issue 44).
 
-fp32 (the default) and fp32-packed (oneDNN's prepacked float32 kernel) must decode exactly the pinned greedy
+fp32 (the default) and fp32-packed (the CPU kernels of hfmodel/cpu_kernels.py) must decode exactly the pinned greedy
 tokens of every method (``data/golden_tokens.json``: each prompt alone and the prompts as one batch, so a row's
 tokens do not depend on its batch either); bf16 and int8 are reduced precision: their logits stay within a
 stated tolerance of fp32 and their tokens' agreement with the pinned ones is measured and bounded. The
