@@ -133,6 +133,9 @@ def _draining_server(config):
     return Draining(config)
 
 
+SWITCH_INTERVAL = 0.0005              # seconds (Python's default: 0.005)
+
+
 def serve(server, scheduler, sock: socket.socket, announce=None):
     """Run uvicorn on ``sock`` until it stops (SIGINT / SIGTERM: drained, or ``should_exit``); returns the
     uvicorn Server through ``announce`` first (tests stop it from another thread)."""
@@ -152,6 +155,9 @@ def serve(server, scheduler, sock: socket.socket, announce=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # the scheduler's thread releases the GIL in every torch operator; when one returns while the HTTP thread
+    # runs Python, the default 5 ms switch interval can keep the decode loop waiting that long for it
+    sys.setswitchinterval(SWITCH_INTERVAL)
     sock = bind(args.host, args.port)
     server, scheduler = build(args)
     host, port = sock.getsockname()[:2]

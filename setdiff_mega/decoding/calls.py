@@ -26,11 +26,12 @@ call runs as it is):
                         (uncached: padding rows see themselves, so no softmax row is empty)
     logits = model(tokens, positions, keep, S)   [B, R, V];   call i gets its rows' logits[:, :T_i - s_i]
 
-Cached calls attend through a :class:`RowCaches` view: each call's chunk K/V are written to the scratch of the
-caller's own :class:`~.cache.KVCache` (persisted by its sampler as usual), and attention is one batched SDPA
-over the rows' cache windows (stacked per layer, zero-padded to C: masked) and the fused chunk. Per row the
-attention sees exactly the keys of the call alone, so a request decodes the same tokens whatever else is in the
-forward (up to the float rounding of batched matrix products).
+Cached calls attend through a :class:`RowCaches` view: the products run over the fused rows, and attention per
+call, through the caller's own :class:`~.cache.KVCache` (its chunk K/V written to the cache's scratch, persisted
+by its sampler as usual; its window read as views, never copied) on the call's rows and chunk columns under its
+own keep mask, exactly as the call alone would. So a request decodes the same tokens whatever else is in the
+forward (up to the float rounding of batched matrix products), and fusing costs no copy of any cache (a batched
+SDPA over windows stacked per layer cost a copy of every window per layer: at GPT-2-small shape ~1 GB per step).
 """
 from __future__ import annotations
 
@@ -38,8 +39,6 @@ import abc
 from dataclasses import dataclass
 
 import torch
-
-from .cache import attend_in
 
 
 @dataclass
@@ -75,33 +74,27 @@ def forward(model, call: Call) -> torch.Tensor:
 
 
 class RowCaches:
-    """The KV-cache interface of a fused forward (module docstring): each call's chunk K/V go to the scratch
-    region of the call's own cache (persisted later by the caller's sampler), and attention is one batched SDPA
-    over ``[each row's cache window, zero-padded to C ; the fused chunk]`` with the fused keep mask: per layer,
-    one copy of every call's windows, no per-row attention."""
+    """The KV-cache interface of a fused forward (module docstring): the products run over every call's rows at
+    once, attention per call: its rows' queries, keys and values at its chunk columns attend through the call's
+    own cache (which writes their K/V to its scratch region, persisted later by the caller's sampler, and reads
+    its window as views: no window is copied) under the call's own keep mask; the padding columns get zeros."""
 
     static = False
 
     def __init__(self, calls: list[Call], columns: list[torch.Tensor], offsets: list[int], capacity: int):
         self.calls, self.columns, self.offsets, self.capacity = calls, columns, offsets, capacity
+        # each call's boolean keep as SDPA's additive mask, built once per forward instead of once per layer
+        self.masks = [torch.zeros(c.keep.shape, device=c.keep.device).masked_fill_(~c.keep, float("-inf"))[:, None]
+                      for c in calls]
 
     def attend(self, layer: int, q, k, v, keep, dropout_p: float = 0.0, scale=None, enable_gqa=False, kernel=None):
-        """q [B, h, T, d], k / v [B, g, T, d], keep [B, 1, T, C + T] (bool or additive) -> [B, h, T, d]."""
-        B, g, T, d = k.shape
-        dt = self.calls[0].cache.window(layer)[0].dtype                    # the caches' dtype
-        K = k.new_zeros(B, g, self.capacity + T, d, dtype=dt)
-        V = v.new_zeros(B, g, self.capacity + T, d, dtype=dt)
-        K[:, :, self.capacity:] = k
-        V[:, :, self.capacity:] = v
-        for call, idx, r0 in zip(self.calls, self.columns, self.offsets):
-            cache, rows = call.cache, slice(r0, r0 + call.rows)
-            if layer == 0:
-                cache.begin(call.width)
-            cache.write(layer, k[rows][:, :, idx], v[rows][:, :, idx])
-            window_k, window_v = cache.window(layer)
-            K[rows, :, :cache.capacity] = window_k
-            V[rows, :, :cache.capacity] = window_v
-        return attend_in(dt, q, K, V, keep, dropout_p, scale, enable_gqa, kernel)
+        """q [B, h, T, d], k / v [B, g, T, d] (``keep``, the fused mask, is not needed) -> [B, h, T, d]."""
+        out = q.new_zeros(q.shape)
+        for call, idx, r0, mask in zip(self.calls, self.columns, self.offsets, self.masks):
+            rows = slice(r0, r0 + call.rows)
+            out[rows, :, idx] = call.cache.attend(layer, q[rows][:, :, idx], k[rows][:, :, idx], v[rows][:, :, idx],
+                                                  mask, dropout_p, scale, enable_gqa, kernel=kernel).to(q.dtype)
+        return out
 
 
 def _columns(call: Call, S: int) -> torch.Tensor:

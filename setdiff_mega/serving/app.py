@@ -193,6 +193,7 @@ class Server:
         if self.outbox is None or self.outbox.loop is not loop:
             self.outbox = Outbox(loop, self.scheduler.in_loop, self.stream_interval)
             self.scheduler.on_step_end = self.outbox.flush
+            self.scheduler.stream_due = self.outbox.due
         return self.outbox
 
     def _cancel(self, jobs) -> None:

@@ -52,6 +52,11 @@ class Outbox:
                 self._send([(queue, item)])
         return emit
 
+    def due(self) -> bool:
+        """Whether more text of started streams, emitted now, would go at the next :meth:`flush` (the decodes
+        find such text only then: :class:`~.sessions.Decode`)."""
+        return time.monotonic() - self.sent >= self.interval
+
     def flush(self) -> None:
         """Hand over what the scheduler's thread emitted since the last hand-over (one event-loop wake-up),
         unless it is only more text of started streams and ``interval`` has not passed."""

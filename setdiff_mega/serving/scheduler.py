@@ -6,7 +6,10 @@ next call.
         admit      queued jobs join while running < max_batch: a job whose options allow it takes a row of the
                    shared decode of its options and width bucket (the smallest power of two >= 64 holding
                    prompt + max_tokens; its prefill rides in that decode's next step), any other gets a private
-                   decode (:mod:`.sessions`)
+                   decode (:mod:`.sessions`). A job alone (nothing else running or waiting) takes a one-row
+                   shared decode instead, so one request at a time costs a step what ``generate`` at batch 1
+                   costs (a ``max_batch``-row decode with one busy row pays its bookkeeping over every row); the
+                   jobs that come while it runs share a ``max_batch``-row one, fused in the same forward
         sweep      finished jobs leave (EOS, stop string, max_tokens, cancellation, error); their rows are free
                    (a shared decode left without jobs waits, up to IDLE_DECODES of them, for the next job of its
                    options: its KV cache is not allocated again)
@@ -76,6 +79,7 @@ class Scheduler:
         self.part_seconds = dict.fromkeys(PARTS, 0.0)   # decode-step time by part, summed (:data:`PARTS`)
         self.clock = _Clocked(model)
         self.on_step_end = None          # called by the loop after each iteration (the server's event hand-over)
+        self.stream_due = None           # () -> whether started streams' text goes out after this step (None: always)
 
     # -- the HTTP side ---------------------------------------------------------------------------------
     def start(self) -> "Scheduler":
@@ -163,11 +167,14 @@ class Scheduler:
         need = len(job.ids) + job.config.max_new_tokens
         return min(self.width, max(MIN_WIDTH, 1 << max(0, need - 1).bit_length()))
 
-    def _decode(self, job: Job, key) -> Decode:
-        kw = dict(rows=self.max_batch, device=self.device, committed=self._committed)
+    def _decode(self, job: Job, key, solo: bool = False) -> Decode:
+        """The decode ``job`` runs in: private (``key`` None), else the shared one of its options, width bucket
+        and size (one row for a job alone: ``solo``; ``max_batch`` rows otherwise), made when none has room."""
+        kw = dict(rows=1 if solo else self.max_batch, device=self.device, committed=self._committed,
+                  stream_due=lambda: self.stream_due is None or self.stream_due())
         if key is None:
             return Decode(self.method, self.model, self.tokenizer, job.config, job=job, width=self.width, **kw)
-        key = (key, self._bucket(job))
+        key = (key, self._bucket(job), kw["rows"])
         d = self.shared.get(key)
         if d is None or not d.has_room():
             d = self.shared[key] = Decode(self.method, self.model, self.tokenizer, job.config, width=key[1], **kw)
@@ -177,8 +184,9 @@ class Scheduler:
         for job in jobs:
             self.running[job.key] = job
             key = session_key(job.config)
+            solo = len(jobs) == 1 and len(self.running) == 1 and not self.queue
             try:
-                d = self._decode(job, key)
+                d = self._decode(job, key, solo)
                 if key is not None:
                     d.admit(job)
             except USER as e:

@@ -46,8 +46,10 @@ class Decode:
     tokens per busy row."""
 
     def __init__(self, method, model, tokenizer, config, *, rows: int, width: int, device, committed,
-                 job=None):
-        self.rows, self.committed = rows, committed
+                 job=None, stream_due=None):
+        """``stream_due()``: whether more text of started streams would be handed over after this step (None:
+        always); when not, :meth:`_observe` leaves their new text for a later step."""
+        self.rows, self.committed, self.stream_due = rows, committed, stream_due
         self.method_name = getattr(method, "name", method)
         self.slots: dict = {}                       # row -> job
         shared = job is None
@@ -74,7 +76,10 @@ class Decode:
     def _observe(self, st) -> None:
         """After every step: each job's committed count, and the tokens that became final in the rows that stream
         (module docstring of :mod:`.job`), found for all rows at once: with g the row's generation start and f its
-        leftmost masked position, the final tokens are the generated positions before f."""
+        leftmost masked position, the final tokens are the generated positions before f. A started stream's new
+        text is found only on steps after which it would be handed over (``stream_due``: the server's
+        ``--stream-interval``), its first text and a job with stop strings every step; a job's end hands over its
+        whole text (:meth:`Job.finish`), so nothing is lost, only found less often."""
         counts = st.history[-1] if st.history else [0] * st.tokens.shape[0]
         for b, job in self.slots.items():
             job.committed_last = int(counts[b])
@@ -82,7 +87,8 @@ class Decode:
             if job.trace and st.commit_step is not None:
                 self._trace_step(st, b, job)
         self.committed([int(counts[b]) for b in self.slots])
-        rows = [b for b, job in self.slots.items() if job.streaming]
+        due = self.stream_due is None or self.stream_due()
+        rows = [b for b, job in self.slots.items() if job.streaming and (due or job.first_token is None or job.stops)]
         if not rows:
             return
         cv = st.canvas

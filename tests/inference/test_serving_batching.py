@@ -199,8 +199,8 @@ def test_shared_decodes_are_as_wide_as_their_requests_need(rand_model, monkeypat
     widths = []
     real = Scheduler._decode
 
-    def spy(self, job, key):
-        d = real(self, job, key)
+    def spy(self, job, key, solo=False):
+        d = real(self, job, key, solo)
         widths.append(d.session.canvas.tokens.shape[1])
         return d
     monkeypatch.setattr(Scheduler, "_decode", spy)
@@ -242,3 +242,71 @@ def test_a_shared_decode_left_without_jobs_is_reused_and_the_resting_ones_are_bo
         assert len(sch.resting) == len(sch.shared) == 2 and not sch.decodes     # the oldest two were let go
     finally:
         sch.close()
+
+
+def test_a_job_alone_decodes_in_a_one_row_decode_and_later_ones_share_a_full_one(rand_model, monkeypatch):
+    """A job alone takes a one-row shared decode (one request at a time costs a step what ``generate`` at batch 1
+    costs); jobs that come while it runs share a ``max_batch``-row decode, fused with it in one forward (attention
+    per decode through its own cache: calls.RowCaches), and every job decodes what it decodes alone."""
+    import setdiff_mega.serving.scheduler as scheduler
+
+    made, fused = [], []
+
+    class Counted(scheduler.Decode):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    def counted(model, calls, pad):
+        fused.append(len(calls))
+        return real(model, calls, pad)
+    real = scheduler.fused_forward
+    monkeypatch.setattr(scheduler, "Decode", Counted)
+    monkeypatch.setattr(scheduler, "fused_forward", counted)
+    first = GenerationConfig(max_new_tokens=40, stop_at_eos=False, window=4, tau=1.5)     # one token per step
+    later = replace(first, max_new_tokens=6)
+    sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=4).start()
+    try:
+        jobs = [Job(PROMPTS[0], first, lambda e, x: None, tokenizer=Tok())]
+        sch.submit(jobs)
+        deadline = time.monotonic() + 60
+        while not jobs[0].tokens and not jobs[0].done:        # admitted and decoding
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        jobs += [Job(p, later, lambda e, x: None, tokenizer=Tok()) for p in PROMPTS[1:4]]
+        sch.submit(jobs[1:])
+        while not all(j.done for j in jobs):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    finally:
+        sch.close()
+    assert [d.rows for d in made] == [1, 4]
+    assert 2 in fused                                         # the two decodes' calls in one forward
+    for j, p in zip(jobs, PROMPTS):
+        assert j.tokens == _alone(rand_model, "setdlm", p, j.config)
+
+
+@pytest.mark.parametrize("due", [True, False])
+def test_a_streams_text_is_found_when_it_would_go_out_and_none_is_lost(rand_model, due):
+    """``stream_due`` (the server's outbox: more text of a started stream goes out every --stream-interval): when
+    it says no, a job's new text waits (only its first text goes at once) and its end hands over the rest; the
+    deltas always add up to the whole text."""
+    cfg = GenerationConfig(max_new_tokens=24, stop_at_eos=False, window=4, tau=1.5)
+    sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=2)
+    sch.stream_due = lambda: due
+    sch.start()
+    events = []
+    job = Job(PROMPTS[0], cfg, lambda e, x: events.append((e, x)), tokenizer=Tok())
+    try:
+        sch.submit([job])
+        deadline = time.monotonic() + 60
+        while not job.done:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+    finally:
+        sch.close()
+    deltas = [x for e, x in events if e == "delta"]
+    done = [x for e, x in events if e == "done"][0]
+    assert "".join(deltas) == done["text"] and len(done["text"]) == 24
+    assert done["token_ids"] == _alone(rand_model, "setdlm", PROMPTS[0], cfg)
+    assert len(deltas) > 2 if due else len(deltas) == 2        # the first text, then the rest at the end
