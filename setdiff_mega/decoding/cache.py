@@ -177,7 +177,7 @@ def attend_in(dtype, q, K, V, keep, dropout_p: float = 0.0, scale=None, enable_g
     """SDPA of q over K / V held in ``dtype`` (the cache's): q and an additive mask are cast to it (the cache is
     never copied into q's precision), the output back to q's dtype. The same dtype: plain SDPA, nothing cast.
     ``kernel(q, K, V, keep, scale)``, when given, is tried first (it returns None where it does not apply: the
-    decode-attention kernel of the fp32-packed format, ``hfmodel/decode_attention.py``)."""
+    decode-attention kernel of the fp32-packed format, ``hfmodel/cpu_kernels.py``)."""
     if kernel is not None and dropout_p == 0.0:
         out = kernel(q, K, V, keep, scale)
         if out is not None:
