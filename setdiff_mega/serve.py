@@ -40,6 +40,10 @@ def parse_args(argv=None):
                    help="seconds more text of a started stream may wait to go out with the next (fewer, larger SSE "
                    "chunks: the HTTP side then takes less of the decoding loop's time); the first text and the end "
                    "go at once; 0: a chunk per decode step")
+    p.add_argument("--stream-chunk-rate", type=float, default=200.0,
+                   help="stream chunks a second all requests together should cost: with n in flight, more text "
+                   "waits at least n / this many seconds (the HTTP side's Python shares the GIL with decoding); "
+                   "0: no bound")
     p.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens / span accepted")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads, set once for the process "
                    "(default: the cores this process may use minus one, at least 1: the HTTP side keeps a core; on a "
@@ -101,7 +105,8 @@ def build(args):
                           width=L + args.max_tokens_limit)
     name = args.served_model_name or Path(os.path.abspath(args.checkpoint)).name
     server = Server(scheduler, tok, defaults, name, metrics, timeout=args.request_timeout or None,
-                    api_key=args.api_key or None, stream_interval=max(0.0, args.stream_interval))
+                    api_key=args.api_key or None, stream_interval=max(0.0, args.stream_interval),
+                    stream_chunk_rate=max(0.0, args.stream_chunk_rate))
     server.shutdown_grace = args.shutdown_grace
     return server, scheduler
 

@@ -84,11 +84,13 @@ class BearerAuth:
 
 class Server:
     def __init__(self, scheduler, tokenizer, defaults, model_name: str, metrics, timeout: float | None = None,
-                 max_body: int = 4 << 20, api_key: str | None = None, stream_interval: float = 0.0):
-        """``stream_interval``: seconds more text of a started stream may wait to go out with later text
-        (:mod:`.outbox`; 0: every decode step)."""
+                 max_body: int = 4 << 20, api_key: str | None = None, stream_interval: float = 0.0,
+                 stream_chunk_rate: float = 0.0):
+        """``stream_interval``: seconds more text of a started stream may wait to go out with later text;
+        ``stream_chunk_rate``: the stream chunks a second all requests together should cost (:mod:`.outbox`; 0:
+        every decode step, no bound)."""
         self.scheduler, self.tok, self.defaults = scheduler, tokenizer, defaults
-        self.stream_interval = stream_interval
+        self.stream_interval, self.stream_chunk_rate = stream_interval, stream_chunk_rate
         self.api_key = api_key
         self.model_name, self.metrics, self.timeout, self.max_body = model_name, metrics, timeout, max_body
         self.created = int(time.time())
@@ -191,7 +193,7 @@ class Server:
     def _outbox(self, loop) -> Outbox:
         """The events' way from the scheduler to this event loop (:mod:`.outbox`), made on the first request."""
         if self.outbox is None or self.outbox.loop is not loop:
-            self.outbox = Outbox(loop, self.scheduler.in_loop, self.stream_interval)
+            self.outbox = Outbox(loop, self.scheduler.in_loop, self.stream_interval, self.stream_chunk_rate)
             self.scheduler.on_step_end = self.outbox.flush
             self.scheduler.stream_due = self.outbox.due
         return self.outbox

@@ -9,17 +9,21 @@ needs for its next step. So:
 * :class:`Outbox` keeps the events the scheduler's thread emits during a loop iteration and hands them over in
   one call at its end (:meth:`Outbox.flush`, the scheduler's ``on_step_end``): one wake-up per step, whatever
   the number of rows. More text for a stream that has already started waits until ``interval`` seconds have
-  passed since the last hand-over (``serve.py --stream-interval``, 0.02 s by default; 0: every step); a
-  stream's first text, its end (``done``, ``error``) and anything after them go at the next flush, so the
-  time to first token and to the last are not delayed, and a client sees the same text in fewer, larger
-  chunks. Events emitted on any other thread (a cancellation or a failure on the HTTP side, the shutdown) go
-  over at once.
+  passed since the last hand-over (``serve.py --stream-interval``, 0.02 s by default; 0: every step), and
+  at least n / ``rate`` seconds with n requests' jobs in flight (``--stream-chunk-rate``, 200 a second by
+  default; 0: no bound): each hand-over costs the HTTP side about one SSE chunk per stream, Python work that
+  shares the GIL with the decode loop (at 8 streams and 0.02 s, 400 chunks a second took 12-21 % of the
+  tokens/s on the main job, docs/results.md "Serving"); a stream's first text, its end (``done``, ``error``)
+  and anything after them go at the next flush, so the time to first token and to the last are not delayed,
+  and a client sees the same text in fewer, larger chunks. Events emitted on any other thread (a cancellation
+  or a failure on the HTTP side, the shutdown) go over at once.
 * :func:`coalesce` merges the text deltas a streaming handler finds waiting for one choice into one delta
   (the concatenation, in order), up to that choice's next other event; the handler writes the chunks it has
   in one piece. The client receives the same text, in at most as many chunks.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 
@@ -29,20 +33,33 @@ def _deliver(batch: list) -> None:
 
 
 class Outbox:
-    def __init__(self, loop, producer, interval: float = 0.0):
+    def __init__(self, loop, producer, interval: float = 0.0, rate: float = 0.0):
         """``loop``: the event loop of the queues; ``producer()``: whether the calling thread is the scheduler's
-        (whose events wait for :meth:`flush`); ``interval``: seconds more text of a started stream may wait."""
-        self.loop, self.producer, self.interval = loop, producer, float(interval)
+        (whose events wait for :meth:`flush`); ``interval``: seconds more text of a started stream may wait;
+        ``rate``: the stream chunks a second all jobs in flight together should cost (0: no bound)."""
+        self.loop, self.producer, self.interval, self.rate = loop, producer, float(interval), float(rate)
         self.pending: list = []           # appended and swapped by the scheduler's thread only
         self.urgent = False               # a pending event must go at the next flush
         self.sent = 0.0                   # time of the last hand-over
+        self.active = 0                   # jobs whose emitter has not emitted their end yet
+        self._lock = threading.Lock()
+
+    def period(self) -> float:
+        """Seconds between hand-overs of more text: ``interval``, or more with many jobs in flight (``rate``)."""
+        return max(self.interval, self.active / self.rate) if self.rate > 0 else self.interval
 
     def emitter(self, queue, i: int):
         """The ``emit`` of a request's job ``i``: its events go to ``queue`` as ``(i, event, payload)``."""
-        started = False
+        started = ended = False
+        with self._lock:
+            self.active += 1
 
         def emit(event, payload):
-            nonlocal started
+            nonlocal started, ended
+            if event in ("done", "error") and not ended:
+                ended = True
+                with self._lock:
+                    self.active -= 1
             item = (i, event, payload)
             if self.producer():
                 self.urgent = self.urgent or event not in ("delta", "trace") or not started
@@ -55,7 +72,7 @@ class Outbox:
     def due(self) -> bool:
         """Whether more text of started streams, emitted now, would go at the next :meth:`flush` (the decodes
         find such text only then: :class:`~.sessions.Decode`)."""
-        return time.monotonic() - self.sent >= self.interval
+        return time.monotonic() - self.sent >= self.period()
 
     def flush(self) -> None:
         """Hand over what the scheduler's thread emitted since the last hand-over (one event-loop wake-up),
@@ -63,7 +80,7 @@ class Outbox:
         if not self.pending:
             return
         now = time.monotonic()
-        if not self.urgent and now - self.sent < self.interval:
+        if not self.urgent and now - self.sent < self.period():
             return
         batch, self.pending, self.urgent, self.sent = self.pending, [], False, now
         self._send(batch)

@@ -89,3 +89,36 @@ def test_more_text_of_a_started_stream_waits_for_the_interval_but_first_text_and
         assert [q.get_nowait()[2] for _ in range(2)] == ["x", "y"]
 
     asyncio.run(scenario())
+
+
+def test_more_text_waits_longer_with_many_jobs_in_flight_and_every_end_is_counted():
+    """``rate``: with n jobs in flight, more text of started streams waits at least n / rate seconds (and at least
+    ``interval``); a job's end (done or error, from any thread) leaves the count; first texts and ends go at once."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        producer = threading.current_thread()
+        box = Outbox(loop, lambda: threading.current_thread() is producer, interval=0.01, rate=100.0)
+        queues = [asyncio.Queue() for _ in range(8)]
+        emit = [box.emitter(q, i) for i, q in enumerate(queues)]
+        assert box.active == 8 and abs(box.period() - 0.08) < 1e-9
+        for e in emit:
+            e("delta", "a")                      # first texts: urgent
+        box.flush()
+        await asyncio.sleep(0)
+        assert all(q.qsize() == 1 for q in queues) and not box.due()
+        emit[0]("delta", "b")                    # more text of a started stream: waits for the period
+        box.flush()
+        assert box.pending
+        await asyncio.sleep(0.09)
+        assert box.due()
+        box.flush()
+        assert not box.pending
+        for e in emit[:7]:
+            e("done", {})
+        emit[7]("error", (500, "x"))
+        emit[7]("done", {})                      # an end counts once
+        assert box.active == 0 and box.period() == 0.01
+        unbounded = Outbox(loop, lambda: True, interval=0.01)
+        unbounded.emitter(asyncio.Queue(), 0)
+        assert unbounded.period() == 0.01
+    asyncio.run(scenario())
