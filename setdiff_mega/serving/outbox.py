@@ -41,7 +41,7 @@ class Outbox:
         self.pending: list = []           # appended and swapped by the scheduler's thread only
         self.urgent = False               # a pending event must go at the next flush
         self.sent = 0.0                   # time of the last hand-over
-        self.active = 0                   # jobs whose emitter has not emitted their end yet
+        self.active = 0                   # jobs that emitted an event but not their end yet
         self._lock = threading.Lock()
 
     def period(self) -> float:
@@ -50,16 +50,15 @@ class Outbox:
 
     def emitter(self, queue, i: int):
         """The ``emit`` of a request's job ``i``: its events go to ``queue`` as ``(i, event, payload)``."""
-        started = ended = False
-        with self._lock:
-            self.active += 1
+        started = counted = ended = False
 
-        def emit(event, payload):
-            nonlocal started, ended
-            if event in ("done", "error") and not ended:
-                ended = True
+        def emit(event, payload):                  # a job counts from its first event to its end (a request
+            nonlocal started, counted, ended       # refused before it decodes, e.g. 429, never counts)
+            end = event in ("done", "error") and not ended
+            if not counted or end:
                 with self._lock:
-                    self.active -= 1
+                    self.active += (not counted) - end
+                counted, ended = True, ended or end
             item = (i, event, payload)
             if self.producer():
                 self.urgent = self.urgent or event not in ("delta", "trace") or not started

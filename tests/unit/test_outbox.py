@@ -100,9 +100,10 @@ def test_more_text_waits_longer_with_many_jobs_in_flight_and_every_end_is_counte
         box = Outbox(loop, lambda: threading.current_thread() is producer, interval=0.01, rate=100.0)
         queues = [asyncio.Queue() for _ in range(8)]
         emit = [box.emitter(q, i) for i, q in enumerate(queues)]
-        assert box.active == 8 and abs(box.period() - 0.08) < 1e-9
+        assert box.active == 0 and box.period() == 0.01     # a job counts from its first event (a 429 never does)
         for e in emit:
             e("delta", "a")                      # first texts: urgent
+        assert box.active == 8 and abs(box.period() - 0.08) < 1e-9
         box.flush()
         await asyncio.sleep(0)
         assert all(q.qsize() == 1 for q in queues) and not box.due()
@@ -118,7 +119,9 @@ def test_more_text_waits_longer_with_many_jobs_in_flight_and_every_end_is_counte
         emit[7]("error", (500, "x"))
         emit[7]("done", {})                      # an end counts once
         assert box.active == 0 and box.period() == 0.01
+        box.emitter(asyncio.Queue(), 9)("error", (400, "bad"))   # ends with its first event: never counted after
+        assert box.active == 0
         unbounded = Outbox(loop, lambda: True, interval=0.01)
-        unbounded.emitter(asyncio.Queue(), 0)
+        unbounded.emitter(asyncio.Queue(), 0)("delta", "a")
         assert unbounded.period() == 0.01
     asyncio.run(scenario())
