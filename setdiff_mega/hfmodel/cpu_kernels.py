@@ -23,7 +23,8 @@ prepacked linear reads a weight at ~13 GB/s whether M is 1 or 9, half of what a 
 
 Built on first use with the machine's C++ compiler (``g++ -O3 -march=native -fopenmp``, about a second) into
 a cache directory (``SETDIFF_KERNEL_DIR``, else ``~/.cache/setdiff_mega/kernels``) under a name keyed by the
-source, the flags, the compiler's version and the CPU's flags, written under a temporary name then renamed;
+source, the flags, the compiler's version and the CPU's flags, written under a temporary name then linked into
+place (only where no library of that key is: another process's build is never replaced);
 loaded with ctypes (no torch headers, nothing else to install). Without a compiler, or when the build
 fails, :func:`library` returns None after one warning and the ``fp32-packed`` decode-weights format that uses
 them (:mod:`.linears`, :mod:`.decode_step`) falls back to oneDNN's prepacked linear and SDPA. The exported
@@ -88,7 +89,10 @@ def _build() -> Path:
         done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(out, lib)                         # atomic: a reader sees no library or a whole one
+        try:                                         # a whole library appears at once, and only where none is:
+            os.link(out, lib)                        # a concurrent build's library is never replaced
+        except FileExistsError:
+            pass
     return lib
 
 

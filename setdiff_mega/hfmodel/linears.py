@@ -64,8 +64,8 @@ class Product:
             self.w = weight
         elif fmt == "int8":
             self.w = _int8(weight)
-        elif fmt == "fp32-packed" and weight.device.type == "cpu" and library() is not None:
-            self.panels, self.w = library(), library().pack(weight)
+        elif fmt == "fp32-packed" and weight.device.type == "cpu" and (kernels := library()) is not None:
+            self.panels, self.w = kernels, kernels.pack(weight)
         else:
             w = weight.detach().to(torch.bfloat16 if fmt == "bf16" else weight.dtype).contiguous()
             self.packed = _can_pack(w)

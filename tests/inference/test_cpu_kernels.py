@@ -99,6 +99,18 @@ def test_the_build_is_cached_by_content_and_reused(lib, tmp_path, monkeypatch):
     assert cpu_kernels._build() != first                                             # keyed by the source
 
 
+def test_a_build_racing_another_never_replaces_the_library_already_there(lib, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path))
+    first = cpu_kernels._build()
+    inode = first.stat().st_ino
+    real = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda p: False if p == first else real(p))   # as if another process
+    assert cpu_kernels._build() == first                                           # finished in between
+    assert first.stat().st_ino == inode and [p.name for p in tmp_path.iterdir()] == [first.name]
+
+
 def test_no_compiler_means_a_warning_and_the_fallback_not_an_error(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
