@@ -7,10 +7,15 @@ HTTP API on uvicorn, decoded with step-level continuous batching (:mod:`setdiff_
 Request defaults: the checkpoint's decoding defaults (``--preset`` and the decoding flags of
 ``tools/generate.py`` on top); every request may override them (:mod:`setdiff_mega.serving.protocol`).
 
-Exposure: the server listens on ``--host`` (loopback by default) and nowhere else (its single-rank process
-group rendezvous in-process); ``--api-key`` (or ``SETDIFF_API_KEY``) requires ``Authorization: Bearer <key>``
-on /v1. SIGTERM or SIGINT drain: the listener closes, requests in flight finish for up to ``--shutdown-grace``
-seconds, the scheduler stops and the process exits with status 0.
+Two processes: this one (uvicorn: parsing, the OpenAI responses, SSE) and the engine it spawns
+(:mod:`setdiff_mega.serving.engine`: the model and the scheduler loop), joined by a pipe, so the HTTP side's
+Python never holds the GIL the decode loop needs. ``--threads`` are the engine's.
+
+Exposure: the server listens on ``--host`` (loopback by default) and nowhere else (the engine's single-rank process
+group rendezvous in-process; the two processes talk over a socket pair, which listens nowhere); ``--api-key`` (or
+``SETDIFF_API_KEY``) requires ``Authorization: Bearer <key>`` on /v1. SIGTERM or SIGINT drain: the listener closes,
+requests in flight finish for up to ``--shutdown-grace`` seconds, the engine stops and the process exits with status
+0.
 """
 from __future__ import annotations
 
@@ -45,9 +50,9 @@ def parse_args(argv=None):
                    "waits at least n / this many seconds (the HTTP side's Python shares the GIL with decoding); "
                    "0: no bound")
     p.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens / span accepted")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads, set once for the process "
-                   "(default: the cores this process may use minus one, at least 1: the HTTP side keeps a core; on a "
-                   "GPU machine the forward runs on the device and 1-2 threads suffice for the host side)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the engine process, set once "
+                   "(default: the cores this process may use minus one, at least 1: the HTTP process keeps a core; on "
+                   "a GPU machine the forward runs on the device and 1-2 threads suffice for the host side)")
     p.add_argument("--api-key", default=os.environ.get("SETDIFF_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SETDIFF_API_KEY; none: open)")
     p.add_argument("--shutdown-grace", type=float, default=30.0,
@@ -59,56 +64,48 @@ def parse_args(argv=None):
 
 
 def serving_threads(requested: int | None) -> int:
-    """The server's torch intra-op threads: ``requested``, else the cores this process may use minus one (at least
-    1). Measured on 2 cores (docs/results.md "Serving"): with both cores in torch's pool the forward doubles, its
-    threads competing with the HTTP side and the clients for the same two cores."""
-    if requested is not None:
-        if requested < 1:
-            raise ValueError(f"--threads must be >= 1, got {requested}")
-        return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    """The engine's torch threads for ``--threads`` (:func:`setdiff_mega.serving.engine.serving_threads`)."""
+    from setdiff_mega.serving.engine import serving_threads as threads
+
+    return threads(requested)
 
 
 def build(args):
-    """(Server, Scheduler) for parsed ``args`` (the tests build the server in-process through this)."""
+    """The Server for parsed ``args``, its engine process started and the model loaded there (the tests build
+    the server in-process through this; :func:`serve` closes the engine)."""
     import json
     from dataclasses import replace
 
-    import torch
-
-    from setdiff_mega.checkpoint import load_model
-    from setdiff_mega.inference.api import check_vocab
-    from setdiff_mega.inference.engine import decoding_model
     from setdiff_mega.inference.options import config_from_args
     from setdiff_mega.serving.app import Server
-    from setdiff_mega.serving.metrics import Metrics
+    from setdiff_mega.serving.client import EngineClient
+    from setdiff_mega.serving.metrics import HttpMetrics
     from setdiff_mega.serving.protocol import ServerDefaults
-    from setdiff_mega.serving.scheduler import Scheduler
 
-    torch.set_num_threads(serving_threads(args.threads))
+    serving_threads(args.threads)                       # a bad --threads is refused before the engine starts
+    if args.max_batch < 1 or args.max_queue < 1:
+        raise ValueError(f"--max-batch ({args.max_batch}) and --max-queue ({args.max_queue}) must be >= 1")
     if args.static_shapes or args.no_cache:
         raise ValueError("--static-shapes and --no-cache do not apply to the server (its jobs share each step's "
                          "forward); leave them out")
-    model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
-    model = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
-    check_vocab(model, tok)
-    model.eval()
-    L = cfg.data.seq_length
-    base = config_from_args(args, cfg.objective, L)
     kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else {}
-    defaults = ServerDefaults(cfg.objective, L, replace(base, context_length=base.context_length or L),
-                              max_tokens=base.max_new_tokens, max_tokens_limit=args.max_tokens_limit,
-                              chat_template_kwargs=kwargs)
-    metrics = Metrics()
-    scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, max_queue=args.max_queue, metrics=metrics,
-                          width=L + args.max_tokens_limit)
+    engine = EngineClient(args, args.max_batch, args.max_queue)
+    info = engine.start()
+    try:
+        cfg, tok = info["config"], info["tokenizer"]
+        L = cfg.data.seq_length
+        base = config_from_args(args, cfg.objective, L)
+        defaults = ServerDefaults(cfg.objective, L, replace(base, context_length=base.context_length or L),
+                                  max_tokens=base.max_new_tokens, max_tokens_limit=args.max_tokens_limit,
+                                  chat_template_kwargs=kwargs)
+    except BaseException:
+        engine.close()
+        raise
     name = args.served_model_name or Path(os.path.abspath(args.checkpoint)).name
-    server = Server(scheduler, tok, defaults, name, metrics, timeout=args.request_timeout or None,
-                    api_key=args.api_key or None, stream_interval=max(0.0, args.stream_interval),
-                    stream_chunk_rate=max(0.0, args.stream_chunk_rate))
-    server.shutdown_grace = args.shutdown_grace
-    return server, scheduler
+    server = Server(engine, tok, defaults, name, HttpMetrics(), timeout=args.request_timeout or None,
+                    api_key=args.api_key or None)
+    server.method, server.shutdown_grace = info["method"], args.shutdown_grace
+    return server
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -138,12 +135,9 @@ def _draining_server(config):
     return Draining(config)
 
 
-SWITCH_INTERVAL = 0.0005              # seconds (Python's default: 0.005)
-
-
-def serve(server, scheduler, sock: socket.socket, announce=None):
-    """Run uvicorn on ``sock`` until it stops (SIGINT / SIGTERM: drained, or ``should_exit``); returns the
-    uvicorn Server through ``announce`` first (tests stop it from another thread)."""
+def serve(server, sock: socket.socket, announce=None):
+    """Run uvicorn on ``sock`` until it stops (SIGINT / SIGTERM: drained, or ``should_exit``), then close the
+    engine; returns the uvicorn Server through ``announce`` first (tests stop it from another thread)."""
     import uvicorn
 
     grace = getattr(server, "shutdown_grace", 30.0)
@@ -151,24 +145,20 @@ def serve(server, scheduler, sock: socket.socket, announce=None):
     web = _draining_server(config)
     if announce is not None:
         announce(web)
-    scheduler.start()
     try:
         web.run(sockets=[sock])
     finally:
-        scheduler.close()
+        server.engine.close()
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # the scheduler's thread releases the GIL in every torch operator; when one returns while the HTTP thread
-    # runs Python, the default 5 ms switch interval can keep the decode loop waiting that long for it
-    sys.setswitchinterval(SWITCH_INTERVAL)
     sock = bind(args.host, args.port)
-    server, scheduler = build(args)
+    server = build(args)
     host, port = sock.getsockname()[:2]
-    print(f"serving {server.model_name!r} ({scheduler.method.name}, context {server.defaults.seq_length}, "
-          f"max batch {scheduler.max_batch}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
-    serve(server, scheduler, sock)
+    print(f"serving {server.model_name!r} ({server.method}, context {server.defaults.seq_length}, "
+          f"max batch {args.max_batch}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    serve(server, sock)
     print("server stopped", file=sys.stderr, flush=True)
     return 0
 

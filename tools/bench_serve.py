@@ -74,11 +74,10 @@ def main(argv=None) -> int:
         local = InProcess(args.checkpoint, args.max_tokens)
     prompts, rounds = [b["prompt"] for b in bodies], []
     try:
-        for r in range(args.rounds):                # the server waits idle while this process decodes
-            rows = asyncio.run(run_phases(url, bodies, args.clients, progress))
-            if local is not None:
-                rows += [local.run(prompts, b) for b in (1, args.clients)]
-            rounds.append(rows)
+        def baseline(phase):                        # the server waits idle while this process decodes
+            return [local.run(prompts, 1 if phase == "sequential" else args.clients)] if local else []
+        for r in range(args.rounds):
+            rounds.append(asyncio.run(run_phases(url, bodies, args.clients, progress, baseline)))
             for bar in bars.values():
                 bar.close()
             bars.clear()

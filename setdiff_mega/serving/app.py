@@ -9,17 +9,20 @@
     POST /v1/chat/completions    OpenAI chat completions (the checkpoint's chat template)
     POST /v1/infill              the diffusion endpoint: {prefix, suffix, span} -> the span's text
 
-A request is parsed and checked (:mod:`.protocol`; 400 with one line), queued as ``n`` jobs per prompt (429 when
-the queue is full) and answered when its jobs are done, or streamed as server-sent events (``data: {chunk}`` per
-text delta (the deltas waiting when the stream writes merged per choice, :mod:`.outbox`), with ``"trace": true`` a
-chunk per decode step whose choice holds the step's commits (``trace``), the finish reason, the usage with
-``stream_options.include_usage``, then ``data: [DONE]``). A client that disconnects cancels its jobs (non-streaming
-requests poll for it every 0.25 s); a job past the server's timeout ends with 504 (or an error event). Errors have
-OpenAI's shape: {"error": {"message", "type", "code"}}.
+This process parses and answers; the model and the decode loop are in the engine process (:mod:`.engine`, reached
+through :class:`~.client.EngineClient`). A request is parsed and checked (:mod:`.protocol`; 400 with one line),
+queued as ``n`` jobs per prompt (429 when the queue is full, 503 when the engine is gone) and answered when its jobs
+are done, or streamed as server-sent events (``data: {chunk}`` per text delta (the deltas waiting when the stream
+writes merged per choice, :mod:`.outbox`), with ``"trace": true`` a chunk per decode step whose choice holds the
+step's commits (``trace``), the finish reason, the usage with ``stream_options.include_usage``, then ``data:
+[DONE]``). A client that disconnects cancels its jobs (non-streaming requests poll for it every 0.1 s); a job past
+the server's timeout ends with 504 (or an error event). Errors have OpenAI's shape: {"error": {"message", "type",
+"code"}}.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
@@ -35,8 +38,9 @@ from starlette.routing import Route
 from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.errors import DataError, RequestError
 
-from .job import Job
-from .outbox import Outbox, coalesce
+from .client import EngineGone
+from .engine import JobSpec
+from .outbox import coalesce
 from .protocol import parse
 from .scheduler import QueueFull
 
@@ -83,25 +87,26 @@ class BearerAuth:
 
 
 class Server:
-    def __init__(self, scheduler, tokenizer, defaults, model_name: str, metrics, timeout: float | None = None,
-                 max_body: int = 4 << 20, api_key: str | None = None, stream_interval: float = 0.0,
-                 stream_chunk_rate: float = 0.0):
-        """``stream_interval``: seconds more text of a started stream may wait to go out with later text;
-        ``stream_chunk_rate``: the stream chunks a second all requests together should cost (:mod:`.outbox`; 0:
-        every decode step, no bound)."""
-        self.scheduler, self.tok, self.defaults = scheduler, tokenizer, defaults
-        self.stream_interval, self.stream_chunk_rate = stream_interval, stream_chunk_rate
+    def __init__(self, engine, tokenizer, defaults, model_name: str, metrics, timeout: float | None = None,
+                 max_body: int = 4 << 20, api_key: str | None = None):
+        """``engine``: the started :class:`~.client.EngineClient`; ``metrics``: this process's
+        :class:`~.metrics.HttpMetrics`."""
+        self.engine, self.tok, self.defaults = engine, tokenizer, defaults
         self.api_key = api_key
         self.model_name, self.metrics, self.timeout, self.max_body = model_name, metrics, timeout, max_body
         self.created = int(time.time())
         self._chats: dict = {}
-        self.outbox: Outbox | None = None
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        self.engine.attach(asyncio.get_running_loop())      # the engine's events are read on this loop
+        yield
 
     def app(self) -> Starlette:
         routes = [Route("/", self.playground), Route("/health", self.health), Route("/v1/models", self.models),
                   Route("/metrics", self.prometheus)]
         routes += [Route(path, self.generate, methods=["POST"]) for path in ENDPOINTS]
-        app = Starlette(routes=routes)
+        app = Starlette(routes=routes, lifespan=self._lifespan)
         if self.api_key:
             app.add_middleware(BearerAuth, key=self.api_key)
         return app
@@ -111,8 +116,11 @@ class Server:
         return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
 
     async def health(self, request: Request) -> Response:
-        s = self.scheduler
-        return JSONResponse({"status": "ok", "running": len(s.running), "queued": len(s.queue)})
+        try:
+            state = await self.engine.ask("health")
+        except (EngineGone, asyncio.TimeoutError) as e:
+            return JSONResponse({"status": "unavailable", "reason": str(e) or "the engine did not answer"}, 503)
+        return JSONResponse({"status": "ok", **state})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{
@@ -120,7 +128,11 @@ class Server:
             "max_model_len": self.defaults.seq_length}]})
 
     async def prometheus(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+        try:
+            engine = await self.engine.ask("metrics")
+        except (EngineGone, asyncio.TimeoutError):
+            engine = b""                                    # the HTTP side's own counters still answer
+        return Response(self.metrics.render() + engine, media_type=self.metrics.content_type)
 
     def _chat(self, body: dict):
         kwargs = body.get("chat_template_kwargs", self.defaults.chat_template_kwargs)
@@ -167,20 +179,17 @@ class Server:
         if err is not None:
             self.metrics.request(endpoint, err.status_code)
             return err
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        jobs = []
-        for p, ids in enumerate(parsed.prompts):
-            for j in range(parsed.n):
-                i = len(jobs)
-
-                cfg = replace(parsed.config, seed=parsed.config.seed + j)
-                jobs.append(Job(ids, cfg, self._outbox(loop).emitter(queue, i), parsed.stops, self.timeout, self.tok,
-                                trace=parsed.trace))
+        queue, now = asyncio.Queue(), time.monotonic()
+        specs = [JobSpec(-1, ids, replace(parsed.config, seed=parsed.config.seed + j), parsed.stops, self.timeout,
+                         parsed.trace, now) for ids in parsed.prompts for j in range(parsed.n)]
         try:
-            self.scheduler.submit(jobs)
+            jobs = self.engine.submit(specs, queue)
         except QueueFull as e:
             self.metrics.request(endpoint, 429)
             return error(429, str(e), "rate_limit_error")
+        except EngineGone as e:
+            self.metrics.request(endpoint, 503)
+            return error(503, str(e))
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if parsed.stream:
             self.metrics.request(endpoint, 200)
@@ -190,18 +199,9 @@ class Server:
         self.metrics.request(endpoint, response.status_code)
         return response
 
-    def _outbox(self, loop) -> Outbox:
-        """The events' way from the scheduler to this event loop (:mod:`.outbox`), made on the first request."""
-        if self.outbox is None or self.outbox.loop is not loop:
-            self.outbox = Outbox(loop, self.scheduler.in_loop, self.stream_interval, self.stream_chunk_rate)
-            self.scheduler.on_step_end = self.outbox.flush
-            self.scheduler.stream_due = self.outbox.due
-        return self.outbox
-
     def _cancel(self, jobs) -> None:
         for job in jobs:
-            if not job.done:
-                self.scheduler.cancel(job)
+            self.engine.cancel(job)
 
     async def _collect(self, request, jobs, queue, parsed, endpoint, rid) -> Response:
         infos: dict = {}

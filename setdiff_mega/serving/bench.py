@@ -18,9 +18,10 @@ throughput. A server is started on a free loopback port unless ``url`` points at
 In-process baseline (:class:`InProcess`): the same prompts through ``setdiff_mega.inference.generate`` in this
 process, with the server's decoding options (the checkpoint's defaults, greedy, EOS stop off, the same
 max_tokens), at batch 1 and at batch ``clients``, timed the same way (tokens over wall time), while the server
-waits idle: the server's share of the model's own speed is sequential / batch 1 and concurrent / batch B. With
-several rounds (server phases, then in-process, alternating) each phase reports its median round and the
-shares are the medians of the rounds' paired ratios (:func:`medians`).
+waits idle: the server's share of the model's own speed is sequential / batch 1 and concurrent / batch B. Each
+in-process run follows its server phase at once (sequential, batch 1, concurrent, batch B: this machine's speed
+drifts by tens of percent over a minute, so a ratio's two sides run seconds apart); with several rounds each
+phase reports its median round and the shares are the medians of the rounds' paired ratios (:func:`medians`).
 """
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ class InProcess:
 def medians(rounds: list[list[dict]], clients: int) -> tuple[list[dict], dict]:
     """Rounds of rows with the same phases -> (per phase the round with the median tokens/s, each row carrying
     every round's tokens/s), and the median over rounds of each round's server / in-process ratios (paired:
-    the two sides of a ratio ran minutes apart at most, so a machine whose speed drifts moves both)."""
+    the two sides of a ratio ran one after the other, so a machine whose speed drifts moves both)."""
     rows = []
     for phase_rows in zip(*rounds):
         ranked = sorted(phase_rows, key=lambda r: r["tokens_per_s"])
@@ -174,9 +175,12 @@ def summary(name: str, results: list[dict], wall: float, cpu: float | None = Non
             "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99)}
 
 
-async def run_phases(url: str, bodies: list[dict], clients: int, progress=None) -> list:
-    """The closed-loop phases: sequential, then ``clients`` concurrent clients (rows with the step parts)."""
+async def run_phases(url: str, bodies: list[dict], clients: int, progress=None, between=None) -> list:
+    """The closed-loop phases: sequential, then ``clients`` concurrent clients (rows with the step parts).
+    ``between(phase)``, if given, runs right after each phase (the in-process baseline of the same batch size,
+    the server idle: a ratio's two sides seconds apart) and returns rows to add after the server's."""
     limits = httpx.Limits(max_connections=max(clients, 64))
+    extra = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         await one(client, url, {**bodies[0], "max_tokens": 2})         # warm-up (not counted)
         out = []
@@ -189,6 +193,7 @@ async def run_phases(url: str, bodies: list[dict], clients: int, progress=None) 
         out.append(summary("sequential", seq, time.perf_counter() - t0, time.process_time() - c0))
         m1 = await scrape(client, url)
         out[-1].update(step_parts(m0, m1))
+        extra += between("sequential") if between else []
         pending = list(bodies)
         conc: list = []
 
@@ -196,11 +201,13 @@ async def run_phases(url: str, bodies: list[dict], clients: int, progress=None) 
             while pending:
                 conc.append(await one(client, url, pending.pop(0)))
                 progress and progress(f"concurrent x{clients}", len(conc), len(bodies))
+        m1 = await scrape(client, url)
         t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(clients)))
         out.append(summary(f"concurrent x{clients}", conc, time.perf_counter() - t0, time.process_time() - c0))
         out[-1].update(step_parts(m1, await scrape(client, url)))
-    return out
+        extra += between("concurrent") if between else []
+    return out + extra
 
 
 async def run_poisson(url: str, bodies: list[dict], rate: float, seed: int) -> dict:

@@ -1,6 +1,8 @@
-"""The server's Prometheus metrics (``GET /metrics``, text format), in a registry of its own (no global state).
+"""The server's Prometheus metrics (``GET /metrics``, text format), in registries of their own (no global state):
+the HTTP process's (:class:`HttpMetrics`) and the engine process's (:class:`Metrics`, rendered there and fetched
+over the engine's pipe for each scrape); /metrics is the two texts one after the other (no name in both).
 
-    setdiff_requests_total{endpoint, status}        HTTP requests answered
+    setdiff_requests_total{endpoint, status}        HTTP requests answered (the HTTP process)
     setdiff_queue_length                            jobs waiting for a batch slot
     setdiff_running                                 jobs in the batch (occupancy = running / max_batch)
     setdiff_batch_rows                              histogram: jobs fused into one forward (a decode step)
@@ -27,12 +29,26 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-class Metrics:
+class HttpMetrics:
+    """What the HTTP process counts: the requests it answered."""
     content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("setdiff_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+
+    def request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Metrics:
+    """What the engine counts: occupancy, decode steps and their parts, tokens, finished jobs."""
 
     def __init__(self, window: float = 10.0):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("setdiff_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.queue = Gauge("setdiff_queue_length", "jobs waiting for a batch slot", registry=r)
         self.running = Gauge("setdiff_running", "jobs in the running batch", registry=r)
         self.rows = Histogram("setdiff_batch_rows", "jobs fused into one decode step",
@@ -66,9 +82,6 @@ class Metrics:
             self._prune(time.monotonic())
             return sum(n for _, n in self._recent) / self.window
 
-    def request(self, endpoint: str, status: int) -> None:
-        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
-
     def occupancy(self, queued: int, running: int) -> None:
         self.queue.set(queued)
         self.running.set(running)
@@ -79,6 +92,10 @@ class Metrics:
         self.steps.inc()
         for k, v in (parts or {}).items():
             self.parts.labels(part=k).inc(v)
+
+    def part(self, name: str, seconds: float) -> None:
+        """Time of a step's part measured after the step was recorded (the hand-over of its events)."""
+        self.parts.labels(part=name).inc(seconds)
 
     def committed(self, counts: list[int]) -> None:
         """One decode step's committed tokens, per busy row."""
@@ -103,4 +120,4 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "HttpMetrics"]

@@ -19,13 +19,14 @@ next call.
                    decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
 
 No thread per request and no hand-off per step: the HTTP side only queues jobs (:meth:`Scheduler.submit`), flags
-cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV cache; a
-job joining or leaving resets or frees its row only. The queue is bounded (``max_queue``: :class:`QueueFull`, HTTP
-429). Client disconnects and timeouts cancel a job: its row is retired before the next step. A failing forward
-fails the jobs of the decodes in it (HTTP 500), a failing decode its own jobs, not the loop. After each loop
-iteration ``on_step_end`` (if set) runs: the server hands the iteration's events to the HTTP side in one call
-(:mod:`.outbox`). ``part_seconds`` accumulates each step's time by part (:data:`PARTS`); everything but ``forward``
-is the per-step host overhead (``host_seconds``), the number that carries over to a GPU.
+cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV cache; a job
+joining or leaving resets or frees its row only. The queue is bounded (``max_queue``: :class:`QueueFull`, HTTP 429).
+Client disconnects and timeouts cancel a job: its row is retired before the next step. A failing forward fails the
+jobs of the decodes in it (HTTP 500), a failing decode its own jobs, not the loop. After each loop iteration
+``on_step_end`` (if set) runs: the engine hands the iteration's events to the HTTP side in one message
+(:mod:`.outbox`, :mod:`.engine`; its time counts in the step's ``advance``). ``part_seconds`` accumulates each
+step's time by part (:data:`PARTS`); everything but ``forward`` is the per-step host overhead (``host_seconds``),
+the number that carries over to a GPU.
 """
 from __future__ import annotations
 
@@ -245,10 +246,18 @@ class Scheduler:
             self._admit(jobs)
             self._sweep()
             stepped = self.decodes and self._step(time.perf_counter() - t0)
+            t1 = time.perf_counter()
             self._end_step()
+            if stepped:                           # handing the step's events over is the step's own host time
+                self._add_part("advance", time.perf_counter() - t1)
             if not stepped:
                 with self.cond:                   # nothing to compute (never expected with jobs running): no spin
                     self.cond.wait(timeout=0.005)
+
+    def _add_part(self, name: str, seconds: float) -> None:
+        self.part_seconds[name] += seconds
+        if self.metrics is not None:
+            self.metrics.part(name, seconds)
 
     def _end_step(self) -> None:
         if self.on_step_end is not None:

@@ -24,6 +24,35 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endf
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
+class Engine:
+    """The engine process seen from a test: a model loaded here as it loads there (the references), its occupancy
+    through /health."""
+
+    def __init__(self, url, args):
+        from setdiff_mega.serving.engine import load_model
+
+        self.url = url
+        self.model, self.method, _, _ = load_model(args)
+
+    def _health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    @property
+    def running(self) -> int:
+        return self._health()["running"]
+
+    @property
+    def idle(self) -> bool:
+        h = self._health()
+        return h["running"] == 0 and h["queued"] == 0
+
+
+def _tree(proc=None) -> list:
+    """This process and its children (the engine, multiprocessing's resource tracker)."""
+    proc = proc or psutil.Process()
+    return [proc] + proc.children(recursive=True)
+
+
 @pytest.fixture(scope="module")
 def server(trained_run, mcore):
     from setdiff_mega.serve import build, parse_args, serve
@@ -32,14 +61,14 @@ def server(trained_run, mcore):
     args = parse_args(["--checkpoint", str(save), "--port", "0", "--threads", str(torch.get_num_threads()),  # kept
                        "--max-batch", "4", "--max-queue", "64",
                        "--max-new-tokens", "12", "--request-timeout", "120", "--served-model-name", "tiny"])
-    srv, sch = build(args)
+    srv = build(args)
     srv.tok.chat_template = TEMPLATE            # a chat template, as an imported or fine-tuned model has
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(2048)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     box = {}
-    t = threading.Thread(target=serve, args=(srv, sch, sock), kwargs={"announce": lambda w: box.update(web=w)},
+    t = threading.Thread(target=serve, args=(srv, sock), kwargs={"announce": lambda w: box.update(web=w)},
                          daemon=True)
     t.start()
     for _ in range(200):
@@ -48,9 +77,10 @@ def server(trained_run, mcore):
                 break
         except httpx.HTTPError:
             time.sleep(0.05)
-    yield srv, sch, url
+    yield srv, Engine(url, args), url
     box["web"].should_exit = True
     t.join(timeout=30)
+    assert not srv.engine.proc.is_alive()
 
 
 def _reference(srv, sch, prompts, chat=None, **over):
@@ -169,11 +199,13 @@ def test_a_thousand_requests_at_once_and_vanishing_clients(server):
 
 
 def test_the_server_listens_on_its_http_port_and_nowhere_else_but_loopback(server):
-    """No torch.distributed TCP store on every interface: the single-rank group rendezvous in-process and gloo's
-    sockets stay on loopback (setdiff_mega/parallel/state.py)."""
-    _, _, url = server
+    """No torch.distributed TCP store on every interface, in the HTTP process or the engine's: the single-rank
+    group rendezvous in-process and gloo's sockets stay on loopback (setdiff_mega/parallel/state.py); the two
+    processes talk over a socket pair."""
+    srv, _, url = server
     port = int(url.rsplit(":", 1)[1])
-    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("all") if c.status == "LISTEN"}
+    assert srv.engine.proc.pid in {p.pid for p in _tree()}          # the engine process is looked at too
+    listening = {(c.laddr.ip, c.laddr.port) for p in _tree() for c in p.net_connections("all") if c.status == "LISTEN"}
     assert ("127.0.0.1", port) in listening
     exposed = {a for a in listening if a[1] != port and a[0] not in ("127.0.0.1", "::1")}
     assert not exposed, f"listening beyond loopback: {sorted(exposed)}"
@@ -229,15 +261,18 @@ def test_a_soak_keeps_answering_with_flat_memory(server, n):
     """Resident memory after ``n`` mixed requests within 50 MiB of after a 100-request warm-up, /metrics never
     scraped meanwhile; then the answers still equal batch-1 decoding and the batch empties."""
     srv, sch, url = server
-    proc = psutil.Process()
+    procs = [psutil.Process(), psutil.Process(srv.engine.proc.pid)]    # the HTTP process and the engine
+
+    def rss():
+        return sum(p.memory_info().rss for p in procs)
     _soak(url, 100)                                       # warm-up: allocator pools, caches
-    before = proc.memory_info().rss
+    before = rss()
     _soak(url, n, offset=100)
-    growth = (proc.memory_info().rss - before) / 2 ** 20
-    print(f"soak of {n} requests: resident memory {before / 2 ** 20:.1f} MiB after the warm-up, grew by "
-          f"{growth:.1f} MiB")
+    growth = (rss() - before) / 2 ** 20
+    print(f"soak of {n} requests: resident memory of both processes {before / 2 ** 20:.1f} MiB after the warm-up, "
+          f"grew by {growth:.1f} MiB")
     assert growth < 50, f"resident memory grew by {growth:.1f} MiB over {n} requests"
-    assert len(srv.metrics._recent) < 100_000
+    assert not srv.engine.routes                          # every job's route went with its end
     r = httpx.post(url + "/v1/completions", json={"prompt": "Question: 7 +", "max_tokens": 6, "return_token_ids": True},
                    timeout=60)
     assert r.json()["choices"][0]["token_ids"] == _reference(srv, sch, ["Question: 7 +"], max_new_tokens=6)[0]
@@ -319,6 +354,62 @@ def test_sigterm_drains_requests_in_flight_and_exits_zero_and_the_api_key_is_req
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_an_engine_that_dies_fails_its_requests_in_one_line_and_health_says_so(trained_run, mcore):
+    """The decode loop's process killed mid-request: the request in flight ends with a 500 naming the engine (not
+    a hang), /health answers 503, a new request 503; the HTTP process stays up and shuts down cleanly. A
+    checkpoint that cannot be loaded is the engine's one-line error at start, and no engine process is left."""
+    import os
+    import signal
+
+    from setdiff_mega.serve import build, parse_args, serve
+
+    save, _ = trained_run
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(ValueError, match="no-such-run"):
+        build(parse_args(["--checkpoint", str(save.parent / "no-such-run")]))
+    assert not [p for p in psutil.Process().children() if p.pid not in before and "spawn_main" in " ".join(p.cmdline())]
+    srv = build(parse_args(["--checkpoint", str(save), "--threads", "1", "--max-batch", "2"]))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    box = {}
+    t = threading.Thread(target=serve, args=(srv, sock), kwargs={"announce": lambda w: box.update(web=w)},
+                         daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+        def long_request():
+            box["r"] = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2000,
+                                                               "stop_at_eos": False}, timeout=60)
+        req = threading.Thread(target=long_request)
+        req.start()
+        while httpx.get(url + "/health", timeout=10).json()["running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(srv.engine.proc.pid, signal.SIGKILL)
+        req.join(timeout=30)
+        r = box["r"]
+        assert r.status_code == 500 and "decoding engine exited" in r.json()["error"]["message"], r.text
+        assert "\n" not in r.json()["error"]["message"]
+        h = httpx.get(url + "/health", timeout=10)
+        assert h.status_code == 503 and "restart the server" in h.json()["reason"]
+        again = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2}, timeout=10)
+        assert again.status_code == 503 and "decoding engine exited" in again.json()["error"]["message"]
+    finally:
+        box["web"].should_exit = True
+        t.join(timeout=30)
+    assert not t.is_alive() and not srv.engine.proc.is_alive()
 
 
 def test_lm_eval_local_completions_generates_through_the_server(server):

@@ -1,0 +1,177 @@
+"""The engine: the process that owns the model and the scheduler loop; the HTTP side talks to it over one pipe.
+
+The HTTP process (uvicorn, :mod:`.app`) parses requests and writes SSE chunks; all of that is Python, and in one
+process it shares the GIL with the decode loop, whose every torch operator must take the GIL back when it returns
+(docs/results.md "Serving": 10-20 % of the tokens/s at 8 streams on the main job). So the decode loop runs in a
+process of its own (as vLLM's engine core and API server), started by :class:`~.client.EngineClient` with
+``multiprocessing``'s spawn, connected by a ``Pipe`` (a socket pair: no listening socket, nothing to authenticate).
+
+Messages (pickled by :class:`multiprocessing.connection.Connection`), HTTP side -> engine:
+
+    ("submit", [JobSpec, ...])      queue jobs (the HTTP side already bounded the queue: 429 there)
+    ("cancel", key, reason)         stop a job (client gone, timeout); unknown keys (already ended) are ignored
+    ("ask", ask_id, what)           what: "health" -> {"running", "queued"}; "metrics" -> Prometheus text
+    ("close",)                      queued jobs fail (503), running ones are cancelled, the engine exits
+
+engine -> HTTP side:
+
+    ("ready", info)                 loaded: {"config", "tokenizer", "method", "max_batch"} (what the HTTP side
+                                    parses requests with; the model itself stays here)
+    ("fatal", user, message)        loading failed (one line; the HTTP side raises it: ValueError for a user's
+                                    error such as a missing checkpoint, RuntimeError otherwise)
+    ("events", [(key, event, payload), ...])   a step's events (:mod:`.outbox`), or one emitted off the loop
+    ("answer", ask_id, value)
+
+Threads here: the scheduler's loop (the only one that touches the model) and the main thread, blocked in the
+pipe's ``recv`` (no GIL held) but for the few microseconds a message takes. Sends from both are serialized by a
+lock. The engine ignores SIGINT and SIGTERM (a terminal's Ctrl-C, systemd's stop reach the whole process group):
+the HTTP side drains its requests and then sends ``close``; if the HTTP process dies, the pipe's end of file
+stops the engine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+from .job import Job
+from .metrics import Metrics
+from .outbox import Outbox
+from .scheduler import QueueFull, Scheduler
+
+
+@dataclass
+class JobSpec:
+    """A job as the HTTP side sends it (:class:`~.job.Job` is built here, with the engine's tokenizer)."""
+    key: int
+    ids: list
+    config: object                    # GenerationConfig
+    stops: tuple = ()
+    timeout: float | None = None
+    trace: bool = False
+    arrival: float = 0.0              # time.monotonic() at the HTTP side (one clock for both processes)
+
+
+def load_model(args):
+    """(model, objective, tokenizer, config) as the server decodes: ``args`` are ``serve.parse_args``'s."""
+    from setdiff_mega.checkpoint import load_model as load
+    from setdiff_mega.inference.api import check_vocab
+    from setdiff_mega.inference.engine import decoding_model
+
+    model, objective, tok, cfg = load(args.checkpoint, weights=args.weights)
+    model = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
+    check_vocab(model, tok)
+    model.eval()
+    return model, objective, tok, cfg
+
+
+class EngineCore:
+    """The scheduler and the pipe: jobs in, events out (module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, conn, metrics: Metrics, interval: float = 0.0, rate: float = 0.0):
+        self.scheduler, self.conn, self.metrics = scheduler, conn, metrics
+        self.jobs: dict = {}              # key -> Job, until its end went over
+        self._lock = threading.Lock()
+        self.outbox = Outbox(self._events, scheduler.in_loop, interval, rate)
+        scheduler.on_step_end = self.outbox.flush
+        scheduler.stream_due = self.outbox.due
+
+    def send(self, message) -> None:
+        with self._lock:
+            self.conn.send(message)
+
+    def _events(self, batch: list) -> None:
+        for key, event, _ in batch:
+            if event in ("done", "error"):
+                self.jobs.pop(key, None)
+        self.send(("events", batch))
+
+    def _answer(self, what: str):
+        s = self.scheduler
+        if what == "health":
+            return {"running": len(s.running), "queued": len(s.queue)}
+        if what == "metrics":
+            return self.metrics.render()
+        raise ValueError(f"unknown question {what!r}")
+
+    def handle(self, message) -> bool:
+        """One message from the HTTP side; False for ``close``."""
+        kind = message[0]
+        if kind == "submit":
+            jobs = [Job(s.ids, s.config, self.outbox.emitter(s.key), s.stops, s.timeout, self.scheduler.tokenizer,
+                        key=s.key, arrival=s.arrival, trace=s.trace) for s in message[1]]
+            self.jobs.update((job.key, job) for job in jobs)
+            try:
+                self.scheduler.submit(jobs)
+            except QueueFull as e:            # never expected (the HTTP side bounds the queue): each job fails alone
+                for job in jobs:
+                    job.fail(429 if "full" in str(e) else 503, str(e))
+        elif kind == "cancel":
+            job = self.jobs.get(message[1])
+            if job is not None:
+                self.scheduler.cancel(job, message[2])
+        elif kind == "ask":
+            self.send(("answer", message[1], self._answer(message[2])))
+        elif kind == "close":
+            return False
+        return True
+
+    def run(self) -> None:
+        """Serve the pipe until ``close`` or its end of file; the scheduler is closed either way."""
+        self.scheduler.start()
+        try:
+            while True:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError):   # the HTTP process is gone
+                    break
+                if not self.handle(message):
+                    break
+        finally:
+            self.scheduler.close()
+
+
+def serving_threads(requested: int | None) -> int:
+    """The engine's torch intra-op threads: ``requested``, else the cores this process may use minus one (at least
+    1). Measured on 2 cores (docs/results.md "Serving"): with both cores in torch's pool the forward doubles, its
+    threads competing with the HTTP process and the clients for the same two cores."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads must be >= 1, got {requested}")
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def _fatal(e: BaseException) -> tuple:
+    """("fatal", user error?, one line) for a failure to load."""
+    from setdiff_mega.errors import USER_ERRORS
+
+    user = isinstance(e, (*USER_ERRORS, FileNotFoundError, KeyError, ValueError))   # what the CLIs print as one line
+    text = str(e.args[0] if isinstance(e, KeyError) and e.args else e) if user else f"{type(e).__name__}: {e}"
+    return ("fatal", user, " ".join(text.split()))
+
+
+def main(conn, args) -> None:
+    """The engine process (``multiprocessing`` spawn target): load, say ``ready``, serve the pipe."""
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        torch.set_num_threads(serving_threads(args.threads))
+        model, objective, tok, cfg = load_model(args)
+        metrics = Metrics()
+        L = cfg.data.seq_length
+        scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, metrics=metrics,
+                              max_queue=args.max_queue + args.max_batch, width=L + args.max_tokens_limit)
+    except Exception as e:                # noqa: BLE001 (reported to the HTTP side as one line)
+        conn.send(_fatal(e))
+        return
+    conn.send(("ready", {"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch}))
+    core = EngineCore(scheduler, conn, metrics, max(0.0, args.stream_interval), max(0.0, args.stream_chunk_rate))
+    core.run()
+
+
+__all__ = ["EngineCore", "JobSpec", "load_model", "main", "serving_threads"]
