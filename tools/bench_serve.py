@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from setdiff_mega.cli import run_cli
+from setdiff_mega.hfmodel.linears import FORMATS
 from setdiff_mega.outputs import check_output_file, write_file_atomic
 from setdiff_mega.serve import serving_threads
 from setdiff_mega.serving.bench import InProcess, medians, run_phases, run_poisson, start_server, table, workload
@@ -43,6 +44,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="the started server's torch threads (default: the "
                    "server's, cores minus one), also the in-process baseline's")
+    p.add_argument("--decode-weights", choices=FORMATS, default="fp32", help="the decode weights format of the "
+                   "started server and of the in-process baseline (tools/generate.py's option)")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process generate baseline")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (server sequential + concurrent, in-process "
                    "batch 1 + batch B), alternating; each phase reports its median round, the shares the median "
@@ -59,7 +62,7 @@ def main(argv=None) -> int:
                "stream_options": {"include_usage": True}} for q in workload(args.tasks, args.requests)]
     proc = None
     if args.checkpoint:
-        extra = ["--threads", str(threads)]
+        extra = ["--threads", str(threads), "--decode-weights", args.decode_weights]
         proc, url = start_server(args.checkpoint, args.clients, extra)
     else:
         url = args.url.rstrip("/")
@@ -71,7 +74,7 @@ def main(argv=None) -> int:
     local = None
     if args.checkpoint and not args.no_in_process:
         torch.set_num_threads(threads)
-        local = InProcess(args.checkpoint, args.max_tokens)
+        local = InProcess(args.checkpoint, args.max_tokens, args.decode_weights)
     prompts, rounds = [b["prompt"] for b in bodies], []
     try:
         def baseline(phase):                        # the server waits idle while this process decodes

@@ -111,7 +111,7 @@ class InProcess:
     """The in-process baseline (module docstring): the checkpoint loaded once in this process, decoding the
     prompts through ``generate`` with the server's options."""
 
-    def __init__(self, checkpoint: str, max_tokens: int):
+    def __init__(self, checkpoint: str, max_tokens: int, decode_weights: str = "fp32"):
         from dataclasses import replace
 
         from setdiff_mega.checkpoint import load_model
@@ -119,7 +119,7 @@ class InProcess:
         from setdiff_mega.inference.options import generation_config
 
         model, self.objective, self.tok, cfg = load_model(checkpoint)
-        self.model = decoding_model(model, cfg, self.tok, "auto")
+        self.model = decoding_model(model, cfg, self.tok, "auto", decode_weights)
         self.L = cfg.data.seq_length
         self.gc = replace(generation_config(cfg.objective, self.L, None, {"max_new_tokens": max_tokens}),
                           temperature=0.0, stop_at_eos=False)

@@ -9,6 +9,9 @@
     await client.ask("health" | "metrics") the engine's answer (its reader thread answers between steps)
     client.close()                         ``close`` the engine, wait for it (then kill it), idempotent
 
+Messages to the engine go through a sender thread (its queue unbounded): the event loop never blocks on a full
+pipe, so it always reads the engine's events, and the two processes cannot wait on each other's writes.
+
 The queue bound is kept here, so a refusal is known before a response starts (a stream's status is sent
 first): with ``inflight`` jobs submitted and not ended (their end event read), the engine runs min(inflight,
 max_batch) of them and queues the rest, so a request of n jobs is refused when inflight + n - max_batch >
@@ -22,6 +25,8 @@ import asyncio
 import atexit
 import itertools
 import multiprocessing
+import queue as queues
+import threading
 
 from .scheduler import QueueFull
 
@@ -49,6 +54,8 @@ class EngineClient:
         self._keys, self._ask_ids = itertools.count(), itertools.count()
         self.closing = False
         self.lost: str | None = None      # why the engine is gone (set once its pipe ended unexpectedly)
+        self.outgoing: queues.SimpleQueue = queues.SimpleQueue()      # messages for the sender thread (None: stop)
+        self._sender: threading.Thread | None = None
 
     # -- life -------------------------------------------------------------------------------------------------
     def start(self) -> dict:
@@ -73,7 +80,20 @@ class EngineClient:
         if message[0] == "fatal":
             self.proc.join(timeout=10)
             raise (ValueError if message[1] else RuntimeError)(message[2])
+        self._sender = threading.Thread(target=self._send_loop, name="setdiff-engine-sender", daemon=True)
+        self._sender.start()
         return message[1]
+
+    def _send_loop(self) -> None:
+        while (message := self.outgoing.get()) is not None:
+            try:
+                self.conn.send(message)
+            except (OSError, EOFError):           # the engine is gone: the reader sees its end of file
+                try:
+                    self.loop.call_soon_threadsafe(self._lost)
+                except (AttributeError, RuntimeError):    # no loop yet, or it is closed
+                    pass
+                return
 
     @property
     def alive(self) -> bool:
@@ -90,15 +110,18 @@ class EngineClient:
                 self.loop.remove_reader(self.conn.fileno())
             except (ValueError, OSError, RuntimeError):
                 pass
-        try:
-            self.conn.send(("close",))
-        except (OSError, EOFError):
-            pass
+        if self._sender is not None:
+            self.outgoing.put(("close",))
+            self.outgoing.put(None)
+            self._sender.join(timeout=timeout)
+        else:                                     # interrupted while loading: the pipe's end stops the engine
+            self.conn.close()
         self.proc.join(timeout=timeout)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=5)
-        self.conn.close()
+        if not self.conn.closed:
+            self.conn.close()
 
     # -- requests -------------------------------------------------------------------------------------------
     def attach(self, loop) -> None:
@@ -109,11 +132,7 @@ class EngineClient:
         loop.add_reader(self.conn.fileno(), self._readable)
 
     def _send(self, message) -> None:
-        try:
-            self.conn.send(message)
-        except (OSError, EOFError):
-            self._lost()
-            raise EngineGone(self.lost) from None
+        self.outgoing.put(message)
 
     def submit(self, specs: list, queue) -> list:
         """Queue ``specs`` (:class:`~.engine.JobSpec` without keys: given here), all or none; spec i's events go
@@ -130,20 +149,12 @@ class EngineClient:
             ticket = Ticket(spec.key)
             self.routes[spec.key] = (queue, i, ticket)
             tickets.append(ticket)
-        try:
-            self._send(("submit", specs))
-        except EngineGone:
-            for t in tickets:
-                self.routes.pop(t.key, None)
-            raise
+        self._send(("submit", specs))
         return tickets
 
     def cancel(self, ticket: Ticket, reason: str = "cancelled") -> None:
         if not ticket.done and self.alive:
-            try:
-                self._send(("cancel", ticket.key, reason))
-            except EngineGone:
-                pass
+            self._send(("cancel", ticket.key, reason))
 
     async def ask(self, what: str, timeout: float = 30.0):
         """The engine's answer to ``what`` (``health``, ``metrics``)."""

@@ -169,7 +169,10 @@ def main(conn, args) -> None:
     except Exception as e:                # noqa: BLE001 (reported to the HTTP side as one line)
         conn.send(_fatal(e))
         return
-    conn.send(("ready", {"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch}))
+    try:
+        conn.send(("ready", {"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch}))
+    except OSError:                       # the HTTP process stopped while the model loaded
+        return
     core = EngineCore(scheduler, conn, metrics, max(0.0, args.stream_interval), max(0.0, args.stream_chunk_rate))
     core.run()
 
