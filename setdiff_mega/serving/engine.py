@@ -105,8 +105,9 @@ class EngineCore:
             try:
                 self.scheduler.submit(jobs)
             except QueueFull as e:            # never expected (the HTTP side bounds the queue): each job fails alone
+                status = 503 if self.scheduler.closing else 429
                 for job in jobs:
-                    job.fail(429 if "full" in str(e) else 503, str(e))
+                    job.fail(status, str(e))
         elif kind == "cancel":
             job = self.jobs.get(message[1])
             if job is not None:

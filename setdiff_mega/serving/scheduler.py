@@ -130,6 +130,11 @@ class Scheduler:
         return threading.current_thread() is self._thread
 
     @property
+    def closing(self) -> bool:
+        """Whether :meth:`close` was called (new jobs are refused)."""
+        return self._closing
+
+    @property
     def idle(self) -> bool:
         return not self.queue and not self.running
 
