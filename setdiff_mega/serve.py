@@ -43,11 +43,11 @@ def parse_args(argv=None):
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival (0: none)")
     p.add_argument("--stream-interval", type=float, default=0.02,
                    help="seconds more text of a started stream may wait to go out with the next (fewer, larger SSE "
-                   "chunks: the HTTP side then takes less of the decoding loop's time); the first text and the end "
-                   "go at once; 0: a chunk per decode step")
+                   "chunks and fewer event messages from the engine: less CPU for the HTTP process); the first text "
+                   "and the end go at once; 0: a chunk per decode step")
     p.add_argument("--stream-chunk-rate", type=float, default=200.0,
                    help="stream chunks a second all requests together should cost: with n in flight, more text "
-                   "waits at least n / this many seconds (the HTTP side's Python shares the GIL with decoding); "
+                   "waits at least n / this many seconds (each chunk is Python work for the HTTP process); "
                    "0: no bound")
     p.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens / span accepted")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the engine process, set once "
