@@ -53,6 +53,33 @@ def _tree(proc=None) -> list:
     return [proc] + proc.children(recursive=True)
 
 
+def _run(srv, serve) -> tuple:
+    """``serve(srv, ...)`` on a free loopback port in a thread, once /health answers 200: (url, stop())."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    box = {}
+    t = threading.Thread(target=serve, args=(srv, sock), kwargs={"announce": lambda w: box.update(web=w)},
+                         daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not answer /health"
+        time.sleep(0.05)
+
+    def stop():
+        box["web"].should_exit = True
+        t.join(timeout=30)
+        assert not t.is_alive()
+    return url, stop
+
+
 @pytest.fixture(scope="module")
 def server(trained_run, mcore):
     from setdiff_mega.serve import build, parse_args, serve
@@ -63,23 +90,9 @@ def server(trained_run, mcore):
                        "--max-new-tokens", "12", "--request-timeout", "120", "--served-model-name", "tiny"])
     srv = build(args)
     srv.tok.chat_template = TEMPLATE            # a chat template, as an imported or fine-tuned model has
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    box = {}
-    t = threading.Thread(target=serve, args=(srv, sock), kwargs={"announce": lambda w: box.update(web=w)},
-                         daemon=True)
-    t.start()
-    for _ in range(200):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
+    url, stop = _run(srv, serve)
     yield srv, Engine(url, args), url
-    box["web"].should_exit = True
-    t.join(timeout=30)
+    stop()
     assert not srv.engine.proc.is_alive()
 
 
@@ -371,23 +384,10 @@ def test_an_engine_that_dies_fails_its_requests_in_one_line_and_health_says_so(t
         build(parse_args(["--checkpoint", str(save.parent / "no-such-run")]))
     assert not [p for p in psutil.Process().children() if p.pid not in before and "spawn_main" in " ".join(p.cmdline())]
     srv = build(parse_args(["--checkpoint", str(save), "--threads", "1", "--max-batch", "2"]))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url, stop = _run(srv, serve)
     box = {}
-    t = threading.Thread(target=serve, args=(srv, sock), kwargs={"announce": lambda w: box.update(web=w)},
-                         daemon=True)
-    t.start()
     try:
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
 
         def long_request():
             box["r"] = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2000,
@@ -407,9 +407,8 @@ def test_an_engine_that_dies_fails_its_requests_in_one_line_and_health_says_so(t
         again = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2}, timeout=10)
         assert again.status_code == 503 and "decoding engine exited" in again.json()["error"]["message"]
     finally:
-        box["web"].should_exit = True
-        t.join(timeout=30)
-    assert not t.is_alive() and not srv.engine.proc.is_alive()
+        stop()
+    assert not srv.engine.proc.is_alive()
 
 
 def test_lm_eval_local_completions_generates_through_the_server(server):
