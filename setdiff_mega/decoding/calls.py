@@ -14,7 +14,10 @@ bookkeeping; a step with nothing to compute (e.g. an uncached prefill) yields no
 
 A :class:`Call` c = (tok [b, T] long, pos [b, T] long, keep [b, T, C + T] bool, start s, cache) is the model
 protocol's call (``with model.use_cache(cache): model(tok, pos, keep, s)`` -> logits [b, T - s, V]), C the
-capacity of the caller's KV cache (0 for uncached calls). Fusion of calls c_i (:func:`fused_forward`; a single
+capacity of the caller's KV cache (0 for uncached calls). A cached call may say which chunk entries are real
+(``valid`` [b, T]; the rest is padding: rows' shorter pending runs and windows, fusion's filler); a model with
+``ragged = True`` is then called with ``valid=`` and leaves the padding out of its products (their logits are
+never read). Fusion of calls c_i (:func:`fused_forward`; a single
 call runs as it is):
 
     S = max_i s_i,  R = max_i (T_i - s_i),  T = S + R,  C = max_i C_i,  B = sum_i b_i
@@ -51,6 +54,7 @@ class Call:
     cache: object = None          # the caller's KVCache (or rows of it) with b rows; None: uncached
     pending_count: torch.Tensor | None = None   # [b]: row b's valid entries lead columns [0, pending_width)
     pending_width: int = 0        # (set by cached chunk forwards: a scheduler may cut the padding, serving/fusion)
+    valid: torch.Tensor | None = None   # [b, T] bool: the chunk's real entries (cached calls; None: all of them)
 
     @property
     def rows(self) -> int:
@@ -65,12 +69,20 @@ class Call:
         return 0 if self.cache is None else int(self.cache.capacity)
 
 
+def _run(model, tokens, positions, keep, start, valid):
+    """``model(tokens, positions, keep, start)``, with ``valid=`` for a model that skips padding in its products
+    (``model.ragged``: the plain decode forward, hfmodel/decode_step.py); others compute the padding too."""
+    if valid is not None and getattr(model, "ragged", False):
+        return model(tokens, positions, keep, start, valid=valid)
+    return model(tokens, positions, keep, start)
+
+
 def forward(model, call: Call) -> torch.Tensor:
     """One call alone: logits [b, T - s, V]."""
     if call.cache is None:
         return model(call.tokens, call.positions, call.keep, call.start)
     with model.use_cache(call.cache):
-        return model(call.tokens, call.positions, call.keep, call.start)
+        return _run(model, call.tokens, call.positions, call.keep, call.start, call.valid)
 
 
 class RowCaches:
@@ -118,11 +130,14 @@ def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=dev)
     positions = torch.zeros(B, T, dtype=torch.long, device=dev)
     keep = torch.zeros(B, T, C + T, dtype=torch.bool, device=dev)
+    valid = torch.zeros(B, T, dtype=torch.bool, device=dev) if cached else None
     cols, offsets, r0 = [], [], 0
     for c in calls:
         idx, rows = _columns(c, S), slice(r0, r0 + c.rows)
         tokens[rows, idx] = c.tokens
         positions[rows, idx] = c.positions
+        if valid is not None:
+            valid[rows, idx] = True if c.valid is None else c.valid
         keep[rows, idx[:, None], torch.cat([torch.arange(c.capacity, device=dev), C + idx])[None]] = c.keep
         cols.append(idx)
         offsets.append(r0)
@@ -132,7 +147,7 @@ def fused_forward(model, calls: list[Call], pad_id: int) -> list[torch.Tensor]:
         out = model(tokens, positions, keep, S)
     else:
         with model.use_cache(RowCaches(calls, cols, offsets, C)):
-            out = model(tokens, positions, keep, S)
+            out = _run(model, tokens, positions, keep, S, valid)
     return [out[o:o + c.rows, :c.width - c.start] for o, c in zip(offsets, calls)]
 
 

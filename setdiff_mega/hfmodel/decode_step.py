@@ -151,21 +151,31 @@ def _norm(x, p, rms: bool):
 
 
 @torch.no_grad()
-def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cache=None):
-    """logits [B, T - logits_start, V] of one chunk (see the module docstring). Under torch.profiler each layer
-    and the head are labelled (``decode layer i``, ``decode head``); otherwise nothing is recorded."""
+def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cache=None, valid=None):
+    """logits [B, T - logits_start, V] of one chunk (see the module docstring). ``valid`` [B, T] bool (with a
+    cache): the chunk's real entries; the others are padding, left out of every product and norm (their logits
+    are zeros, their K / V zeros). Under torch.profiler each layer and the head are labelled (``decode layer i``,
+    ``decode head``); otherwise nothing is recorded."""
+    B, T = tokens.shape
+    packed = None
+    if valid is not None and cache is not None and not bool(valid.all()):
+        packed = valid.reshape(-1).nonzero()[:, 0]           # [N] flat indices b * T + t of the real entries
+        tokens, position_ids = tokens.reshape(-1)[packed][None], position_ids.reshape(-1)[packed][None]
     h = F.embedding(tokens, w.embed)
     cos, sin = rope_cos_sin(position_ids, w.inv_freq, h.dtype)
     keep = keep[:, None] if keep.dim() == 3 else keep
     if keep.dtype == torch.bool:           # the additive mask SDPA would build in every layer, built once
         keep = torch.zeros(keep.shape, dtype=h.dtype, device=h.device).masked_fill_(~keep, float("-inf"))
     label = torch.profiler.record_function if torch._C._autograd._profiler_enabled() else None
+    shape = (B, T, packed)
     for i, layer in enumerate(w.layers):
         if label is None:
-            h = _layer(w, i, layer, h, cos, sin, keep, cache)
+            h = _layer(w, i, layer, h, cos, sin, keep, cache, shape)
         else:
             with label(f"decode layer {i}"):
-                h = _layer(w, i, layer, h, cos, sin, keep, cache)
+                h = _layer(w, i, layer, h, cos, sin, keep, cache, shape)
+    if packed is not None:
+        return _packed_head(w, h[0], packed, B, T, logits_start, label)
     h = _norm(h[:, logits_start:], w.final, w.rms)
     if label is None:
         return w.head(h)
@@ -173,8 +183,26 @@ def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cach
         return w.head(h)
 
 
-def _layer(w: Prepared, i: int, layer: tuple, h, cos, sin, keep, cache):
-    """Layer ``i``: h + attention(norm1 h), then + MLP(norm2 .) (the module docstring's forward)."""
+def _packed_head(w: Prepared, h, packed, B: int, T: int, start: int, label):
+    """The logits [B, T - start, V] of the real entries at columns >= start (zeros elsewhere) from their hidden
+    states h [N, H] (``packed``: their flat indices)."""
+    col = packed % T
+    sel = col >= start
+    rows = _norm(h[sel], w.final, w.rms)
+    if label is None:
+        logits = w.head(rows)
+    else:
+        with label("decode head"):
+            logits = w.head(rows)
+    out = logits.new_zeros(B * (T - start), logits.shape[-1])
+    out[(packed // T)[sel] * (T - start) + col[sel] - start] = logits
+    return out.view(B, T - start, logits.shape[-1])
+
+
+def _layer(w: Prepared, i: int, layer: tuple, h, cos, sin, keep, cache, shape):
+    """Layer ``i``: h + attention(norm1 h), then + MLP(norm2 .) (the module docstring's forward). ``shape`` (B, T,
+    packed): with ``packed`` (flat indices of the real entries) h is [1, N, H], the products and norms run over
+    the N real entries and attention over the chunk's [B, T] layout (zeros at its padding)."""
     n1, qkv_proj, o_proj, n2, up_proj, down_proj = layer
     b, t = h.shape[:2]
     nh, g, d = w.heads, w.groups, w.head_dim
@@ -186,12 +214,20 @@ def _layer(w: Prepared, i: int, layer: tuple, h, cos, sin, keep, cache):
         qk = rotate(torch.cat(normed, dim=1), cos, sin)
     else:
         qk = rotate(qkv[:, :nh + g], cos, sin)
-    q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + g:]
+    B, T, packed = shape
+    if packed is not None:                 # back to the chunk's layout for attention
+        full = qkv.new_zeros(B * T, nh + 2 * g, d)
+        full[packed] = torch.cat([qk, qkv[:, nh + g:]], 1)[0].transpose(0, 1)
+        qk = qkv = full.view(B, T, nh + 2 * g, d).transpose(1, 2)
+    q, k, v = qk[:, :nh], qk[:, nh:nh + g], qkv[:, nh + g:]
     if cache is not None:
         out = cache.attend(i, q, k, v, keep, enable_gqa=gqa, kernel=w.attention)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=gqa)
-    h = h + o_proj(out.transpose(1, 2).reshape(b, t, nh * d))
+    out = out.transpose(1, 2).reshape(B, T, nh * d)
+    if packed is not None:
+        out = out.reshape(B * T, nh * d)[packed][None]
+    h = h + o_proj(out)
     x = up_proj(_norm(h, n2, w.rms))
     if w.gated:
         gate, up = x.chunk(2, dim=-1)

@@ -109,11 +109,13 @@ class DecodeModel:
             self._prepared = self.model._setdiff_prepared = prepared
         return prepared
 
-    def __call__(self, tokens, position_ids, keep, logits_start: int = 0):
+    ragged = True                 # takes valid= (decoding/calls.py): padding left out of the products
+
+    def __call__(self, tokens, position_ids, keep, logits_start: int = 0, valid=None):
         w = self.weights()
         if self._cache is not None and self._cache.static:
             return self.captured(tokens, position_ids, keep, logits_start, self._cache, key=id(w))
-        return decode_forward(w, tokens, position_ids, keep, logits_start, self._cache)
+        return decode_forward(w, tokens, position_ids, keep, logits_start, self._cache, valid)
 
 
 class TokenizerView:

@@ -138,10 +138,10 @@ class TimedModel:
         finally:
             self._cache = None
 
-    def __call__(self, tokens, position_ids, keep, logits_start: int = 0):
+    def __call__(self, tokens, position_ids, keep, logits_start: int = 0, **kwargs):
         t0 = time.perf_counter()
         if self._stub is None:
-            out = self._model(tokens, position_ids, keep, logits_start)
+            out = self._model(tokens, position_ids, keep, logits_start, **kwargs)   # valid= for a ragged model
             self.vocab = out.shape[-1]
         else:
             if self._cache is not None:

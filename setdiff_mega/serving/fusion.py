@@ -50,7 +50,8 @@ def _sub(call: Call, rows: torch.Tensor, width: int) -> tuple[Call, torch.Tensor
     keys = torch.cat([torch.arange(C, device=dev), C + cols])
     start = int((cols < call.start).sum())
     sub = Call(call.tokens[rows][:, cols], call.positions[rows][:, cols], call.keep[rows][:, cols][:, :, keys],
-               start, call.cache.rows(rows), call.pending_count[rows], width)
+               start, call.cache.rows(rows), call.pending_count[rows], width,
+               None if call.valid is None else call.valid[rows][:, cols])
     return sub, cols
 
 

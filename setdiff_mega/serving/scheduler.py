@@ -348,13 +348,14 @@ class _Clocked:
     def __init__(self, model):
         self.model, self.seconds = model, 0.0
         self.cuda = next(model.parameters()).device.type == "cuda"
+        self.ragged = getattr(model, "ragged", False)
 
     def use_cache(self, cache):
         return self.model.use_cache(cache)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         t = time.perf_counter()
-        out = self.model(*args)
+        out = self.model(*args, **kwargs)
         if self.cuda:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - t

@@ -123,3 +123,40 @@ def test_the_forward_benchmark_measures_the_plain_and_megatron_core_forwards_on_
     assert len(prof["by_layer_ms"]) == cfg.model.num_layers and prof["head_ms"] > 0
     assert prof["by_part"]["products"] > 0 and prof["by_part"]["attention"] > 0
     assert sum(prof["by_part"].values()) == pytest.approx(prof["ms_per_forward"])
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp32-packed"])
+def test_the_padding_of_a_chunk_is_left_out_of_the_products_and_changes_nothing(twins, fmt):
+    """``valid=`` (decoding/calls.py: a cached chunk's real entries): the plain forward runs its products over the
+    real entries only; their logits equal the padded forward's (fp32: bit for bit), the padding's are zeros, and the
+    K / V the cache holds for the real entries are the same."""
+    from setdiff_mega.decoding.cache import KVCache
+
+    dm = twins[1][fmt]
+    torch.manual_seed(3)
+    B, T, C = 3, 6, 16
+    layers, groups, d = dm.cache_shape()
+    valid = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 0], [1, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    tok = torch.randint(0, 57, (B, T)).masked_fill(~valid, PAD)
+    pos = 4 + torch.arange(T).repeat(B, 1)
+    chunk = torch.ones(T, T, dtype=torch.bool).tril()[None] & valid[:, None, :] & valid[:, :, None]
+    outs, caches = [], []
+    for ragged in (None, valid):
+        cache = KVCache(layers, B, groups, d, C)
+        with dm.use_cache(cache):                   # a prefill of 4 entries per row, then the chunk
+            dm(torch.randint(0, 57, (B, 4), generator=torch.Generator().manual_seed(0)), torch.arange(4).repeat(B, 1),
+               torch.cat([torch.zeros(B, 4, C, dtype=torch.bool), torch.ones(4, 4, dtype=torch.bool).tril()[None]
+                          .expand(B, 4, 4)], -1), 4)
+            cache.commit(torch.full((B,), 4))
+            keep = torch.cat([cache.valid()[:, None, :].expand(B, T, C), chunk | torch.eye(T, dtype=torch.bool)], -1)
+            outs.append(dm(tok, pos, keep, 2, valid=ragged))
+        s = cache.offset + cache.capacity          # the chunk's K / V in the scratch slots, [L, B, g, T, d]
+        caches.append(torch.stack([cache.k[:, :, :, s:s + T], cache.v[:, :, :, s:s + T]]).transpose(3, 4))
+    padded, packed = outs
+    real = valid[:, 2:]
+    if fmt == "fp32":
+        assert torch.equal(packed[real], padded[real]) and torch.equal(caches[1][:, :, valid], caches[0][:, :, valid])
+    else:
+        torch.testing.assert_close(packed[real], padded[real], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(caches[1][:, :, valid], caches[0][:, :, valid], atol=1e-5, rtol=1e-5)
+    assert not packed[~real].any() and not caches[1][:, :, ~valid].any()
