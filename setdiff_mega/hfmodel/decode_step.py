@@ -22,7 +22,12 @@ not their size:
              on rows >= start.
 
 Rows of the chunk never interact except through attention, so computing the norm and head only for the
-rows whose logits are asked for changes nothing.
+rows whose logits are asked for changes nothing. For the same reason a cached chunk's padding (``valid`` [B, T]
+False: rows with shorter pending runs or windows than the widest, fusion's filler; decoding/calls.py) is left out
+of every norm and product: with its N real entries at flat indices p = b * T + t, h is [1, N, H] through the
+layers, q / k / v are scattered into the chunk's [B, heads, T, d] layout (zeros at the padding) for attention and
+its output gathered back at p; the head runs on the real entries at t >= start and the padding's logits are
+zeros (never read). Each real entry's values are those of the padded forward (bit for bit in fp32: tested).
 """
 from __future__ import annotations
 
