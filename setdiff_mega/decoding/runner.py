@@ -151,7 +151,7 @@ class ChunkRunner:
         P = pend_ok.shape[1]
         if B == 1 or self.static_chunk is not None or int(rows.sum()) in (0, B):     # one host sync
             count = None if B == 1 or self.static_chunk is not None else pend_ok.sum(1)
-            valid = None if self.static_chunk is not None else ok      # static shapes: the padding computed too
+            valid = None if self.static_chunk is not None or B == 1 else ok   # one row: no padding; static: kept
             return (yield Call(tok, posi, keep, start, self.cache, count, P, valid))
         idx = rows.nonzero()[:, 0]
         part = yield Call(tok[idx], posi[idx], keep[idx], start, self.cache.rows(idx), pend_ok[idx].sum(1), P, ok[idx])

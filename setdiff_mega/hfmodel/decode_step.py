@@ -28,6 +28,7 @@ of every norm and product: with its N real entries at flat indices p = b * T + t
 layers, q / k / v are scattered into the chunk's [B, heads, T, d] layout (zeros at the padding) for attention and
 its output gathered back at p; the head runs on the real entries at t >= start and the padding's logits are
 zeros (never read). Each real entry's values are those of the padded forward (bit for bit in fp32: tested).
+``DecodeModel`` asks for it on CPU only (a GPU decode forward is launch-bound).
 """
 from __future__ import annotations
 

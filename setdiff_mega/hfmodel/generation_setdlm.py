@@ -109,7 +109,12 @@ class DecodeModel:
             self._prepared = self.model._setdiff_prepared = prepared
         return prepared
 
-    ragged = True                 # takes valid= (decoding/calls.py): padding left out of the products
+    @property
+    def ragged(self) -> bool:
+        """Whether calls pass ``valid=`` (decoding/calls.py: a chunk's padding left out of the products): on CPU,
+        where the products' arithmetic is the forward's cost (measured: docs/results.md "Serving"); on a GPU a
+        decode chunk's forward is bound by kernel launches, and packing adds launches and a host sync."""
+        return next(self.model.parameters()).device.type == "cpu"
 
     def __call__(self, tokens, position_ids, keep, logits_start: int = 0, valid=None):
         w = self.weights()
