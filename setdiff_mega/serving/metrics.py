@@ -91,10 +91,10 @@ class Metrics:
         self.step_s.observe(seconds)
         self.steps.inc()
         for k, v in (parts or {}).items():
-            self.parts.labels(part=k).inc(v)
+            self.part(k, v)
 
     def part(self, name: str, seconds: float) -> None:
-        """Time of a step's part measured after the step was recorded (the hand-over of its events)."""
+        """Time of one part of a step (also one measured after the step was recorded: its events' hand-over)."""
         self.parts.labels(part=name).inc(seconds)
 
     def committed(self, counts: list[int]) -> None:

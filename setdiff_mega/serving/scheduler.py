@@ -255,7 +255,7 @@ class Scheduler:
             self._end_step()
             if stepped:                           # handing the step's events over is the step's own host time
                 self._add_part("advance", time.perf_counter() - t1)
-            if not stepped:
+            else:
                 with self.cond:                   # nothing to compute (never expected with jobs running): no spin
                     self.cond.wait(timeout=0.005)
 
