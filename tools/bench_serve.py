@@ -11,8 +11,9 @@ mean decode step by part (host time: admission, the samplers' bookkeeping, fusio
 clients' CPU share, and the ratio of concurrent to sequential throughput. With --checkpoint the same prompts
 also run in-process through ``generate`` at batch 1 and at batch --clients (the server idle, same threads),
 in --rounds rounds alternating with the server's phases (each phase: its median round; the server's shares,
-sequential / batch 1 and concurrent / batch B: the medians of the rounds' paired ratios); --no-in-process skips
-that. --json writes the rows.
+sequential / batch 1 and concurrent / batch B, the concurrency ratio and the model's own in-process gain, batch
+B / batch 1, beside it: the medians of the rounds' paired ratios); --no-in-process skips that. --json writes the
+rows.
 """
 import argparse
 import asyncio
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
             for bar in bars.values():
                 bar.close()
             bars.clear()
-        rows, shares = medians(rounds, args.clients)
+        rows, shares, gains = medians(rounds, args.clients)
         rate = None if args.rate == "auto" else float(args.rate)
         if rate != 0:                               # open-loop arrivals: once, after the rounds
             auto = 0.75 * rows[1]["requests_per_s"] if rate is None else rate
@@ -96,12 +97,13 @@ def main(argv=None) -> int:
             proc.terminate()
             proc.wait(timeout=30)
     print(table(rows))
-    ratio = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
-    print(f"concurrent x{args.clients} / sequential throughput: {ratio:.2f}x")
+    ratio = gains.get("server", rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])
+    print(f"concurrent x{args.clients} / sequential throughput: {ratio:.2f}x"
+          + (f" (in-process batch {args.clients} / batch 1: {gains['in_process']:.2f}x)" if "in_process" in gains else ""))
     for k, v in shares.items():
         print(f"server / in-process, {k.replace('_', ' ')}: {v:.1%}")
     if args.json:
-        write_file_atomic(args.json, json.dumps({"rows": rows, "ratio": ratio, "shares": shares,
+        write_file_atomic(args.json, json.dumps({"rows": rows, "ratio": ratio, "shares": shares, "gains": gains,
                                                  "clients": args.clients, "requests": args.requests,
                                                  "max_tokens": args.max_tokens}, indent=1))
     return 0

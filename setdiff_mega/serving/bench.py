@@ -21,7 +21,8 @@ max_tokens), at batch 1 and at batch ``clients``, timed the same way (tokens ove
 waits idle: the server's share of the model's own speed is sequential / batch 1 and concurrent / batch B. Each
 in-process run follows its server phase at once (sequential, batch 1, concurrent, batch B: this machine's speed
 drifts by tens of percent over a minute, so a ratio's two sides run seconds apart); with several rounds each
-phase reports its median round and the shares are the medians of the rounds' paired ratios (:func:`medians`).
+phase reports its median round and the shares are the medians of the rounds' paired ratios (:func:`medians`), as are
+the two batching gains: the server's (concurrent / sequential) and the model's own in this process (batch B / batch 1).
 """
 from __future__ import annotations
 
@@ -143,17 +144,26 @@ class InProcess:
                 "tokens_per_s": tokens / wall, "requests_per_s": len(prompts) / wall}
 
 
-def medians(rounds: list[list[dict]], clients: int) -> tuple[list[dict], dict]:
+def medians(rounds: list[list[dict]], clients: int) -> tuple[list[dict], dict, dict]:
     """Rounds of rows with the same phases -> (per phase the round with the median tokens/s, each row carrying
-    every round's tokens/s), and the median over rounds of each round's server / in-process ratios (paired:
-    the two sides of a ratio ran one after the other, so a machine whose speed drifts moves both)."""
+    every round's tokens/s; the server / in-process shares; the batching gains), each share and gain the median
+    over rounds of that round's ratio (paired: the two sides of a ratio ran in the same round, a minute apart at
+    most, so a machine whose speed drifts moves both). Gains: ``server`` concurrent / sequential and
+    ``in_process`` batch ``clients`` / batch 1, the model's own gain from batching, which bounds the server's."""
     rows = []
     for phase_rows in zip(*rounds):
         ranked = sorted(phase_rows, key=lambda r: r["tokens_per_s"])
         rows.append({**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["tokens_per_s"] for r in phase_rows]})
-    pairs = {"sequential_over_batch1": ("sequential", "in-process batch 1"),
-             f"concurrent_over_batch{clients}": (f"concurrent x{clients}", f"in-process batch {clients}")}
-    shares = {}
+    conc, b1, bB = f"concurrent x{clients}", "in-process batch 1", f"in-process batch {clients}"
+    shares = _paired(rounds, {"sequential_over_batch1": ("sequential", b1), f"concurrent_over_batch{clients}": (conc, bB)})
+    gains = _paired(rounds, {"server": (conc, "sequential"), "in_process": (bB, b1)})
+    return rows, shares, gains
+
+
+def _paired(rounds: list[list[dict]], pairs: dict) -> dict:
+    """{key: median over rounds of tokens/s of phase num / phase den} for ``pairs`` {key: (num, den)} (keys whose
+    phases did not run are left out)."""
+    out = {}
     for key, (num, den) in pairs.items():
         ratios = []
         for rs in rounds:
@@ -161,8 +171,8 @@ def medians(rounds: list[list[dict]], clients: int) -> tuple[list[dict], dict]:
             if num in by and den in by:
                 ratios.append(by[num] / by[den])
         if ratios:
-            shares[key] = float(np.median(ratios))
-    return rows, shares
+            out[key] = float(np.median(ratios))
+    return out
 
 
 def summary(name: str, results: list[dict], wall: float, cpu: float | None = None) -> dict:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import httpx
+import numpy as np
 import openai
 import psutil
 import pytest
@@ -318,6 +319,11 @@ def test_bench_serve_cli_starts_a_server_and_reports_the_ratio(trained_run, tmp_
                                                                                   "advance")))
     assert set(report["shares"]) == {"sequential_over_batch1", "concurrent_over_batch2"}
     assert all(v > 0 for v in report["shares"].values())
+    per = {x["phase"]: x["rounds_tokens_per_s"] for i, x in enumerate(rows) if i != 2}      # gains: paired by round
+    for key, (num, den) in {"server": ("concurrent x2", "sequential"),
+                            "in_process": ("in-process batch 2", "in-process batch 1")}.items():
+        assert report["gains"][key] == pytest.approx(float(np.median([a / b for a, b in zip(per[num], per[den])])))
+    assert report["ratio"] == report["gains"]["server"]
     assert "throughput" in r.stdout and "server / in-process" in r.stdout
 
 
