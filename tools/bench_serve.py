@@ -98,8 +98,8 @@ def main(argv=None) -> int:
             proc.wait(timeout=30)
     print(table(rows))
     ratio = gains.get("server", rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])
-    print(f"concurrent x{args.clients} / sequential throughput: {ratio:.2f}x"
-          + (f" (in-process batch {args.clients} / batch 1: {gains['in_process']:.2f}x)" if "in_process" in gains else ""))
+    own = f" (in-process batch {args.clients} / batch 1: {gains['in_process']:.2f}x)" if "in_process" in gains else ""
+    print(f"concurrent x{args.clients} / sequential throughput: {ratio:.2f}x{own}")
     for k, v in shares.items():
         print(f"server / in-process, {k.replace('_', ' ')}: {v:.1%}")
     if args.json:

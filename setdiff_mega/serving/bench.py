@@ -155,7 +155,8 @@ def medians(rounds: list[list[dict]], clients: int) -> tuple[list[dict], dict, d
         ranked = sorted(phase_rows, key=lambda r: r["tokens_per_s"])
         rows.append({**ranked[(len(ranked) - 1) // 2], "rounds_tokens_per_s": [r["tokens_per_s"] for r in phase_rows]})
     conc, b1, bB = f"concurrent x{clients}", "in-process batch 1", f"in-process batch {clients}"
-    shares = _paired(rounds, {"sequential_over_batch1": ("sequential", b1), f"concurrent_over_batch{clients}": (conc, bB)})
+    shares = _paired(rounds, {"sequential_over_batch1": ("sequential", b1),
+                              f"concurrent_over_batch{clients}": (conc, bB)})
     gains = _paired(rounds, {"server": (conc, "sequential"), "in_process": (bB, b1)})
     return rows, shares, gains
 
