@@ -63,13 +63,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def serving_threads(requested: int | None) -> int:
-    """The engine's torch threads for ``--threads`` (:func:`setdiff_mega.serving.engine.serving_threads`)."""
-    from setdiff_mega.serving.engine import serving_threads as threads
-
-    return threads(requested)
-
-
 def build(args):
     """The Server for parsed ``args``, its engine process started and the model loaded there (the tests build
     the server in-process through this; :func:`serve` closes the engine)."""
@@ -79,6 +72,7 @@ def build(args):
     from setdiff_mega.inference.options import config_from_args
     from setdiff_mega.serving.app import Server
     from setdiff_mega.serving.client import EngineClient
+    from setdiff_mega.serving.engine import serving_threads
     from setdiff_mega.serving.metrics import HttpMetrics
     from setdiff_mega.serving.protocol import ServerDefaults
 

@@ -26,8 +26,8 @@ from tqdm import tqdm
 from setdiff_mega.cli import run_cli
 from setdiff_mega.hfmodel.linears import FORMATS
 from setdiff_mega.outputs import check_output_file, write_file_atomic
-from setdiff_mega.serve import serving_threads
 from setdiff_mega.serving.bench import InProcess, medians, run_phases, run_poisson, start_server, table, workload
+from setdiff_mega.serving.engine import serving_threads
 
 
 def main(argv=None) -> int:

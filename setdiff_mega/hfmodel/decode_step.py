@@ -182,7 +182,11 @@ def forward(w: Prepared, tokens, position_ids, keep, logits_start: int = 0, cach
                 h = _layer(w, i, layer, h, cos, sin, keep, cache, shape)
     if packed is not None:
         return _packed_head(w, h[0], packed, B, T, logits_start, label)
-    h = _norm(h[:, logits_start:], w.final, w.rms)
+    return _head(w, _norm(h[:, logits_start:], w.final, w.rms), label)
+
+
+def _head(w: Prepared, h, label):
+    """The head's logits of the final-normed h (labelled ``decode head`` under torch.profiler)."""
     if label is None:
         return w.head(h)
     with label("decode head"):
@@ -194,12 +198,7 @@ def _packed_head(w: Prepared, h, packed, B: int, T: int, start: int, label):
     states h [N, H] (``packed``: their flat indices)."""
     col = packed % T
     sel = col >= start
-    rows = _norm(h[sel], w.final, w.rms)
-    if label is None:
-        logits = w.head(rows)
-    else:
-        with label("decode head"):
-            logits = w.head(rows)
+    logits = _head(w, _norm(h[sel], w.final, w.rms), label)
     out = logits.new_zeros(B * (T - start), logits.shape[-1])
     out[(packed // T)[sel] * (T - start) + col[sel] - start] = logits
     return out.view(B, T - start, logits.shape[-1])

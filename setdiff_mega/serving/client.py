@@ -105,11 +105,7 @@ class EngineClient:
         if self.proc is None or self.closing:
             return
         self.closing = True
-        if self.loop is not None and not self.loop.is_closed():
-            try:
-                self.loop.remove_reader(self.conn.fileno())
-            except (ValueError, OSError, RuntimeError):
-                pass
+        self._detach()
         if self._sender is not None:
             self.outgoing.put(("close",))
             self.outgoing.put(None)
@@ -169,6 +165,14 @@ class EngineClient:
             self.asks.pop(i, None)
 
     # -- the engine's messages ------------------------------------------------------------------------------
+    def _detach(self) -> None:
+        """Stop reading the pipe on the event loop (if it is attached and still open)."""
+        if self.loop is not None and not self.loop.is_closed():
+            try:
+                self.loop.remove_reader(self.conn.fileno())
+            except (ValueError, OSError, RuntimeError):
+                pass
+
     def _readable(self) -> None:
         try:
             for _ in range(READ_BATCH):
@@ -198,11 +202,7 @@ class EngineClient:
         """The engine's pipe ended: every job in flight fails, every question fails."""
         if self.lost is not None or self.closing:
             return
-        if self.loop is not None:
-            try:
-                self.loop.remove_reader(self.conn.fileno())
-            except (ValueError, OSError, RuntimeError):
-                pass
+        self._detach()
         self.proc.join(timeout=0.5)                  # its exit status, when it has one already
         self.lost = (f"the decoding engine exited (status {self.proc.exitcode}); its messages are in the server's "
                      f"log; restart the server")

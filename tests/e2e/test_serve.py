@@ -440,7 +440,7 @@ def test_the_server_leaves_the_http_side_a_core_unless_told():
     """``--threads``: given, as given (>= 1); by default the cores this process may use minus one, at least 1."""
     import os
 
-    from setdiff_mega.serve import serving_threads
+    from setdiff_mega.serving.engine import serving_threads
 
     assert serving_threads(3) == 3
     assert serving_threads(None) == max(1, len(os.sched_getaffinity(0)) - 1)
