@@ -1,7 +1,9 @@
 """Staging directories that name their owner, and the safe removal of the ones a dead invocation left behind.
 
 A tool that writes through a staging directory (:func:`setdiff_mega.outputs.staged_dir`, preprocessing's
-``<out>.tmp-<pid>-<n>``) records its owner in it, ``.owner.json``::
+``<out>.tmp-<tag>-<n>``) names its owner twice: in the directory's name, ``<tag>`` = :func:`owner_tag`
+(``<host hash>-<pid>-<start, centiseconds>``, there from the ``mkdir`` on, so a run killed before it wrote anything
+else is still recognised), and in a record inside it, ``.owner.json``::
 
     {"host": socket.gethostname(), "pid": os.getpid(), "started": the process's start time (psutil)}
 
@@ -10,8 +12,8 @@ A later invocation writing the same output looks at the staging siblings of earl
 
     dead      same host, and no process with that pid, or one that started at another time (pid reused)
     alive     same host, the same process still running (a concurrent invocation: never touched)
-    unknown   another host (a shared file system: liveness cannot be proven from here), or no readable
-              record (a leftover of a version that wrote none, or a directory someone else made)
+    unknown   another host (a shared file system: liveness cannot be proven from here), or neither a readable
+              record nor a tag in the name (a leftover of an older version, or a directory someone else made)
 
 Only ``dead`` ones are removed (each with one log line); the others are reported and left alone. A ``kill -9``
 cannot clean up after itself, so this is the only place its leftovers can go.
@@ -52,8 +54,8 @@ def record_owner(directory: Path) -> None:
 
 
 def make_staging(parent: Path, prefix: str) -> Path:
-    """A fresh ``parent / (prefix + random)`` directory owned by this process (mode 0777 & ~umask)."""
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    """A fresh ``parent / (prefix + tag + random)`` directory owned by this process (mode 0777 & ~umask)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-", dir=parent))
     os.chmod(tmp, 0o777 & ~_umask())
     record_owner(tmp)
     return tmp
@@ -71,7 +73,10 @@ def owner_state(directory: Path) -> tuple[str, str]:
         rec = json.loads((Path(directory) / OWNER).read_text())
         host, pid, started = rec["host"], int(rec["pid"]), rec.get("started")
     except (OSError, ValueError, KeyError, TypeError):
-        return "unknown", "no owner record"
+        tag = TAG.search(Path(directory).name)
+        if tag is None:
+            return "unknown", "no owner record"
+        return _tag_state(*tag.groups())
     who = f"pid {pid} on {host}"
     if host != socket.gethostname():
         return "unknown", who + " (another host)"
@@ -107,10 +112,29 @@ def _host() -> str:
     return f"{zlib.crc32(socket.gethostname().encode()):08x}"
 
 
+def owner_tag() -> str:
+    """``<host hash>-<pid>-<start time, centiseconds>`` of this process: the owner, in a name (module docstring)."""
+    pid = os.getpid()
+    return f"{_host()}-{pid}-{round((_started(pid) or 0.0) * 100)}"
+
+
+TAG = re.compile(r"-([0-9a-f]{8})-(\d+)-(\d+)-")       # an owner tag inside a staging directory's name
+
+
+def _tag_state(host: str, pid: str, started: str) -> tuple[str, str]:
+    """:func:`owner_state` of the owner a tag names (the same rule: the start times agree within 1 s)."""
+    who = f"pid {pid} (from the name)"
+    if host != _host():
+        return "unknown", who + " (another host)"
+    now = _started(int(pid))
+    if now is None or abs(round(now * 100) - int(started)) > 100:
+        return "dead", who
+    return "alive", who
+
+
 def file_prefix(name: str) -> str:
     """The temporary-file prefix that names this process as the owner (module docstring)."""
-    pid = os.getpid()
-    return f".{name}.owner-{_host()}-{pid}-{round((_started(pid) or 0.0) * 100)}."
+    return f".{name}.owner-{owner_tag()}."
 
 
 def sweep_files(parent: Path, name: str, log=None) -> list:
@@ -123,14 +147,12 @@ def sweep_files(parent: Path, name: str, log=None) -> list:
         return removed
     for f in sorted(Path(parent).iterdir()):
         m = pattern.match(f.name)
-        if not m or not f.is_file() or m.group(1) != _host():
-            continue
-        started = _started(int(m.group(2)))
-        if started is None or abs(round(started * 100) - int(m.group(3))) > 100:
+        if m and f.is_file() and _tag_state(*m.groups())[0] == "dead":
             f.unlink(missing_ok=True)
             removed.append(f)
             log(f"removed '{f}', left by an interrupted run (pid {m.group(2)}, no longer running)")
     return removed
 
 
-__all__ = ["OWNER", "record_owner", "make_staging", "owner_state", "sweep_leftovers", "file_prefix", "sweep_files"]
+__all__ = ["OWNER", "record_owner", "make_staging", "owner_state", "owner_tag", "sweep_leftovers", "file_prefix",
+           "sweep_files"]

@@ -16,7 +16,7 @@ sequence per document, or one per sentence when the value is a list of sentences
 written as an empty document (no tokens, no sequence), as Megatron-LM's ``preprocess_data.py`` writes it,
 so with ``--no-bos`` the output is byte-identical to Megatron's on any corpus. Record rules and error
 messages (null / numbers refused, UTF-8, line numbers in the file): :mod:`.records`.
-Everything is written under ``<prefix>.tmp-<pid>-<n>/`` and renamed into place; the manifest is written last,
+Everything is written under ``<prefix>.tmp-<owner tag>-<n>/`` and renamed into place; the manifest is written last,
 so an interrupted run never leaves a dataset that looks complete.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 from tqdm import tqdm
 
-from setdiff_mega.staging import record_owner, sweep_leftovers
+from setdiff_mega.staging import owner_tag, record_owner, sweep_leftovers
 
 from .fast_encode import FastEncoder
 from .indexed import (
@@ -198,12 +198,12 @@ def _shard_units(units: list, shard, paths, unit_bytes: int) -> list:
 
 
 def _staging(out: Path) -> Path:
-    """A fresh ``<out>.tmp-<pid>-<n>`` directory of this invocation, naming its owner; leftovers of earlier runs
+    """A fresh ``<out>.tmp-<owner tag>-<n>`` directory of this invocation, naming its owner; leftovers of earlier runs
     are removed only when their owner is provably dead (:mod:`setdiff_mega.staging`), else reported."""
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_leftovers(out.parent, (f"{out.name}.tmp-",))
     for n in itertools.count():
-        tmp = out.parent / f"{out.name}.tmp-{os.getpid()}-{n}"
+        tmp = out.parent / f"{out.name}.tmp-{owner_tag()}-{n}"
         try:
             tmp.mkdir()
             record_owner(tmp)

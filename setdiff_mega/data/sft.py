@@ -10,7 +10,7 @@ conversation, one document to two indexed datasets with the same document length
 and the manifest (``kind: sft``: the tokenizer's hash, the template's hash and keyword arguments, the loss
 rule, the counts, every file's sha256). The work runs as pretraining preprocessing does
 (:mod:`.preprocess`: work units over a process pool, a shard pair per unit and per dataset, merged in input
-order, a progress bar); everything is written under ``<prefix>.tmp-<pid>-<n>/`` and renamed into place, the
+order, a progress bar); everything is written under ``<prefix>.tmp-<owner tag>-<n>/`` and renamed into place, the
 targets before the tokens and the manifest last, so an interrupted run never leaves a dataset that looks
 complete. A bad record stops the run with one line naming ``file:line`` and the fix.
 """

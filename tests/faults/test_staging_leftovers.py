@@ -12,16 +12,22 @@ import time
 import psutil
 
 from setdiff_mega.outputs import staged_dir
-from setdiff_mega.staging import OWNER, make_staging, owner_state, sweep_leftovers
+from setdiff_mega.staging import OWNER, make_staging, owner_state, owner_tag, sweep_leftovers
 
 
-def _dead_owner(d):
-    """``d`` owned by a process that was killed with SIGKILL (its pid no longer runs)."""
+def _killed() -> tuple[int, float]:
+    """(pid, start time) of a process that was killed with SIGKILL (its pid no longer runs)."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     started = psutil.Process(p.pid).create_time()
     p.send_signal(signal.SIGKILL)
     p.wait()
-    (d / OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": p.pid, "started": started}))
+    return p.pid, started
+
+
+def _dead_owner(d):
+    """``d`` owned by a process that was killed with SIGKILL."""
+    pid, started = _killed()
+    (d / OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "started": started}))
 
 
 def test_owner_states(tmp_path):
@@ -39,11 +45,20 @@ def test_owner_states(tmp_path):
     bare = tmp_path / ".x.staging-old"
     bare.mkdir()
     assert owner_state(bare)[0] == "unknown"
+    # killed between its mkdir and its record: the owner named in the directory's name decides
+    host = owner_tag().split("-")[0]
+    early = tmp_path / f".x.staging-{owner_tag()}-early"
+    pid, started = _killed()
+    early_dead = tmp_path / f".x.staging-{host}-{pid}-{round(started * 100)}-early"
+    early_far = tmp_path / f".x.staging-{int(host, 16) ^ 1:08x}-1-1-early"
+    for d in (early, early_dead, early_far):
+        d.mkdir()
+    assert [owner_state(d)[0] for d in (early, early_dead, early_far)] == ["alive", "dead", "unknown"]
     lines = []
     removed, kept = sweep_leftovers(tmp_path, (".x.staging-",), lines.append)
-    assert set(removed) == {dead, reused} and set(kept) == {mine, far, bare}
+    assert set(removed) == {dead, reused, early_dead} and set(kept) == {mine, far, bare, early, early_far}
     assert all(d.exists() for d in kept) and not any(d.exists() for d in removed)
-    assert sum(m.startswith("removed") for m in lines) == 2 and sum(m.startswith("left") for m in lines) == 3
+    assert sum(m.startswith("removed") for m in lines) == 3 and sum(m.startswith("left") for m in lines) == 5
 
 
 def test_a_later_tool_run_removes_a_killed_runs_staging_and_keeps_a_live_ones(tmp_path):
@@ -61,7 +76,8 @@ def test_a_later_tool_run_removes_a_killed_runs_staging_and_keeps_a_live_ones(tm
 
 
 def test_preprocessing_after_a_kill_9_removes_the_dead_runs_staging(tmp_path, two_tokenizers):
-    """A preprocessing run killed with SIGKILL while encoding leaves ``<out>.tmp-<pid>-0``; the next run of the
+    """A preprocessing run killed with SIGKILL (as soon as its staging directory exists: before or after the owner
+    record inside it was written, its name names the owner) leaves ``<out>.tmp-<owner tag>-0``; the next run of the
     same output removes it (its owner is dead) and says so."""
     from .conftest import ROOT
 
