@@ -22,9 +22,11 @@ decoding speed at batch 1, measured apart.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
+import subprocess
 from pathlib import Path
 
 from setdiff_mega import methods
@@ -35,6 +37,10 @@ from setdiff_mega.inference.options import generation_config
 from .tasks import math_accuracy
 
 EVAL_VERSION = 1        # bump when scoring changes: cached accuracies are recomputed
+_PACKAGE = Path(__file__).resolve().parents[1]
+# what an accuracy's value depends on, beside the checkpoint and the problems (package-relative; a folder: its *.py)
+CODE_PATHS = ("decoding", "hfmodel", "inference/options.py", "inference/api.py", "inference/engine.py",
+              "eval/tasks.py", "eval/adapt_eval.py", "data/chat.py", "data/tokenizer.py")
 RULES = ("confidence", "leftmost")
 
 
@@ -54,14 +60,26 @@ def _gc(cfg, setting: dict, max_new_tokens: int):
                                                                         **setting})
 
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 (16 hex) of the sources in :data:`CODE_PATHS`, each with its package-relative name."""
+    h = hashlib.sha256()
+    for rel in CODE_PATHS:
+        p = _PACKAGE / rel
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(f"{f.relative_to(_PACKAGE).as_posix()}\0".encode() + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def cache_key(run_dir: Path, gc, problems: str, batch_size: int, engine: str) -> str:
-    """sha256 of what an accuracy depends on (module docstring)."""
+    """sha256 of what an accuracy depends on (module docstring): the checkpoint, the setting, the problems' hash,
+    the batch size, the engine, the scoring version and the code."""
     ck = latest_checkpoint(run_dir)
     if ck is None:
         raise FileNotFoundError(f"'{run_dir}' holds no checkpoint to evaluate")
     h = hashlib.sha256((Path(ck) / "state.json").read_bytes())
-    h.update(json.dumps([dataclasses.asdict(gc), problems, batch_size, engine, EVAL_VERSION], sort_keys=True,
-                        default=str).encode())
+    h.update(json.dumps([dataclasses.asdict(gc), problems, batch_size, engine, EVAL_VERSION, code_fingerprint()],
+                        sort_keys=True, default=str).encode())
     return h.hexdigest()[:20]
 
 
@@ -76,7 +94,8 @@ def accuracy_point(run_dir: Path, loaded: tuple, rows: list[dict], setting: dict
     r = math_accuracy(model, tok, objective, rows, gc, cfg.data.seq_length, batch_size, chat=chat, keep_texts=True)
     out = {"accuracy": r["accuracy"], "step_accuracy": r["step_accuracy"], "copy_accuracy": r["copy_accuracy"],
            "tokens_per_step": r["tokens_per_step"], "n": r["n"], "skipped": r["skipped_too_long"],
-           "texts": r["texts"], "correct": r["correct"]}
+           "texts": r["texts"], "correct": r["correct"],
+           "computed_at": {"commit": git_commit(), "code": code_fingerprint()}}
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(".tmp")
     tmp.write_text(json.dumps(out))
@@ -98,6 +117,17 @@ def speed_point(loaded: tuple, rows: list[dict], setting: dict, chat, batched_te
             "agreement": same / max(len(r["texts"]), 1)}
 
 
+def git_commit() -> str:
+    """The code's short commit, with "+dirty" for uncommitted changes to tracked files ("" outside a checkout)."""
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=_PACKAGE, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    c = git("rev-parse", "--short", "HEAD")
+    return c + ("+dirty" if c and git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def t95(df: int) -> float:
     """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom (normal beyond 30)."""
     from scipy.stats import t
@@ -113,4 +143,5 @@ def resolution(n: int, seeds: int, accuracy: float, seed_sd: float | None) -> di
     return {"binomial_se": se, "difference_95": t95(2 * (seeds - 1)) * math.sqrt(2 * sd * sd / max(seeds, 1))}
 
 
-__all__ = ["EVAL_VERSION", "RULES", "settings", "cache_key", "accuracy_point", "speed_point", "resolution", "t95"]
+__all__ = ["EVAL_VERSION", "CODE_PATHS", "RULES", "settings", "code_fingerprint", "git_commit", "cache_key",
+           "accuracy_point", "speed_point", "resolution", "t95"]
