@@ -6,7 +6,7 @@
 
 Trains on the embedded corpus (generated into a temporary directory) on 2 and 4 local gloo ranks; prints
 the median step time of each variant and the ratio plain / overlapped measured in the same run
-(setdiff_mega/training/bench_grad_reduce.py).
+(benchmarks/grad_reduce.py).
 """
 import argparse
 import json
@@ -14,10 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _checkout  # noqa: F401  (benchmarks/ is not installed)
+
+from benchmarks.grad_reduce import run
 from setdiff_mega.cli import run_cli
 from setdiff_mega.data.prepare import prepare
 from setdiff_mega.outputs import check_output_file, write_file_atomic
-from setdiff_mega.training.bench_grad_reduce import run
 
 DEFAULT = ["model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4", "data.seq_length=128",
            "train.micro_batch_size=4", "train.grad_accum_steps=4", "objective.name=setdlm"]

@@ -7,17 +7,19 @@
 
 Prints, per layout, the fill (non-padding fraction of the samples' positions), answer tokens per sample and
 the training throughput in answer (target) tokens/s, and the packed / padded ratio
-(setdiff_mega/training/bench_packing.py).
+(benchmarks/packing.py).
 """
 import argparse
 import json
 import sys
 
+import _checkout  # noqa: F401  (benchmarks/ is not installed)
+
+from benchmarks.packing import run
 from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config
 from setdiff_mega.outputs import check_output_file, write_file_atomic
 from setdiff_mega.parallel import initialize
-from setdiff_mega.training.bench_packing import run
 
 DEFAULT = ["model.num_layers=2", "model.hidden_size=128", "model.num_attention_heads=4", "objective.name=setdlm",
            "objective.D=4"]

@@ -9,7 +9,7 @@ decomposition), and with FP8 linears (torchao; Transformer Engine's FP8 where in
 and set-causal attention forward + backward against two causal calls of length L (the baseline measured
 in the same run; measured first, as it is quick). Writes bench_attention.csv, bench_train.csv (both row by
 row), summary.json and mfu.png.
-See :mod:`setdiff_mega.training.benchmark` for the definitions (MFU counts processed tokens).
+See :mod:`benchmarks.training` for the definitions (MFU counts processed tokens).
 
 ``--device cpu --preset tiny`` runs the same code on a CPU in seconds (a smoke run; no MFU there).
 """
@@ -18,21 +18,22 @@ import dataclasses
 import json
 import sys
 
+import _checkout  # noqa: F401  (benchmarks/ is not installed)
 import torch
 from tqdm import tqdm
 
-from setdiff_mega.cli import run_cli
-from setdiff_mega.diffusion.setdlm import SETDLM
-from setdiff_mega.eval.sweep import write_csv
-from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
-from setdiff_mega.parallel import initialize
-from setdiff_mega.training.benchmark import (
+from benchmarks.training import (
     DEFAULT_SETTINGS,
     bench_attention,
     bench_train_step,
     kernel_backends,
     plot_mfu,
 )
+from setdiff_mega.cli import run_cli
+from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.eval.sweep import write_csv
+from setdiff_mega.outputs import claim_output_dir, either, holds_only, marked_by
+from setdiff_mega.parallel import initialize
 
 
 def _write_csv(path, rows):
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-lengths", type=int, nargs="+", default=[1024, 2048], help="L (SetDLM processes 2L)")
     p.add_argument("--tokens-per-step", type=int, default=32768, help="processed tokens per step (all settings)")
     p.add_argument("--settings", nargs="*", default=None,
-                   help="labels to run (default: all of setdiff_mega.training.benchmark.DEFAULT_SETTINGS)")
+                   help="labels to run (default: all of benchmarks.training.DEFAULT_SETTINGS)")
     p.add_argument("--fp8", default="torchao", choices=["torchao", "te"], help="FP8 route of the +fp8 settings")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)

@@ -4,7 +4,7 @@
     python tools/reproduce.py                        # default budget: <= 90 min on 2 CPU cores
     python tools/reproduce.py --budget 10 --out runs/reproduce_gpu --report docs/results_gpu.md
     python tools/reproduce.py --toy --data D/corpus --tasks D/tasks --out /tmp/r --report /tmp/r/results.md
-    python tools/reproduce.py --adapt                # the AR-to-SetDLM recipe (setdiff_mega/eval/adapt.py)
+    python tools/reproduce.py --adapt                # the AR-to-SetDLM recipe (experiments/adapt/recipe.py)
 
 Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
 option at one size and token budget (3 seeds for AR, BD3LM S = 4, SetDLM D = 4 and the FIM model), and with
@@ -13,7 +13,7 @@ and tokens per step (tau sweep; W in {D, 2D}), quest and story infilling (with t
 commits, the goal named), and the likelihood table, with EMA weights; checks the claims and writes the report
 section of --report and the files under --assets.
 Trained models under --out are reused on re-runs (--out and --assets must be new or this tool's earlier
-output; none of the outputs may be or hold an input). See setdiff_mega/eval/reproduce.py.
+output; none of the outputs may be or hold an input). See experiments/paper/reproduce.py.
 
 --adapt runs the paper's adaptation recipe instead, with the study of what closes the gap to the AR parent: a
 Qwen3-architecture AR model pretrained on the embedded corpus, exported in Qwen3's layout and imported back,
@@ -22,18 +22,20 @@ recipe, SetDLM once per training lever (next-token loss, learning rate, length, 
 MASK row), and AR, BD3LM and SetDLM with the recommended recipe, 3 seeds each; exact match on 512 held-out
 problems asked as chat prompts for every sampler setting (tau, commit rule, W), and tokens/s at batch 1 (its own
 report section and --assets, default docs/results/adapt; models under --out/adapt; everything but the timings is
-reused on a re-run). See setdiff_mega/eval/adapt.py.
+reused on a re-run). See experiments/adapt/recipe.py.
 """
 import argparse
 import shlex
 import sys
 from pathlib import Path
 
+import _checkout  # noqa: F401  (experiments/ is not installed)
+
+from experiments.adapt import recipe as A
+from experiments.paper import reproduce as R
 from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config
 from setdiff_mega.data.blend import parse_blend
-from setdiff_mega.eval import adapt as A
-from setdiff_mega.eval import reproduce as R
 from setdiff_mega.outputs import check_output_file, claim_output_dir, either, holds_only, marked_by
 
 
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
 
 
 def adapt(args, p, argv) -> int:
-    """--adapt: the recipe of setdiff_mega/eval/adapt.py, its report section and assets."""
+    """--adapt: the recipe of experiments/adapt/recipe.py, its report section and assets."""
     out = str(Path(args.out) / "adapt")
     if args.toy:
         if not args.data:

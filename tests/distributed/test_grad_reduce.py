@@ -69,7 +69,7 @@ def test_grad_reducer_averages_exactly_and_overlaps_the_last_backward(overlap):
 def test_grad_reduce_benchmark_runs_both_variants_with_equal_losses(tmp_path):
     """tools/bench_grad_reduce.py's runner at toy size: every layout and variant, equal losses, a ratio."""
     from setdiff_mega.data.prepare import prepare
-    from setdiff_mega.training.bench_grad_reduce import run
+    from benchmarks.grad_reduce import run
 
     prepare(tmp_path, None, num_math=60, num_stories=60, vocab_size=300, heldout=4, log=lambda *a: None)
     rows = run(tmp_path, tmp_path, ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",

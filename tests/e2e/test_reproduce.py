@@ -6,8 +6,8 @@ import json
 import pytest
 import yaml
 
-from setdiff_mega.eval import frontier as F
-from setdiff_mega.eval.reproduce import toy_config
+from experiments.paper import frontier as F
+from experiments.paper.reproduce import toy_config
 
 from .conftest import _run
 

@@ -1,15 +1,15 @@
-"""The adaptation study's verdicts on synthetic seed means (setdiff_mega/eval/adapt_claims.py): parity with the AR
+"""The adaptation study's verdicts on synthetic seed means (experiments/adapt/claims.py): parity with the AR
 fine-tune, the speed claim, the tau collapse per commit rule, the lever table's differences and intervals, the
 design's resolution; the held-out problems (adapt_data.py)."""
 import math
 
 import pytest
 
-from setdiff_mega.eval import adapt_claims as C
-from setdiff_mega.eval.adapt import AdaptConfig
-from setdiff_mega.eval.adapt_data import eval_problems
-from setdiff_mega.eval.adapt_eval import resolution, settings, t95
-from setdiff_mega.eval.adapt_levers import Lever
+from experiments.adapt import claims as C
+from experiments.adapt.recipe import AdaptConfig
+from experiments.adapt.data import eval_problems
+from experiments.adapt.evaluate import resolution, settings, t95
+from experiments.adapt.levers import Lever
 
 
 def _p(arm, objective, acc, tps, tau=1e6, rule="confidence", window=None, sd=0.02, seeds=3, **kw):

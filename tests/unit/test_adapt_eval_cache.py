@@ -1,6 +1,6 @@
 """Cached accuracies are keyed by the code that produced them and say where they were computed (issue 55)."""
-from setdiff_mega.eval import adapt_eval as E
-from setdiff_mega.eval.adapt_report import _computed_at
+from experiments.adapt import evaluate as E
+from experiments.adapt.report import _computed_at
 
 
 def _fingerprint(monkeypatch, root):

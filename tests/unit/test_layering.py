@@ -101,6 +101,25 @@ def test_no_import_circle_and_no_upward_import():
     assert upward == [], upward
 
 
+def test_the_library_never_imports_the_studies_or_the_benchmarks():
+    """experiments/ and benchmarks/ sit above everything (they are not installed); nothing in the package may
+    import them, and their own imports of the package are whatever they need."""
+    studies = {"experiments", "benchmarks"}
+    offenders = []
+    for f in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            offenders += [f"{f.relative_to(ROOT)}:{node.lineno}" for t in tops if t in studies]
+    assert offenders == []
+    for d in studies:
+        assert (ROOT / d / "__init__.py").is_file(), d
+
+
 def test_the_model_knows_nothing_about_diffusion_and_the_exported_code_stands_alone():
     edges = _graph(_modules())
     for a, bs in edges.items():
@@ -115,7 +134,9 @@ def test_the_model_knows_nothing_about_diffusion_and_the_exported_code_stands_al
 
 
 def test_every_module_imports_in_a_fresh_interpreter():
-    names = sorted(_modules())
+    studies = [".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+               for d in ("experiments", "benchmarks") for f in (ROOT / d).rglob("*.py")]
+    names = sorted(_modules()) + sorted(studies)
     code = ("import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
             "print('ok', len(sys.argv) - 1)")
     r = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -152,7 +173,8 @@ def test_modules_stay_small_and_no_name_keyed_tables_outside_the_registries():
     owners = {"setdiff_mega/methods.py", "setdiff_mega/backends.py"} | \
         {f"setdiff_mega/diffusion/{m}.py" for m in ("ar", "mdlm", "bd3lm", "setdlm")}
     offenders = []
-    for f in sorted([*PKG.rglob("*.py"), *(ROOT / "tools").glob("*.py")]):
+    for f in sorted([*PKG.rglob("*.py"), *(ROOT / "tools").glob("*.py"), *(ROOT / "experiments").rglob("*.py"),
+                     *(ROOT / "benchmarks").rglob("*.py")]):
         rel = str(f.relative_to(ROOT))
         src = f.read_text()
         assert len(src.splitlines()) <= 400, f"{rel} has {len(src.splitlines())} lines"

@@ -1,9 +1,9 @@
-"""The quests' diagnostics (setdiff_mega/eval/quest_probe.py): goals from the corpus, the goal token, one
+"""The quests' diagnostics (experiments/paper/quest_probe.py): goals from the corpus, the goal token, one
 decoded example's measurements, the per-model summary."""
 import random
 
 from setdiff_mega.data.corpus import GOALS, _quest
-from setdiff_mega.eval import quest_probe as Q
+from experiments.paper import quest_probe as Q
 
 
 class WordTokenizer:

@@ -1,8 +1,8 @@
 """The reproduction's bookkeeping: seed aggregates, the claims check and the report section (no training)."""
 import pytest
 
-from setdiff_mega.eval import frontier as F
-from setdiff_mega.eval.reproduce import ReproConfig, claims
+from experiments.paper import frontier as F
+from experiments.paper.reproduce import ReproConfig, claims
 
 
 def _pt(objective, acc, tps, tstep=1.0, **kw):

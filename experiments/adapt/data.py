@@ -15,8 +15,7 @@ import json
 from pathlib import Path
 
 from setdiff_mega.data.corpus import arith_problems, embedded_corpus, write_jsonl
-
-from .tasks import GSM8K_INSTRUCTION
+from setdiff_mega.eval.tasks import GSM8K_INSTRUCTION
 
 
 def corpus_questions(corpus_prefix: str | Path) -> set[str] | None:

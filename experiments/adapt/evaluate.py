@@ -1,4 +1,4 @@
-"""Evaluation of the adaptation recipe (:mod:`.adapt`): exact match on many held-out problems in batches, and the
+"""Evaluation of the adaptation recipe (:mod:`.recipe`): exact match on many held-out problems in batches, and the
 decoding speed at batch 1, measured apart.
 
 * :func:`settings`: a model's sampler settings: AR one token per step; BD3LM tau x commit rule; SetDLM W x tau x
@@ -29,18 +29,19 @@ import math
 import subprocess
 from pathlib import Path
 
+import setdiff_mega
 from setdiff_mega import methods
 from setdiff_mega.checkpoint.io import latest_checkpoint
+from setdiff_mega.eval.tasks import math_accuracy
 from setdiff_mega.inference.benchmark import TimedModel
 from setdiff_mega.inference.options import generation_config
 
-from .tasks import math_accuracy
-
 EVAL_VERSION = 1        # bump when scoring changes: cached accuracies are recomputed
-_PACKAGE = Path(__file__).resolve().parents[1]
-# what an accuracy's value depends on, beside the checkpoint and the problems (package-relative; a folder: its *.py)
+_PACKAGE = Path(setdiff_mega.__file__).resolve().parent
+# what an accuracy's value depends on, beside the checkpoint, the problems and this module (relative to the
+# setdiff_mega package; a folder: its *.py)
 CODE_PATHS = ("decoding", "hfmodel", "inference/options.py", "inference/api.py", "inference/engine.py",
-              "eval/tasks.py", "eval/adapt_eval.py", "data/chat.py", "data/tokenizer.py")
+              "eval/tasks.py", "data/chat.py", "data/tokenizer.py")
 RULES = ("confidence", "leftmost")
 
 
@@ -62,12 +63,14 @@ def _gc(cfg, setting: dict, max_new_tokens: int):
 
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """sha256 (16 hex) of the sources in :data:`CODE_PATHS`, each with its package-relative name."""
+    """sha256 (16 hex) of the sources in :data:`CODE_PATHS`, each with its package-relative name, and of this
+    module (the scoring)."""
     h = hashlib.sha256()
     for rel in CODE_PATHS:
         p = _PACKAGE / rel
         for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
             h.update(f"{f.relative_to(_PACKAGE).as_posix()}\0".encode() + f.read_bytes() + b"\0")
+    h.update(b"scoring\0" + Path(__file__).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -28,7 +28,7 @@ from setdiff_mega.inference.distill import distill_records
 from setdiff_mega.inference.engine import decoding_model
 from setdiff_mega.inference.options import generation_config
 
-from .adapt_data import read_jsonl, write_jsonl
+from .data import read_jsonl, write_jsonl
 
 
 @dataclass(frozen=True)

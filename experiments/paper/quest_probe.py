@@ -25,10 +25,10 @@ import statistics
 
 from setdiff_mega import methods
 from setdiff_mega.data.corpus import GOALS
+from setdiff_mega.eval.tasks import story_infill
 from setdiff_mega.inference.options import generation_config
 
 from .frontier import INFILL_OVERRIDES
-from .tasks import story_infill
 
 
 def middle(g: int) -> str:

@@ -35,10 +35,9 @@ from pathlib import Path
 from setdiff_mega import methods
 from setdiff_mega.diffusion.bd3lm import BD3LM
 from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.eval.likelihood import split_nll
+from setdiff_mega.eval.tasks import math_accuracy, story_infill
 from setdiff_mega.inference.options import generation_config
-
-from .likelihood import split_nll
-from .tasks import math_accuracy, story_infill
 
 _FIELD = {"D": "objective.D", "block_size": "objective.block_size", "fim_rate": "objective.fim_rate",
           "seed": "train.seed", "zero_init_head": "model.zero_init_head"}

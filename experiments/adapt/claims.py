@@ -21,12 +21,12 @@ from __future__ import annotations
 import math
 import statistics
 
+from experiments.paper import frontier as F
 from setdiff_mega import methods
 from setdiff_mega.diffusion.ar import AR
 from setdiff_mega.diffusion.setdlm import SETDLM
 
-from . import frontier as F
-from .adapt_eval import resolution, t95
+from .evaluate import resolution, t95
 
 PARITY_POINTS, PARITY_SPEEDUP, COLLAPSE_POINTS, HIGH_TAU = 0.03, 2.0, 0.10, 100.0
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.paper import frontier as F
+from experiments.paper.report import _plt
 from setdiff_mega import methods
-
-from . import frontier as F
-from .report import _plt
 
 STYLE = {"confidence": "o-", "leftmost": "s--"}
 

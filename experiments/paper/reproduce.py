@@ -37,12 +37,12 @@ from setdiff_mega.checkpoint import load_model
 from setdiff_mega.diffusion.ar import AR
 from setdiff_mega.diffusion.bd3lm import BD3LM
 from setdiff_mega.diffusion.setdlm import SETDLM
+from setdiff_mega.eval.tasks import load_task
 from setdiff_mega.inference.engine import decoding_model
 
 from . import frontier as F
 from . import quest_probe as Q
 from . import report as R
-from .tasks import load_task
 
 CPU_OVERRIDES = ["model.zero_init_head=false", "train.ema_decay=0.99", "train.eval_interval=100",
                  "logging.wandb=disabled", "logging.progress=false"]

@@ -13,11 +13,12 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import adapt_plots as P
-from . import frontier as F
-from .adapt_claims import collapse_rows
-from .report import _f, _pm, _table, machine_meta, replace_section
-from .sweep import write_csv
+from experiments.paper import frontier as F
+from experiments.paper.report import _f, _pm, _table, machine_meta, replace_section
+from setdiff_mega.eval.sweep import write_csv
+
+from . import plots as P
+from .claims import collapse_rows
 
 BEGIN, END = "<!-- adapt:begin -->", "<!-- adapt:end -->"
 

@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.paper import frontier as F
+from experiments.paper.reproduce import CPU_OVERRIDES
 from setdiff_mega import methods
 from setdiff_mega.checkpoint import load_model
 from setdiff_mega.checkpoint.families import export_model
@@ -49,17 +51,15 @@ from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.data.corpus import arith_problems, write_jsonl
 from setdiff_mega.data.sft import preprocess_sft
 from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.eval.tasks import GSM8K_INSTRUCTION, load_task
 from setdiff_mega.inference.benchmark import same_chunk as bench_same_chunk
 from setdiff_mega.inference.engine import decoding_model
 
-from . import adapt_claims as C
-from . import adapt_eval as E
-from . import adapt_report as R
-from . import frontier as F
-from .adapt_data import corpus_questions, eval_problems, problems_hash
-from .adapt_levers import BASELINE, LEVERS, RECIPE, Arm, Lever, distill_data
-from .reproduce import CPU_OVERRIDES
-from .tasks import GSM8K_INSTRUCTION, load_task
+from . import claims as C
+from . import evaluate as E
+from . import report as R
+from .data import corpus_questions, eval_problems, problems_hash
+from .levers import BASELINE, LEVERS, RECIPE, Arm, Lever, distill_data
 
 QWEN3_ARCH = ["model.family=qwen3", "model.normalization=RMSNorm", "model.norm_eps=1e-6", "model.qk_layernorm=true",
               "model.activation=swiglu", "model.head_bias=false", "model.tie_embeddings=true",

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
+from setdiff_mega.eval.sweep import write_csv
+
 from . import frontier as F
-from .sweep import write_csv
 
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 
