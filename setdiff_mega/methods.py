@@ -82,6 +82,12 @@ class Options:
         return False
 
     @property
+    def self_speculative(self) -> bool:
+        """A checkpoint trained with these options (and ``model.shift_logits``) can verify its own drafts: the
+        speculative decoding mode (method.md 16) accepts it."""
+        return False
+
+    @property
     def pattern_block(self) -> int:
         """The block size of the training inputs' mask pattern."""
         return 1

@@ -20,8 +20,13 @@ forward reads and the floor from a stream-copy benchmark in the same run, and a 
 plain forward (by part, layer, operator) and of the megatron-core forward (forward.json, forward.png;
 :mod:`setdiff_mega.inference.forward_bench`). ``--checkpoint`` may be a Hugging Face export: its own remote
 code is then the plain engine. The grid decodes with --engine (default auto: plain when unsharded) and
---decode-weights. Writes bench_generate.csv, cache_speedup.json, engine_speedup.json, same_chunk.json,
-trace_cost.json, forward.json, forward.png and speed_vs_tau.png.
+--decode-weights. A checkpoint trained for self-speculation (model.shift_logits, objective.ar_weight > 0; issue 59)
+first gets the speculative comparison (--speculative-only: only it): AR mode, SetDLM's threshold decoding at the best
+of W = 4 x tau in {0.9, 0.7, 0.5} and speculative decoding at --speculative-windows, interleaved, tokens/s at batch 1
+and 8, tokens per forward, acceptance lengths and draft acceptance by window position, and whether every prompt's
+tokens equal AR mode's (speculative.json, speculative_acceptance.png). Writes bench_generate.csv,
+cache_speedup.json, engine_speedup.json, same_chunk.json, trace_cost.json, forward.json, forward.png and
+speed_vs_tau.png.
 """
 import argparse
 import csv
@@ -73,6 +78,11 @@ def parse_args(argv=None):
                    help="shapes of the forward-vs-bandwidth measurement (main, gpt2; 'none' skips it)")
     p.add_argument("--forward-repeats", type=int, default=5, help="interleaved rounds of the forward measurement")
     p.add_argument("--forward-only", action="store_true", help="only the forward measurement (no checkpoint needed)")
+    p.add_argument("--speculative-only", action="store_true",
+                   help="only the self-speculation comparison (issue 59; a checkpoint trained with model.shift_logits "
+                        "and objective.ar_weight > 0): AR mode, the best threshold setting and speculative decoding")
+    p.add_argument("--speculative-windows", default="4,8", help="speculative windows W compared")
+    p.add_argument("--speculative-repeats", type=int, default=3, help="interleaved repeats of the comparison")
     p.add_argument("--same-chunk", type=int, default=4, help="SetDLM's and BD3LM's decode step on the same model and "
                    "chunk (W = S = this, tau 0: this many pending + this many query rows every step; 0: skip)")
     return p.parse_args(argv)
@@ -96,6 +106,10 @@ def main(argv=None) -> int:
                if x.strip()][: args.num_prompts]
     base = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_at_eos=True,
                             context_length=args.context_length or cfg.data.seq_length)
+    if args.speculative_only or getattr(model, "self_speculative", False):
+        speculative_report(args, model, tok, objective, prompts, base, out)
+        if args.speculative_only:
+            return 0
     grid = default_grid(base)
     rows = []
     for method, gc in tqdm(grid, desc="settings", file=sys.stderr):
@@ -134,6 +148,21 @@ def main(argv=None) -> int:
     print(json.dumps(speedup))
     print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")
     return 0
+
+
+def speculative_report(args, model, tok, objective, prompts, base, out: Path) -> None:
+    """Issue 59: AR mode vs threshold decoding vs self-speculation (speculative.json, speculative_acceptance.png)."""
+    windows = tuple(int(w) for w in args.speculative_windows.split(","))
+    report = benchmark.speculative_comparison(model, tok, objective.name, prompts, base, windows=windows,
+                                              repeats=args.speculative_repeats)
+    report.update(checkpoint=str(args.checkpoint), machine=platform.platform(), threads=torch.get_num_threads())
+    (out / "speculative.json").write_text(json.dumps(report, indent=2))
+    benchmark.plot_acceptance(report, out / "speculative_acceptance.png")
+    for n, r in report["settings"].items():
+        print(f"{n:22s} batch-1 {r['tokens_per_s_batch1']:8.1f} tok/s  batch-8 {r.get('tokens_per_s_batch8', 0):8.1f} "
+              f"tok/s  {r['tokens_per_forward']:.2f} tok/forward  equal to AR mode on "
+              f"{r['prompts_equal_to_ar_mode']}/{report['prompts']} prompts", file=sys.stderr)
+    print(f"wrote {out / 'speculative.json'}, {out / 'speculative_acceptance.png'}", file=sys.stderr)
 
 
 def same_chunk(args, model, tok, prompts, out: Path) -> None:

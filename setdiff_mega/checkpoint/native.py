@@ -226,6 +226,7 @@ def load_model(path: str | Path, model_overrides: dict | None = None, weights: s
     model.tokenizer_hash = tok.hash          # generation refuses any other tokenizer
     model.training_length = cfg.data.seq_length   # the samplers' default context budget (cache + chunk <= L)
     model.shift_logits = cfg.model.shift_logits   # the samplers read logits with the AR shift (method.md 13)
+    model.self_speculative = cfg.objective.options.self_speculative   # speculative decoding accepts it (method.md 16)
     return model, objective_for(cfg, tok), tok, cfg
 
 

@@ -99,6 +99,8 @@ class GenerationOutput:
     confidences: list = field(default_factory=list)   # per row, per token of ``tokens``: its confidence then
     positions: list = field(default_factory=list)     # per row, per token of ``tokens``: its canvas position
                                                       # (only with record=True; decoding/trace.py)
+    speculation: dict = field(default_factory=dict)   # speculative decoding (decoding/speculative.py): drafts
+                                                      # verified / accepted per window index, per-row draft logs
 
     @property
     def tokens_per_step(self) -> list[float]:

@@ -47,6 +47,9 @@ class _Base:
                  order_prior=None):
         self.model, self.mask_id, self.pad_id, self.eos_id = model, mask_id, pad_id, eos_id
         self.cfg = config.validate()
+        if self.cfg.speculative:
+            raise ValueError(f"speculative decoding drafts with a SetDLM's window; {type(self).__name__} has none: "
+                             f"decode without speculative")
         self.tokenizer = tokenizer
         self.shift = bool(getattr(model, "shift_logits", False))
         self.rule = resolve_rule(self.cfg.commit_rule, anchored=False)     # "auto": the paper's rule here

@@ -76,6 +76,8 @@ class GenerationConfig:
     seed: int = 0                 # sampling RNG (and the first-hitting times)
     record: bool = False          # keep the canvas after every step (GenerationOutput.trace) and each
                                   # generated token's commit step and confidence (.commit_steps, .confidences)
+    speculative: bool = False     # SetDLM self-speculation (method.md 16): each forward verifies the last drafts
+                                  # with the AR head and drafts the next window; greedy, AR mode's exact tokens
 
     def validate(self) -> "GenerationConfig":
         """Every field inside its declared bound (:data:`BOUNDS`: the one table the CLI, the API and the server
@@ -92,12 +94,28 @@ class GenerationConfig:
                 raise ValueError(f"length_penalty={lp!r} must be (start, factor)")
             _bounded("length_penalty start", lp[0], int, 0, MAX_TOKENS)
             _bounded("length_penalty factor", lp[1], float, 1e-3, 1e3)
+        if self.speculative:
+            self._check_speculative()
         if self.stop_regex:
             try:
                 re.compile(self.stop_regex)
             except re.error as e:
                 raise ValueError(f"stop_regex={self.stop_regex!r} is not a regular expression ({e})") from None
         return self
+
+    def _check_speculative(self) -> None:
+        """The options self-speculation (method.md 16) cannot honour exactly, refused with one line each."""
+        refused = [(self.temperature > 0, f"temperature={self.temperature} (sampled decoding; speculative decoding "
+                                          f"is greedy only: temperature=0)"),
+                   (self.repetition_penalty != 1.0, f"repetition_penalty={self.repetition_penalty} (a draft's "
+                                                    f"verification would need the drafts before it in its context)"),
+                   (self.length_penalty is not None, f"length_penalty={self.length_penalty}"),
+                   (self.fht_cache_order, "fht_cache_order (drafts are verified and cached left to right)"),
+                   (not self.infill_full_context, "infill_full_context=False (prefix-only infill)"),
+                   (self.static_shapes, "static_shapes (a speculative step's chunk width varies)")]
+        for bad, what in refused:
+            if bad:
+                raise ValueError(f"speculative=True does not combine with {what}")
 
     @classmethod
     def from_strings(cls, values: dict, base: "GenerationConfig | None" = None) -> "GenerationConfig":

@@ -159,9 +159,12 @@ class ChunkRunner:
         out[idx] = part
         return out
 
-    def persist(self) -> None:
-        """The pending tokens of the last forward become cached."""
+    def persist(self, keep: torch.Tensor | None = None) -> None:
+        """The pending tokens of the last forward become cached (``keep`` [B, P]: only those, a leading run of
+        each row's pending entries: self-speculation caches the accepted drafts, never the rejected ones)."""
         pend_idx, pend_ok, pend_group, f = self._pending
+        if keep is not None:
+            pend_ok = pend_ok & keep
         self.ledger.append(pend_idx, pend_ok, f, pend_group)
         if self.cache is not None:
             self.cache.commit(pend_ok.sum(1))

@@ -29,6 +29,7 @@ batched tensors (:func:`~setdiff_mega.decoding.base.pack`).
 
 A model with ``shift_logits`` (the AR head alignment, method.md 13) gets logits on the pending rows too: a
 masked position whose left neighbour is committed reads that neighbour's clean row (:mod:`.shift`).
+``speculative=True`` decodes with :class:`~.speculative.SpeculativeSession` (this session's machinery; method.md 16).
 """
 from __future__ import annotations
 
@@ -89,6 +90,9 @@ class SetDLMSampler:
         self.cfg = config.validate()
         self.tokenizer, self.order_prior = tokenizer, order_prior
         self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
+        if self.cfg.speculative:       # self-speculation (method.md 16): refused at once on a checkpoint without it
+            from .speculative import check_model
+            check_model(model)
 
     def _setup(self, canvas: Canvas, st: DecodeState):
         cfg = self.cfg
@@ -115,7 +119,11 @@ class SetDLMSampler:
         return idx.gather(1, order), ok.gather(1, order)
 
     def session(self, canvas: Canvas) -> "SetDLMSession":
-        """A decode of ``canvas`` whose rows may be replaced by new requests between steps (:class:`SetDLMSession`)."""
+        """A decode of ``canvas`` whose rows may be replaced by new requests between steps (:class:`SetDLMSession`;
+        with ``speculative``, :class:`~.speculative.SpeculativeSession`)."""
+        if self.cfg.speculative:
+            from .speculative import SpeculativeSession
+            return SpeculativeSession(self, canvas)
         return SetDLMSession(self, canvas)
 
     def generate(self, canvas: Canvas):

@@ -46,6 +46,12 @@ class PredecessorRows:
         self.pos = torch.where(col_ok, pos.gather(1, col), torch.full_like(col, EMPTY))
         self.val = val.gather(1, col[..., None].expand(*col.shape, val.shape[-1]))
 
+    def drop(self, sel: torch.Tensor) -> None:
+        """Entries at the positions ``sel`` [B, N] go (self-speculation: the clean rows of rejected drafts)."""
+        if self.pos is not None and self.pos.shape[1]:
+            gone = (self.pos >= 0) & sel.gather(1, self.pos.clamp(min=0))
+            self.pos = torch.where(gone, torch.full_like(self.pos, EMPTY), self.pos)
+
     def reset_row(self, b: int) -> None:
         """Row ``b`` starts a new request: its kept rows go."""
         if self.pos is not None:

@@ -9,6 +9,8 @@ For one row of a decode, with G generated tokens in canvas order:
     steps[i]         the 0-based decode step (model call) that committed it
     confidences[i]   p(token) under the sampler's processed distribution when it was committed (1.0 for AR
                      greedy is not assumed: what the sampler read)
+    drafts           speculative decoding only (decoding/speculative.py): each step's verified drafts, how many
+                     were accepted, the first rejected one and the AR head's correction there
     window[i]        the first position of the window / block the token was committed from: for SetDLM the
                      leftmost position still masked when its step began (the window's start), for BD3LM / MDLM
                      the first position of its block, for AR the position itself
@@ -37,6 +39,9 @@ class DecodeTrace:
     window: list[int] = field(default_factory=list)
     options: dict = field(default_factory=dict)     # the decoding options that shape the picture (window, tau, ...)
     texts: list[str] = field(default_factory=list)  # each token's text (filled in by a caller with a tokenizer)
+    drafts: list[dict] = field(default_factory=list)  # speculative decoding: per verifying step, the drafts it
+                                                    # checked {step, positions, tokens, accepted (the leading run),
+                                                    # rejected (the first rejected position or None), correction}
 
     @property
     def num_steps(self) -> int:
@@ -84,6 +89,7 @@ def traces(method: str, canvas, out, cfg) -> list[DecodeTrace]:
     """One trace per row of a recorded decode (``cfg.record``): canvas [B, N] (the decode's input) and its
     GenerationOutput."""
     result = []
+    drafts = getattr(out, "speculation", {}).get("drafts") or [[] for _ in out.tokens]
     for b in range(len(out.tokens)):
         positions = [int(p) for p in out.positions[b]]
         start = positions[0] if positions else 0
@@ -91,9 +97,10 @@ def traces(method: str, canvas, out, cfg) -> list[DecodeTrace]:
         result.append(DecodeTrace(
             method=method, prompt=prompt, positions=list(positions), tokens=list(out.tokens[b]),
             steps=[int(s) for s in out.commit_steps[b]], confidences=[float(c) for c in out.confidences[b]],
-            window=window_starts(positions, out.commit_steps[b], method, cfg.block_size, start),
+            window=window_starts(positions, out.commit_steps[b], method, cfg.block_size, start), drafts=drafts[b],
             options={k: getattr(cfg, k) for k in ("window", "tau", "commit_k", "commit_rule", "block_size",
-                                                  "temperature", "top_p") if hasattr(cfg, k)}))
+                                                  "temperature", "top_p") if hasattr(cfg, k)}
+                     | ({"speculative": True} if getattr(cfg, "speculative", False) else {})))
     return result
 
 

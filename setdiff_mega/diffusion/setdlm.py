@@ -49,6 +49,11 @@ class SetDLMOptions(methods.Options):
         return self.ar_weight > 0
 
     @property
+    def self_speculative(self) -> bool:
+        """The next-token loss trains the clean stream's AR head that verifies the window's drafts (method.md 16)."""
+        return self.ar_weight > 0
+
+    @property
     def s_max(self) -> int:
         """The window S_max (2D unless set)."""
         return default_s_max(self.D, self.S_max)
@@ -80,7 +85,7 @@ class SetDLMOptions(methods.Options):
         return max(1, int(per_unit * self.D))
 
     def export_record(self) -> dict:
-        return {**super().export_record(), "S_max": self.s_max}
+        return {**super().export_record(), "S_max": self.s_max, "self_speculative": self.self_speculative}
 
     def describe(self) -> list[str]:
         parts = [f"D = {self.D}, S_max = {self.s_max}"]

@@ -73,6 +73,7 @@ class DecodeModel:
         self.cache_dtype = cache_dtype(decode_weights)               # the KV cache's (None: the model's)
         self.training_length = context_length or c.method.get("seq_length")
         self.shift_logits = bool(getattr(c, "shift_logits", False))    # the AR head alignment (shift.py)
+        self.self_speculative = bool(c.method.get("self_speculative", False))   # its drafts verifiable (speculative.py)
         self.vocab_size = c.tokenizer_vocab_size
         self._cache = None
         self._prepared = getattr(model, "_setdiff_prepared", None)     # reused across generate() calls

@@ -8,6 +8,11 @@ model and the same prompts, so ratios between settings are meaningful on any mac
 same code for every engine): it times every model call, then decodes again with each forward
 replaced by random logits of the same shape (same number of steps when one token is committed per
 step and EOS does not stop: tau >= 1, ``stop_at_eos=False``).
+
+:func:`speculative_comparison` (issue 59, method.md 16): on the same prompts and checkpoint, AR mode (SetDLM at
+W = 1 with the head shift), SetDLM's threshold decoding at its best setting of a small grid and self-speculative
+decoding, interleaved: tokens/s at batch 1 and batch B, tokens per forward, the distribution of acceptance lengths,
+draft acceptance by window position, and whether the speculative tokens equal AR mode's on every prompt.
 """
 from __future__ import annotations
 
@@ -251,5 +256,109 @@ def plot_speed_vs_tau(rows: list[BenchRow], path) -> None:
     plt.close(fig)
 
 
+def _decode_once(model, tokenizer, method: str, ids: list, config: GenerationConfig, batch: int):
+    """Decode ``ids`` in batches of ``batch``: (wall seconds, generated tokens, outputs per batch)."""
+    sampler = build_sampler(method, model, tokenizer, config)
+    dev = next(model.parameters()).device
+    outs, seconds, n = [], 0.0, 0
+    for s in range(0, len(ids), batch):
+        canvas = Canvas.from_prompts(ids[s:s + batch], tokenizer.mask, tokenizer.pad, config.max_new_tokens, device=dev)
+        t0 = time.perf_counter()
+        out = sampler.generate(canvas)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        n += sum(len(t) for t in out.tokens)
+        outs.append(out)
+    return seconds, n, outs
+
+
+def speculative_comparison(model, tokenizer, method: str, prompts: list, base: GenerationConfig,
+                           windows=(4, 8), thresholds=((4, 0.9), (4, 0.7), (4, 0.5)), batches=(1, 8),
+                           repeats: int = 3) -> dict:
+    """AR mode, the best threshold setting and speculative decoding on the same prompts (module docstring). Timing:
+    every setting decoded ``repeats`` times per batch size, the order alternating every repeat (slow phases of a
+    shared machine hit every setting); tokens/s = generated tokens / wall time (prefill included), the median over
+    repeats. Speculative statistics come from the batch-1 decodes: tokens per forward = generated tokens / decode
+    forwards (prefill excluded), the histogram of tokens committed per (row, forward), drafts verified / accepted by
+    their distance k from the exact token."""
+    ids = [encode_request(tokenizer, p) for p in prompts]
+    greedy = replace(base, temperature=0.0)
+    settings = {"ar_mode": replace(greedy, window=1, tau=2.0, commit_rule="leftmost")}
+    settings.update({f"threshold_W{w}_tau{t:g}": replace(greedy, window=w, tau=t) for w, t in thresholds})
+    settings.update({f"speculative_W{w}": replace(greedy, window=w, speculative=True) for w in windows})
+    names = list(settings)
+    speed = {n: {b: [] for b in batches} for n in names}
+    outs = {n: {} for n in names}
+    for r in range(repeats + 1):                     # round 0: warm-up (untimed), keeps the outputs
+        for n in (names if r % 2 == 0 else names[::-1]):
+            for b in batches:
+                sec, tok, got = _decode_once(model, tokenizer, method, ids, settings[n], b)
+                if r == 0:
+                    outs[n][b] = got
+                else:
+                    speed[n][b].append(tok / sec)
+    tokens = {n: {b: [t for o in outs[n][b] for t in o.tokens] for b in batches} for n in names}
+    ar = tokens["ar_mode"][1]
+    rows = {}
+    for n in names:
+        one = outs[n][1]
+        counts = [c for o in one for h in o.history for c in h if c > 0]
+        row = {"options": {k: getattr(settings[n], k) for k in ("window", "tau", "speculative")},
+               **{f"tokens_per_s_batch{b}": statistics.median(speed[n][b]) for b in batches},
+               "tokens_per_forward": sum(counts) / max(1, len(counts)),
+               "forwards_batch1": sum(o.nfe for o in one) / len(one),
+               "identical_to_ar_mode": all(tokens[n][b] == ar for b in batches),
+               "prompts_equal_to_ar_mode": sum(a == t for a, t in zip(ar, tokens[n][1]))}
+        if settings[n].speculative:
+            verified = [sum(x) for x in zip(*(o.speculation["verified"] for o in one))]
+            accepted = [sum(x) for x in zip(*(o.speculation["accepted"] for o in one))]
+            row["acceptance_lengths"] = {k: counts.count(k) for k in range(1, settings[n].window + 1)}
+            row["draft_acceptance_by_position"] = {k: {"verified": verified[k], "accepted": accepted[k],
+                                                       "rate": accepted[k] / verified[k] if verified[k] else None}
+                                                   for k in range(1, settings[n].window)}
+        rows[n] = row
+    best_thr = max((n for n in names if n.startswith("threshold")), key=lambda n: rows[n]["tokens_per_s_batch1"])
+    best_spec = max((n for n in names if n.startswith("speculative")), key=lambda n: rows[n]["tokens_per_s_batch1"])
+    ar_row = rows["ar_mode"]
+    return {"prompts": len(prompts), "max_new_tokens": base.max_new_tokens, "repeats": repeats, "settings": rows,
+            "best_threshold": best_thr, "best_speculative": best_spec,
+            "speculative_speedup_batch1": rows[best_spec]["tokens_per_s_batch1"] / ar_row["tokens_per_s_batch1"],
+            **{f"speculative_speedup_batch{b}": rows[best_spec][f"tokens_per_s_batch{b}"]
+               / ar_row[f"tokens_per_s_batch{b}"] for b in batches if b != 1}}
+
+
+def plot_acceptance(report: dict, path) -> None:
+    """The distribution of acceptance lengths (tokens committed per forward) of every speculative setting, and the
+    draft acceptance rate by window position."""
+    import matplotlib  # gated: the backend is chosen before pyplot is imported (headless machines)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = {n: r for n, r in report["settings"].items() if "acceptance_lengths" in r}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    width = 0.8 / max(1, len(spec))
+    for i, (n, r) in enumerate(spec.items()):
+        ks = sorted(int(k) for k in r["acceptance_lengths"])
+        total = sum(r["acceptance_lengths"].values()) or 1
+        a.bar([k + i * width for k in ks], [r["acceptance_lengths"][k] / total for k in ks], width,
+              label=f"{n} (mean {r['tokens_per_forward']:.2f})")
+        pos = sorted(int(k) for k in r["draft_acceptance_by_position"])
+        b.plot(pos, [r["draft_acceptance_by_position"][k]["accepted"]
+                     / max(1, r["draft_acceptance_by_position"][k]["verified"]) for k in pos], "o-", label=n)
+    a.set_xlabel("tokens committed per forward (accepted drafts + 1)")
+    a.set_ylabel("fraction of forwards")
+    a.legend(fontsize=8)
+    b.set_xlabel("draft position k in the window (k = 1: right after the exact token)")
+    b.set_ylabel("accepted / verified")
+    b.set_ylim(0, 1)
+    b.legend(fontsize=8)
+    fig.suptitle(f"self-speculative decoding: {report['prompts']} prompts, batch 1")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 __all__ = ["BenchRow", "TimedModel", "measure", "compare_engines", "compare_settings", "step_breakdown", "default_grid",
-           "plot_speed_vs_tau"]
+           "plot_speed_vs_tau", "speculative_comparison", "plot_acceptance"]

@@ -78,6 +78,10 @@ def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int = 6
     g.add_argument("--no-eos-stop", action="store_true", help="do not stop plain prompts at EOS")
     g.add_argument("--fht-cache-order", action="store_true", help="SetDLM: cache same-step commits in FHT order")
     g.add_argument("--prefix-only-infill", action="store_true", help="SetDLM infill: prefill the prefix only")
+    g.add_argument("--speculative", action="store_true",
+                   help="SetDLM self-speculation (method.md 16): the model's own greedy left-to-right (AR mode) "
+                        "tokens, drafted by the window and verified by the AR head, several per forward; needs a "
+                        "checkpoint trained with model.shift_logits and objective.ar_weight > 0")
     g.add_argument("--static-shapes", action="store_true",
                    help="SetDLM: one shape for every decode step (exported model on CUDA: CUDA-graph replay)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -118,6 +122,7 @@ def config_from_args(args, objective_cfg, seq_length: int) -> GenerationConfig:
              "fht_cache_order": True if args.fht_cache_order else None,
              "infill_full_context": False if args.prefix_only_infill else None,
              "static_shapes": True if args.static_shapes else None,
+             "speculative": True if getattr(args, "speculative", False) else None,
              "stop_strings": tuple(args.stop) if args.stop else None}
     return generation_config(objective_cfg, seq_length, args.preset, {**over, **flags})
 

@@ -1,0 +1,234 @@
+"""Self-speculative decoding (issue 59, setdiff_mega/decoding/speculative.py, method.md 16): greedy speculative
+output equals the same checkpoint's AR mode (SetDLM at W = 1 with the head shift), token for token, on every prompt
+of the golden set (plain, infill, past the context), alone and batched, cached and uncached, with EOS and the
+stopping criteria, through a continuous batch, the plain engine and the export's ``generate``; a scripted model
+shows drafts accepted and rejected where they must be; a checkpoint without the head shift or the next-token loss
+and the options it cannot honour are refused with one line."""
+import pytest
+import torch
+
+from setdiff_mega.decoding.base import Canvas, GenerationConfig
+from setdiff_mega.decoding.trace import traces
+from setdiff_mega.inference import ARSampler, SetDLMSampler
+
+from .mock import ScriptedModel, peaked
+from .test_golden_tokens import PROMPTS as GOLDEN
+from .test_serving_batching import EOS, MASK, PAD, PROMPTS, Tok, _serve
+
+
+class Spec:
+    """A model trained with the head shift and the next-token loss (the attributes a load sets)."""
+
+    shift_logits = True
+    self_speculative = True
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kw):
+        return self.model(*args, **kw)
+
+
+def _run(model, prompts, **kw):
+    kw.setdefault("max_new_tokens", 14)
+    kw.setdefault("stop_at_eos", False)
+    cfg = GenerationConfig(**kw)
+    sampler = SetDLMSampler(model, MASK, PAD, EOS, cfg, tokenizer=Tok())
+    return sampler.generate(Canvas.from_prompts(prompts, MASK, PAD, cfg.max_new_tokens))
+
+
+def _ar(model, prompts, **kw):
+    """AR mode: one token per step, the leftmost masked position reading its predecessor's clean row."""
+    return _run(model, prompts, window=1, tau=2.0, **kw)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("window", [2, 4, 7])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_speculative_greedy_equals_ar_mode_on_the_golden_prompts(rand_model, window, use_cache):
+    model = Spec(rand_model)
+    want = _ar(model, GOLDEN).tokens
+    got = _run(model, GOLDEN, window=window, speculative=True, use_cache=use_cache)
+    assert got.tokens == want
+    assert [_run(model, [p], window=window, speculative=True).tokens[0] for p in GOLDEN] == want
+    assert got.nfe <= _ar(model, GOLDEN).nfe
+    spec = got.speculation
+    assert len(spec["verified"]) == window and spec["verified"][0] == 0
+    assert all(0 <= a <= v for a, v in zip(spec["accepted"], spec["verified"]))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("context", [13, 16, 20])
+def test_past_the_context_budget_the_tokens_stay_ar_modes(rand_model, context):
+    """Near the budget a row's chunk shrinks (queries, then drafts) so nothing is evicted before AR mode evicts;
+    then AR mode's own chunk evicts as AR mode does."""
+    model = Spec(rand_model)
+    want = _ar(model, GOLDEN[:3], context_length=context, max_new_tokens=24)
+    for use_cache in (True, False):
+        got = _run(model, GOLDEN[:3], window=4, speculative=True, context_length=context, max_new_tokens=24,
+                   use_cache=use_cache)
+        assert got.tokens == want.tokens and got.evicted == want.evicted > 0
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("stops", [{"stop_at_eos": True}, {"stop_at_eos": True, "min_new_tokens": 5},
+                                   {"stop_repeat": 2}, {"stop_confidence": 0.6, "stop_patience": 2},
+                                   {"stop_entropy": 1.2, "stop_entropy_window": 4},
+                                   {"stop_strings": ("C",)}, {"stop_regex": "[A-Z]{2}C", "stop_regex_count": 1}])
+def test_eos_and_every_stopping_criterion_end_where_ar_mode_ends(rand_model, stops):
+    model = Spec(rand_model)
+    prompts = [p for p in PROMPTS if MASK not in p]
+    want = _ar(model, prompts, max_new_tokens=20, **stops)
+    got = _run(model, prompts, window=4, speculative=True, max_new_tokens=20, **stops)
+    assert got.tokens == want.tokens
+    assert [_run(model, [p], window=4, speculative=True, max_new_tokens=20, **stops).tokens[0]
+            for p in prompts] == want.tokens
+
+
+@torch.no_grad()
+def test_a_scripted_model_accepts_and_rejects_the_drafts_it_must():
+    """ScriptedModel: every row at position p gives table[p]. AR mode writes x_p = argmax table[p - 1] (the clean
+    row of p - 1); a draft at p is argmax table[p] (its own MASK row). With table[p] = token 7 except table[9] =
+    token 3, every draft is accepted (W tokens per forward) except the draft at p = 9 (3, where AR mode writes 7:
+    the correction) and a draft at p = 10 (7, where AR mode writes 3)."""
+    V = 61
+    rows = [[(7, 5.0)]] * 30
+    rows[9] = [(3, 5.0)]
+    model = Spec(ScriptedModel(peaked(rows, V)))
+    prompt = [[1, 2, 4]]                                           # positions 0..2; generation from 3
+    want = _ar(model, prompt, max_new_tokens=14)
+    assert want.tokens[0] == [7] * 7 + [3] + [7] * 6              # x_10 = argmax table[9]
+    got = _run(model, prompt, window=4, speculative=True, max_new_tokens=14, record=True)
+    assert got.tokens == want.tokens
+    # forward 1: prefill; then each forward commits the exact token + its accepted drafts
+    drafts = got.speculation["drafts"][0]
+    first_bad = [d for d in drafts if d["rejected"] is not None]
+    assert first_bad and first_bad[0]["rejected"] == 9 and first_bad[0]["correction"] == 7
+    assert got.nfe < want.nfe and max(got.history[i][0] for i in range(len(got.history))) == 4
+    t = traces("setdlm", Canvas.from_prompts(prompt, MASK, PAD, 14), got, GenerationConfig(window=4))[0]
+    assert t.drafts == drafts and t.replay()[-1] == t.tokens
+
+
+@torch.no_grad()
+def test_rows_of_a_batch_accept_different_lengths(rand_model):
+    rows = [[(7, 5.0)]] * 40
+    model = Spec(ScriptedModel(peaked(rows, 61)))
+    batch = [[1, 2, 4], [1, 2, 4, 5, 6, 8, 9]]
+    rows[12] = [(3, 5.0)]                                           # the second row's drafts cross it earlier
+    model = Spec(ScriptedModel(peaked(rows, 61)))
+    got = _run(model, batch, window=3, speculative=True, max_new_tokens=10)
+    assert got.tokens == _ar(model, batch, max_new_tokens=10).tokens
+    assert len({tuple(h) for h in got.history if h[0] and h[1]} - {(3, 3)}) > 0     # different lengths in a step
+
+
+@torch.no_grad()
+def test_a_continuous_batch_decodes_each_speculative_job_as_ar_mode_alone(rand_model):
+    """Jobs join and leave mid-decode (different lengths, staggered arrivals): each decodes AR mode's tokens."""
+    model = Spec(rand_model)
+    cfgs = [GenerationConfig(max_new_tokens=6 + 3 * (i % 3), stop_at_eos=False, window=4, speculative=True)
+            for i in range(len(PROMPTS))]
+    jobs, events, sch = _serve(model, "setdlm", cfgs, PROMPTS, max_batch=3, stagger=0.003)
+    for i, (p, c) in enumerate(zip(PROMPTS, cfgs)):
+        done = [x for ev, x in events[i] if ev == "done"]
+        assert done and done[0]["token_ids"] == _ar(model, [p], max_new_tokens=c.max_new_tokens).tokens[0], i
+
+
+def test_a_checkpoint_without_the_head_shift_or_the_next_token_loss_is_refused(rand_model):
+    cfg = GenerationConfig(speculative=True)
+
+    class NoLoss(Spec):
+        self_speculative = False
+    with pytest.raises(ValueError, match=r"trained with the AR head shift \(model.shift_logits=true\) and the "
+                                         r"next-token loss"):
+        SetDLMSampler(rand_model, MASK, PAD, EOS, cfg)
+    with pytest.raises(ValueError, match=r"with the next-token loss \(objective.ar_weight > 0\)"):
+        SetDLMSampler(NoLoss(rand_model), MASK, PAD, EOS, cfg)
+    with pytest.raises(ValueError, match="ARSampler has none"):
+        ARSampler(Spec(rand_model), MASK, PAD, EOS, cfg)
+
+
+@pytest.mark.parametrize("option,text", [({"temperature": 1.0}, "greedy only"),
+                                         ({"repetition_penalty": 1.2}, "repetition_penalty"),
+                                         ({"length_penalty": (4, 1.1)}, "length_penalty"),
+                                         ({"fht_cache_order": True}, "fht_cache_order"),
+                                         ({"infill_full_context": False}, "prefix-only"),
+                                         ({"static_shapes": True}, "static_shapes")])
+def test_options_speculation_cannot_honour_are_refused(option, text):
+    with pytest.raises(ValueError, match=text):
+        GenerationConfig(speculative=True, **option).validate()
+
+
+def test_the_registry_record_says_which_checkpoints_self_speculate():
+    from setdiff_mega import methods
+    from setdiff_mega.diffusion.setdlm import SetDLMOptions
+
+    assert SetDLMOptions(ar_weight=1.0).self_speculative and not SetDLMOptions().self_speculative
+    assert SetDLMOptions(ar_weight=0.5).export_record()["self_speculative"] is True
+    assert not methods.get("ar").make_options().self_speculative
+
+
+@pytest.fixture(scope="module")
+def spec_export(mcore, tmp_path_factory):
+    """A random SetDLM checkpoint with the head shift and the next-token loss (L = 24: 40 tokens decode past it),
+    loaded natively and exported; and one without the next-token loss."""
+    from setdiff_mega.checkpoint import convert, load_model, save_model_checkpoint
+    from setdiff_mega.config import load_config
+    from setdiff_mega.data.prepare import prepare
+    from setdiff_mega.data.tokenizer import Tokenizer
+    from setdiff_mega.model import build_model
+
+    d = tmp_path_factory.mktemp("spec")
+    prepare(d / "tok", None, num_math=60, num_stories=60, vocab_size=300, heldout=2, log=lambda *a: None)
+    tok = Tokenizer.from_file(d / "tok" / "tokenizer.json")
+    out = {}
+    for name, weight in (("spec", "1.0"), ("plain", "0.0")):
+        cfg = load_config(None, ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+                                 "model.zero_init_head=false", "model.init_method_std=0.3", "data.seq_length=24",
+                                 "objective.name=setdlm", "objective.D=2", "model.shift_logits=true",
+                                 f"objective.ar_weight={weight}"])
+        torch.manual_seed(0)
+        ck = save_model_checkpoint(d / name, 3, build_model(cfg.model, tok.vocab_size), cfg, tok)
+        model, objective, _, cfg = load_model(ck)
+        out[name] = (model.eval(), objective, cfg, ck)
+    out["hf"] = convert.export(out["spec"][3], d / "hf")
+    return out, tok
+
+
+def test_both_engines_and_the_export_decode_ar_modes_tokens(spec_export):
+    """The native (megatron-core) model, its plain twin and the export's ``generate``: speculative == AR mode."""
+    from transformers import AutoModelForCausalLM
+
+    from setdiff_mega.inference import build_sampler
+    from setdiff_mega.inference.engine import plain_model
+    from setdiff_mega.inference.options import generation_config
+
+    from .test_export_generate import _batch
+
+    exp, tok = spec_export
+    model, objective, cfg, _ = exp["spec"]
+    rows = [[tok.bos, *tok.encode("Question: what is 3 plus")], [tok.bos, *tok.encode("Once upon")],
+            [tok.bos, *tok.encode("Question: what"), *[tok.mask] * 5, *tok.encode("plus 4?"), tok.eos]]
+    base = {"max_new_tokens": 40, "stop_at_eos": False}
+
+    def decode(m, **o):
+        gc = generation_config(cfg.objective, cfg.data.seq_length, overrides={**base, **o})
+        with torch.no_grad():
+            return build_sampler(objective, m, tok, gc).generate(
+                Canvas.from_prompts(rows, tok.mask, tok.pad, gc.max_new_tokens)).tokens
+
+    want = decode(model, window=1, tau=2.0)
+    assert len(set(want[0])) > 3
+    assert decode(model, window=4, speculative=True) == want
+    twin = plain_model(model, cfg, tok)
+    assert twin.self_speculative and decode(twin, window=4, speculative=True) == want == decode(twin, window=1,
+                                                                                                    tau=2.0)
+    hf = AutoModelForCausalLM.from_pretrained(str(exp["hf"]), trust_remote_code=True).eval()
+    ids, mask = _batch(rows, tok.pad)
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask, window=4, speculative=True, record=True, **base)
+    assert out.generated == want and out.trace[0]["drafts"]
+    with pytest.raises(ValueError, match="next-token loss"):
+        decode(exp["plain"][0], window=4, speculative=True)
