@@ -26,10 +26,9 @@ import functools
 import hashlib
 import json
 import math
-import subprocess
 from pathlib import Path
 
-import setdiff_mega
+from experiments.provenance import DECODING_CODE, fingerprint, git_commit
 from setdiff_mega import methods
 from setdiff_mega.checkpoint.io import latest_checkpoint
 from setdiff_mega.eval.tasks import math_accuracy
@@ -37,11 +36,6 @@ from setdiff_mega.inference.benchmark import TimedModel
 from setdiff_mega.inference.options import generation_config
 
 EVAL_VERSION = 1        # bump when scoring changes: cached accuracies are recomputed
-_PACKAGE = Path(setdiff_mega.__file__).resolve().parent
-# what an accuracy's value depends on, beside the checkpoint, the problems and this module (relative to the
-# setdiff_mega package; a folder: its *.py)
-CODE_PATHS = ("decoding", "hfmodel", "inference/options.py", "inference/api.py", "inference/engine.py",
-              "eval/tasks.py", "data/chat.py", "data/tokenizer.py")
 RULES = ("confidence", "leftmost")
 
 
@@ -63,15 +57,8 @@ def _gc(cfg, setting: dict, max_new_tokens: int):
 
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """sha256 (16 hex) of the sources in :data:`CODE_PATHS`, each with its package-relative name, and of this
-    module (the scoring)."""
-    h = hashlib.sha256()
-    for rel in CODE_PATHS:
-        p = _PACKAGE / rel
-        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
-            h.update(f"{f.relative_to(_PACKAGE).as_posix()}\0".encode() + f.read_bytes() + b"\0")
-    h.update(b"scoring\0" + Path(__file__).read_bytes())
-    return h.hexdigest()[:16]
+    """The decoding code's fingerprint and this module's (the scoring): :func:`experiments.provenance.fingerprint`."""
+    return fingerprint(DECODING_CODE, extra=(Path(__file__),))
 
 
 def cache_key(run_dir: Path, gc, problems: str, batch_size: int, engine: str) -> str:
@@ -120,17 +107,6 @@ def speed_point(loaded: tuple, rows: list[dict], setting: dict, chat, batched_te
             "agreement": same / max(len(r["texts"]), 1)}
 
 
-def git_commit() -> str:
-    """The code's short commit, with "+dirty" for uncommitted changes to tracked files ("" outside a checkout)."""
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=_PACKAGE, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    c = git("rev-parse", "--short", "HEAD")
-    return c + ("+dirty" if c and git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def t95(df: int) -> float:
     """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom (normal beyond 30)."""
     from scipy.stats import t
@@ -146,5 +122,5 @@ def resolution(n: int, seeds: int, accuracy: float, seed_sd: float | None) -> di
     return {"binomial_se": se, "difference_95": t95(2 * (seeds - 1)) * math.sqrt(2 * sd * sd / max(seeds, 1))}
 
 
-__all__ = ["EVAL_VERSION", "CODE_PATHS", "RULES", "settings", "code_fingerprint", "git_commit", "cache_key",
+__all__ = ["EVAL_VERSION", "RULES", "settings", "code_fingerprint", "cache_key",
            "accuracy_point", "speed_point", "resolution", "t95"]

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from experiments.paper import frontier as F
 from experiments.paper.report import _f, _pm, _table, machine_meta, replace_section
+from experiments.provenance import computed_at
 from setdiff_mega.eval.sweep import write_csv
 
 from . import plots as P
@@ -78,16 +79,6 @@ def _tau(p: dict) -> str:
     return "1e6" if p["tau"] >= 100 else _f(p["tau"], 1)
 
 
-def _computed_at(points: list[dict]) -> str:
-    """The commits (and code fingerprints) the cached accuracies were computed at, with their counts."""
-    n: dict = {}
-    for p in points:
-        c = p.get("computed_at") or {"commit": "an unrecorded commit (cached before computed_at)", "code": "?"}
-        k = f"{c['commit'] or 'no checkout'} (code {c['code']})"
-        n[k] = n.get(k, 0) + 1
-    return "; ".join(f"{k}: {v} points" for k, v in sorted(n.items())) or "no points"
-
-
 def _header(results: dict) -> list[str]:
     m, h, r = results["meta"], results["held_out"], results["resolution"]
     arms = "; ".join(f"**{a['name']}** ({a['label']}: {', '.join(a['models'])}; {a['steps']} steps"
@@ -96,7 +87,7 @@ def _header(results: dict) -> list[str]:
                      + ("" if a["shift"] else ", no head shift") + ")" for a in m["arms"])
     d = results.get("distill")
     return [f"* Command: `{m['command']}`", f"* Commit: {m['commit']}{' (uncommitted changes)' if m['dirty'] else ''}"
-            + f" (the report); accuracies computed at {_computed_at(results['points'])}",
+            + f" (the report); accuracies computed at {computed_at(results['points'])}",
             f"* Machine: {m['machine']}",
             f"* Wall time of this run: {m['wall_s'] / 60:.1f} min (training and accuracies "
             f"{m['train_wall_s'] / 60:.1f} min"
