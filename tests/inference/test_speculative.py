@@ -232,3 +232,17 @@ def test_both_engines_and_the_export_decode_ar_modes_tokens(spec_export):
     assert out.generated == want and out.trace[0]["drafts"]
     with pytest.raises(ValueError, match="next-token loss"):
         decode(exp["plain"][0], window=4, speculative=True)
+
+
+def test_a_server_request_names_the_option_and_is_checked_before_it_queues(spec_export):
+    """The server's request body takes ``speculative`` (serving/protocol.py); its job decodes in a session of its
+    own key (the continuous-batch test above: AR mode's tokens), and options it cannot honour are a 400."""
+    from setdiff_mega.errors import RequestError
+    from setdiff_mega.serving.protocol import ServerDefaults, config_of
+
+    exp, _ = spec_export
+    cfg = exp["spec"][2]
+    d = ServerDefaults(objective=cfg.objective, seq_length=cfg.data.seq_length, base=GenerationConfig(window=4))
+    assert config_of({"speculative": True, "temperature": 0}, d).speculative
+    with pytest.raises(RequestError, match="greedy only"):
+        config_of({"speculative": True, "temperature": 0.7}, d)
