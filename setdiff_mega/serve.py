@@ -16,6 +16,11 @@ group rendezvous in-process; the two processes talk over a socket pair, which li
 ``SETDIFF_API_KEY``) requires ``Authorization: Bearer <key>`` on /v1. SIGTERM or SIGINT drain: the listener closes,
 requests in flight finish for up to ``--shutdown-grace`` seconds, the engine stops and the process exits with status
 0.
+
+Supervision (docs/guide/serving.md): a watchdog restarts the engine when its process dies, its decode loop dies, or
+the loop does not turn for ``--stall-timeout`` seconds (the requests in flight fail with one line, 503), up to
+``--engine-restarts`` times within ``--engine-restart-window`` seconds; beyond that the server drains and exits
+with status 3 (EXIT_ENGINE_FAILED), for systemd's ``Restart=on-failure`` or Kubernetes to start it again.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ import sys
 from pathlib import Path
 
 from setdiff_mega.cli import run_cli
+
+EXIT_ENGINE_FAILED = 3          # the engine failed and could not be restarted (--engine-restarts used up)
 
 
 def parse_args(argv=None):
@@ -40,6 +47,19 @@ def parse_args(argv=None):
                    "checkpoint directory's name)")
     p.add_argument("--max-batch", type=int, default=8, help="jobs decoded together (one KV cache each)")
     p.add_argument("--max-queue", type=int, default=256, help="jobs waiting beyond the batch; more: HTTP 429")
+    p.add_argument("--max-client-jobs", type=int, default=None, help="jobs one client (an API key when several are "
+                   "given, else an address) may have in flight, queued or decoding; more: HTTP 429, and a request of "
+                   "more jobs than this alone: HTTP 400 (default: half of --max-batch + --max-queue, at least "
+                   "--max-batch); waiting jobs are taken round-robin by client")
+    p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without a turn of the decode loop "
+                   "(a step that never ends, a frozen engine) after which the engine counts as failed (0: never)")
+    p.add_argument("--engine-restarts", type=int, default=3, help="engine failures (its process or decode loop dead, "
+                   "or stalled) recovered by starting a new engine within --engine-restart-window; one more and the "
+                   "server exits with status 3 (0: exit at the first)")
+    p.add_argument("--engine-restart-window", type=float, default=600.0, help="seconds over which "
+                   "--engine-restarts counts")
+    p.add_argument("--chat-cache-size", type=int, default=16, help="chat renderers kept, one per distinct "
+                   "chat_template_kwargs (least recently used dropped first)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival (0: none)")
     p.add_argument("--stream-interval", type=float, default=0.02,
                    help="seconds more text of a started stream may wait to go out with the next (fewer, larger SSE "
@@ -54,7 +74,8 @@ def parse_args(argv=None):
                    "(default: the cores this process may use minus one, at least 1: the HTTP process keeps a core; on "
                    "a GPU machine the forward runs on the device and 1-2 threads suffice for the host side)")
     p.add_argument("--api-key", default=os.environ.get("SETDIFF_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SETDIFF_API_KEY; none: open)")
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SETDIFF_API_KEY; none: open); several "
+                   "keys separated by commas: each a client of its own for fair admission")
     p.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds requests in flight may take to finish after SIGTERM / SIGINT")
     p.add_argument("--weights", choices=("ema", "raw"), default=None)
@@ -79,11 +100,16 @@ def build(args):
     serving_threads(args.threads)                       # a bad --threads is refused before the engine starts
     if args.max_batch < 1 or args.max_queue < 1:
         raise ValueError(f"--max-batch ({args.max_batch}) and --max-queue ({args.max_queue}) must be >= 1")
+    if args.max_client_jobs is not None and args.max_client_jobs < 1:
+        raise ValueError(f"--max-client-jobs must be >= 1, got {args.max_client_jobs}")
+    if args.chat_cache_size < 1 or args.engine_restarts < 0 or args.stall_timeout < 0:
+        raise ValueError("--chat-cache-size must be >= 1, --engine-restarts and --stall-timeout >= 0")
     if args.static_shapes or args.no_cache:
         raise ValueError("--static-shapes and --no-cache do not apply to the server (its jobs share each step's "
                          "forward); leave them out")
     kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else {}
-    engine = EngineClient(args, args.max_batch, args.max_queue)
+    engine = EngineClient(args, args.max_batch, args.max_queue, args.max_client_jobs, args.stall_timeout,
+                          args.engine_restarts, args.engine_restart_window)
     info = engine.start()
     try:
         cfg, tok = info["config"], info["tokenizer"]
@@ -97,7 +123,7 @@ def build(args):
         raise
     name = args.served_model_name or Path(os.path.abspath(args.checkpoint)).name
     server = Server(engine, tok, defaults, name, HttpMetrics(), timeout=args.request_timeout or None,
-                    api_key=args.api_key or None)
+                    api_key=args.api_key or None, chat_cache_size=args.chat_cache_size)
     server.method, server.shutdown_grace = info["method"], args.shutdown_grace
     return server
 
@@ -137,6 +163,7 @@ def serve(server, sock: socket.socket, announce=None):
     grace = getattr(server, "shutdown_grace", 30.0)
     config = uvicorn.Config(server.app(), log_level="warning", access_log=False, timeout_graceful_shutdown=grace)
     web = _draining_server(config)
+    server.engine.on_fatal = lambda reason: setattr(web, "should_exit", True)     # drain, then exit status 3
     if announce is not None:
         announce(web)
     try:
@@ -153,6 +180,10 @@ def main(argv=None) -> int:
     print(f"serving {server.model_name!r} ({server.method}, context {server.defaults.seq_length}, "
           f"max batch {args.max_batch}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
     serve(server, sock)
+    if server.engine.fatal:
+        print(f"server stopped: the decoding engine failed ({server.engine.fatal}); exit status "
+              f"{EXIT_ENGINE_FAILED}", file=sys.stderr, flush=True)
+        return EXIT_ENGINE_FAILED
     print("server stopped", file=sys.stderr, flush=True)
     return 0
 

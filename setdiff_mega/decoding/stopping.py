@@ -12,7 +12,12 @@ Criteria (each off unless configured), with the reference's classes:
 * ``stop_strings``: a string occurs in the decoded generation (MASK dropped).
 * ``stop_regex`` with ``stop_regex_count`` n (``RegexStoppingCriteria``): at least n matches in the decoded
   prompt + generation of [0, limit), matches containing the MASK token ignored (GSM8K: two
-  ``\\boxed{...}``, the prompt holds one).
+  ``\\boxed{...}``, the prompt holds one). Matched by RE2 (:func:`compile_stop_regex`), in time linear in
+  the text for a pattern of bounded size: a pattern is client input on the server, and Python's ``re``
+  backtracks exponentially on some (``(a+)+$`` on 27 a's and a '!' took 16 s, every extra character
+  doubling it). RE2's syntax is Python's but for what needs backtracking: no backreferences (``\\1``), no
+  lookaround (``(?=``, ``(?!``, ``(?<=``, ``(?<!``), no possessive or atomic groups, ``\\Z`` written ``\\z``;
+  such a pattern is refused with one line. Matches are leftmost-first, as ``re``'s (not POSIX longest).
 * ``stop_repeat`` N (``RepeatingTokenStoppingCriteria``): the N tokens ending at the last non-MASK
   token of [0, limit) are identical.
 * ``stop_confidence`` c with ``stop_patience`` k (``EntropyEosStoppingCriteria`` confidence part): the
@@ -29,9 +34,36 @@ criteria; the others are batched tensor operations.
 """
 from __future__ import annotations
 
-import re
-
+import re2
 import torch
+
+MAX_PATTERN_CHARS = 1000        # a stop_regex's length
+MAX_PROGRAM = 1000              # the instructions of its compiled RE2 program: matching costs at most
+                                # (text length) x (program size); measured on 20,000 characters of a
+                                # hostile text at this size: under 0.1 s a match, most patterns far less
+
+
+def compile_stop_regex(pattern: str):
+    """``pattern`` compiled by RE2 (module docstring), or a one-line ValueError: too long, a syntax RE2 lacks
+    (backreferences, lookaround) or a program larger than :data:`MAX_PROGRAM`. The compiled object is not
+    shared through the ``re2`` module's own cache (128 patterns of up to 8 MiB each, keyed by client text)."""
+    if not isinstance(pattern, str):
+        raise ValueError(f"stop_regex must be a string, got {type(pattern).__name__}")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"stop_regex has {len(pattern)} characters, more than the limit of {MAX_PATTERN_CHARS}")
+    options = re2.Options()
+    options.log_errors = False                  # RE2's own stderr line per refused pattern
+    try:
+        compiled = re2._Regexp(pattern, options)     # the constructor behind re2.compile, without its cache
+    except re2.error as e:
+        why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(f"stop_regex={pattern[:80]!r} is not supported by RE2, the linear-time engine stop "
+                         f"patterns run on ({why}); backreferences and lookaround are not available") from None
+    size = compiled._regexp.ProgramSize()
+    if size > MAX_PROGRAM:
+        raise ValueError(f"stop_regex={pattern[:80]!r} compiles to {size} RE2 instructions, more than the limit "
+                         f"of {MAX_PROGRAM} (large counted repetitions such as {{1000}} cost the most); simplify it")
+    return compiled
 
 
 def _last_true(sel: torch.Tensor) -> torch.Tensor:
@@ -43,7 +75,7 @@ def _last_true(sel: torch.Tensor) -> torch.Tensor:
 class StopCriteria:
     def __init__(self, cfg, tokenizer, canvas, mask_id: int):
         self.cfg, self.tok, self.canvas, self.mask_id = cfg, tokenizer, canvas, mask_id
-        self.regex = re.compile(cfg.stop_regex) if cfg.stop_regex else None
+        self.regex = compile_stop_regex(cfg.stop_regex) if cfg.stop_regex else None
         text = bool(cfg.stop_strings) or self.regex is not None
         if text and tokenizer is None:
             raise ValueError("stop strings / stop_regex need the tokenizer (pass tokenizer= to the sampler)")
@@ -102,8 +134,12 @@ class StopCriteria:
                     continue
             if self.regex is not None:
                 text = self.tok.decode(tokens[b][inside[b]].tolist())     # prompt + generation, MASK kept
-                hits = [m for m in self.regex.finditer(text) if mask_text not in m.group(0)]
-                out[b] = len(hits) >= self.cfg.stop_regex_count
+                hits = 0
+                for m in self.regex.finditer(text):
+                    hits += mask_text not in m.group(0)
+                    if hits >= self.cfg.stop_regex_count:      # enough: the rest of the text is not searched
+                        break
+                out[b] = hits >= self.cfg.stop_regex_count
         return out
 
     def _repeat(self, tokens, masked, inside):
@@ -152,4 +188,4 @@ class StopCriteria:
         return ready & (ent < cfg.stop_entropy)
 
 
-__all__ = ["StopCriteria"]
+__all__ = ["StopCriteria", "compile_stop_regex", "MAX_PATTERN_CHARS", "MAX_PROGRAM"]

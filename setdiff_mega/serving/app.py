@@ -2,7 +2,10 @@
 
     GET  /                       the playground (playground.html: a prompt, the options, the canvas filling in
                                  as the trace streams; static, no build step, no request but to this server)
-    GET  /health                 {"status": "ok", "running", "queued"}
+    GET  /health                 {"status": "ok", "running", "queued", "loop", "loop_alive", "last_beat_age_s",
+                                 "last_step_age_s", "engine_restarts"}; 503 with "reason" when the engine is
+                                 gone, restarting, or its decode loop dead or stalled (from shared memory:
+                                 answered at once whatever the engine does, :mod:`.pulse`)
     GET  /v1/models              the served model (id, max_model_len = the context L)
     GET  /metrics                Prometheus text format (:mod:`.metrics`)
     POST /v1/completions         OpenAI completions (``suffix``: infilling between prompt and suffix)
@@ -18,6 +21,12 @@ step's commits (``trace``), the finish reason, the usage with ``stream_options.i
 [DONE]``). A client that disconnects cancels its jobs (non-streaming requests poll for it every 0.1 s); a job past
 the server's timeout ends with 504 (or an error event). Errors have OpenAI's shape: {"error": {"message", "type",
 "code"}}.
+
+Hostile clients (docs/guide/serving.md): every request has an HTTP-side deadline (the server's timeout plus
+:data:`DEADLINE_SLACK`: 504 even when the engine never answers); a request of more jobs than one client may have in
+flight is refused at once (400, with the limit); a client is its API key when the server has several, else its
+address (:func:`~.bounded.client_id`: fair admission); the chat renderers are cached per ``chat_template_kwargs``
+in an LRU of ``chat_cache_size`` entries.
 """
 from __future__ import annotations
 
@@ -38,13 +47,15 @@ from starlette.routing import Route
 from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.errors import DataError, RequestError
 
-from .client import EngineGone
+from .bounded import LRU, client_id
+from .client import EngineGone, NeverFits
 from .engine import JobSpec
 from .outbox import coalesce
 from .protocol import parse
 from .scheduler import QueueFull
 
 DISCONNECT_POLL = 0.1      # seconds between checks that a non-streaming client is still there
+DEADLINE_SLACK = 10.0      # seconds past the server's timeout after which the HTTP side answers 504 by itself
 PLAYGROUND = Path(__file__).with_name("playground.html")
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/infill": "infill"}
 
@@ -73,13 +84,13 @@ class BearerAuth:
     """``--api-key``: every /v1 request needs ``Authorization: Bearer <key>`` (401 otherwise, as vLLM's);
     /health and /metrics stay open for probes."""
 
-    def __init__(self, app, key: str):
-        self.app, self.key = app, key.encode()
+    def __init__(self, app, keys: tuple):
+        self.app, self.keys = app, tuple(b"Bearer " + k for k in keys)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, b"Bearer " + self.key):
+            if not sum(hmac.compare_digest(given, k) for k in self.keys):    # every key compared: constant time
                 await error(401, "a valid API key is needed: send 'Authorization: Bearer <key>'",
                             "authentication_error")(scope, receive, send)
                 return
@@ -88,14 +99,18 @@ class BearerAuth:
 
 class Server:
     def __init__(self, engine, tokenizer, defaults, model_name: str, metrics, timeout: float | None = None,
-                 max_body: int = 4 << 20, api_key: str | None = None):
+                 max_body: int = 4 << 20, api_key: str | None = None, chat_cache_size: int = 16):
         """``engine``: the started :class:`~.client.EngineClient`; ``metrics``: this process's
-        :class:`~.metrics.HttpMetrics`."""
+        :class:`~.metrics.HttpMetrics`; ``api_key``: one key, or several separated by commas (each a client of
+        its own for fair admission)."""
         self.engine, self.tok, self.defaults = engine, tokenizer, defaults
         self.api_key = api_key
+        self.keys = tuple(k.strip().encode() for k in (api_key or "").split(",") if k.strip())
         self.model_name, self.metrics, self.timeout, self.max_body = model_name, metrics, timeout, max_body
         self.created = int(time.time())
-        self._chats: dict = {}
+        self._chats = LRU(chat_cache_size)          # chat_template_kwargs (client input) -> its renderer
+        if hasattr(metrics, "watch"):
+            metrics.watch(engine)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
@@ -107,8 +122,8 @@ class Server:
                   Route("/metrics", self.prometheus)]
         routes += [Route(path, self.generate, methods=["POST"]) for path in ENDPOINTS]
         app = Starlette(routes=routes, lifespan=self._lifespan)
-        if self.api_key:
-            app.add_middleware(BearerAuth, key=self.api_key)
+        if self.keys:
+            app.add_middleware(BearerAuth, keys=self.keys)
         return app
 
     async def playground(self, request: Request) -> Response:
@@ -116,11 +131,8 @@ class Server:
         return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
 
     async def health(self, request: Request) -> Response:
-        try:
-            state = await self.engine.ask("health")
-        except (EngineGone, asyncio.TimeoutError) as e:
-            return JSONResponse({"status": "unavailable", "reason": str(e) or "the engine did not answer"}, 503)
-        return JSONResponse({"status": "ok", **state})
+        state = self.engine.health()
+        return JSONResponse(state, 200 if state["status"] == "ok" else 503)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{
@@ -129,7 +141,7 @@ class Server:
 
     async def prometheus(self, request: Request) -> Response:
         try:
-            engine = await self.engine.ask("metrics")
+            engine = await self.engine.ask("metrics", timeout=2.0)
         except (EngineGone, asyncio.TimeoutError):
             engine = b""                                    # the HTTP side's own counters still answer
         return Response(self.metrics.render() + engine, media_type=self.metrics.content_type)
@@ -141,12 +153,10 @@ class Server:
             raise RequestError("'chat_template_kwargs' must be a JSON object")
         if self.tok.chat_template is None:
             return None
-        if key not in self._chats:
-            try:
-                self._chats[key] = ChatRenderer.of(self.tok, kwargs)
-            except DataError as e:
-                raise RequestError(str(e)) from None
-        return self._chats[key]
+        try:
+            return self._chats.get(key, lambda: ChatRenderer.of(self.tok, kwargs))
+        except DataError as e:
+            raise RequestError(str(e)) from None
 
     async def _body(self, request: Request, endpoint: str):
         raw = await request.body()
@@ -183,7 +193,13 @@ class Server:
         specs = [JobSpec(-1, ids, replace(parsed.config, seed=parsed.config.seed + j), parsed.stops, self.timeout,
                          parsed.trace, now) for ids in parsed.prompts for j in range(parsed.n)]
         try:
-            jobs = self.engine.submit(specs, queue)
+            jobs = self.engine.submit(specs, queue, client_id(request.scope, self.keys))
+        except NeverFits as e:
+            self.metrics.request(endpoint, 400)
+            shape = f"{len(parsed.prompts)} prompts x n={parsed.n}" if len(specs) > 1 else "1 job"
+            return error(400, f"this request has {e.jobs} jobs ({shape}); one client may have at most {e.limit} "
+                              f"in flight (the server holds {e.capacity}: --max-batch + --max-queue): it can never "
+                              f"be admitted; split it into requests of at most {e.limit} jobs")
         except QueueFull as e:
             self.metrics.request(endpoint, 429)
             return error(429, str(e), "rate_limit_error")
@@ -203,15 +219,26 @@ class Server:
         for job in jobs:
             self.engine.cancel(job)
 
+    def _deadline(self) -> float | None:
+        """When the HTTP side stops waiting for a request's jobs (the engine's own timeout, then some slack)."""
+        return None if self.timeout is None else time.monotonic() + self.timeout + DEADLINE_SLACK
+
+    def _late(self, deadline: float | None) -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
     async def _collect(self, request, jobs, queue, parsed, endpoint, rid) -> Response:
         infos: dict = {}
-        checked = time.monotonic()
+        checked, deadline = time.monotonic(), self._deadline()
         try:
             while len(infos) < len(jobs):
                 try:
                     i, event, payload = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL)
                 except asyncio.TimeoutError:
                     i = event = payload = None
+                    if self._late(deadline):
+                        self._cancel(jobs)
+                        return error(504, f"no answer from the decoding engine within {self.timeout:g} s (the "
+                                          f"server's --request-timeout) and {DEADLINE_SLACK:g} s more")
                 if time.monotonic() - checked >= DISCONNECT_POLL:      # whatever the decode emits meanwhile
                     checked = time.monotonic()
                     if await request.is_disconnected():
@@ -297,9 +324,14 @@ class Server:
             if endpoint == "chat":
                 for i in range(len(jobs)):
                     yield self._chunk(rid, endpoint, i, first=True)
-            failed = False
+            failed, deadline = False, self._deadline()
             while len(infos) < len(jobs) and not failed:
-                events = [await queue.get()]
+                try:
+                    events = [await asyncio.wait_for(queue.get(), timeout=None if deadline is None else
+                                                     max(0.0, deadline - time.monotonic()))]
+                except asyncio.TimeoutError:
+                    events = [(0, "error", (504, f"no answer from the decoding engine within {self.timeout:g} s "
+                                                 f"and {DEADLINE_SLACK:g} s more"))]
                 while not queue.empty():              # what else is waiting goes out in the same write
                     events.append(queue.get_nowait())
                 chunks, failed = self._chunks(coalesce(events), infos, parsed, endpoint, rid)

@@ -2,11 +2,13 @@
 
     EngineClient(args).start()  -> info    spawn the engine, wait for ``ready`` (its ``fatal`` raised here)
     client.attach(loop)                    read the engine's pipe on this event loop (``add_reader``: no thread)
-    client.submit(specs, queue)  -> [Ticket]   queue jobs; job i's events arrive in ``queue`` as (i, event,
-                                           payload); QueueFull (HTTP 429) when the queue would exceed its bound,
-                                           EngineGone (503) when the engine is not running
+    client.submit(specs, queue, who) -> [Ticket]   queue jobs; job i's events arrive in ``queue`` as (i, event,
+                                           payload); NeverFits (HTTP 400) when the request alone is over a
+                                           client's bound, QueueFull (429) when the queue or the client's share
+                                           would exceed its bound, EngineGone (503) when the engine is not running
     client.cancel(ticket, reason)          stop a job that has not ended
-    await client.ask("health" | "metrics") the engine's answer (its reader thread answers between steps)
+    client.health()                        /health's answer, from the loop's pulse (no message to the engine)
+    await client.ask("metrics")            the engine's answer (its reader thread answers between steps)
     client.close()                         ``close`` the engine, wait for it (then kill it), idempotent
 
 Messages to the engine go through a sender thread (its queue unbounded): the event loop never blocks on a full
@@ -16,88 +18,245 @@ The queue bound is kept here, so a refusal is known before a response starts (a 
 first): with ``inflight`` jobs submitted and not ended (their end event read), the engine runs min(inflight,
 max_batch) of them and queues the rest, so a request of n jobs is refused when inflight + n - max_batch >
 max_queue. (A job that ended in the engine but whose end is not read yet still counts: the bound is never
-looser than the engine's queue.) If the engine dies, every job in flight ends with a 500 error event naming it,
-/health answers 503 and new requests 503.
+looser than the engine's queue.) Each client (:func:`~.bounded.client_id`) may have at most ``max_client_jobs``
+in flight (by default half of max_batch + max_queue, so one client's flood leaves room for the others; the
+engine takes queued jobs round-robin by client); a request of more jobs than that can never be admitted and is
+refused at once (:class:`NeverFits`, HTTP 400 with the limit).
+
+Supervision. A watchdog task on the event loop looks every 0.2 s at the engine process and at the loop's
+:class:`~.pulse.Pulse` (shared memory): the process gone, the loop dead, or the loop not turning for
+``stall_timeout`` seconds (a stall: a step that never ends, a frozen process) is a failure: every job in flight
+ends with a 503 error event naming it (one line), /health answers 503 (at once: :meth:`EngineClient.health`
+reads the pulse itself), the engine process is killed and a new one started (a log line each), up to
+``restarts`` times within ``restart_window`` seconds; beyond that (or with ``restarts`` 0, or when the new
+engine cannot load) ``fatal`` is set and ``on_fatal(reason)`` called: the server stops and exits with status 3
+(:mod:`setdiff_mega.serve`), for a process manager to restart it.
 """
 from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import itertools
 import multiprocessing
 import queue as queues
+import sys
 import threading
+import time
 
+from .pulse import DIED, RUNNING, Pulse
 from .scheduler import QueueFull
 
 READ_BATCH = 64                 # messages read per wake-up of the event loop (others wait for the next)
+WATCH_PERIOD = 0.2              # seconds between the watchdog's looks at the engine
 
 
 class EngineGone(RuntimeError):
     """The engine process is not running (HTTP 503)."""
 
 
-class Ticket:
-    """A submitted job as the HTTP side knows it: its key and whether its end was read."""
-    __slots__ = ("key", "done")
+class NeverFits(ValueError):
+    """A request of more jobs than one client may ever have in flight (HTTP 400: it can never be admitted)."""
 
-    def __init__(self, key: int):
-        self.key, self.done = key, False
+    def __init__(self, jobs: int, limit: int, capacity: int):
+        super().__init__(f"{jobs} jobs, more than the {limit} one client may have in flight")
+        self.jobs, self.limit, self.capacity = jobs, limit, capacity
+
+
+class Ticket:
+    """A submitted job as the HTTP side knows it: its key, its client and whether its end was read."""
+    __slots__ = ("key", "done", "client")
+
+    def __init__(self, key: int, client: str = ""):
+        self.key, self.done, self.client = key, False, client
 
 
 class EngineClient:
-    def __init__(self, args, max_batch: int, max_queue: int):
+    def __init__(self, args, max_batch: int, max_queue: int, max_client_jobs: int | None = None,
+                 stall_timeout: float | None = None, restarts: int = 0, restart_window: float = 600.0):
+        """``max_client_jobs``: the jobs one client may have in flight (None: half of max_batch + max_queue, at
+        least max_batch); ``stall_timeout``: seconds without a turn of the decode loop that count as a stall (None
+        or 0: never); ``restarts`` within ``restart_window`` seconds: engine failures recovered by a restart
+        (module docstring)."""
         self.args, self.max_batch, self.max_queue = args, max_batch, max_queue
+        capacity = max_batch + max_queue
+        self.client_limit = min(capacity, max_client_jobs or max(max_batch, capacity // 2))
+        self.stall_timeout = stall_timeout or None
+        self.max_restarts, self.restart_window = max(0, int(restarts)), float(restart_window)
         self.proc = self.conn = self.loop = None
+        self.pulse = Pulse()
         self.routes: dict = {}            # key -> (queue, index, ticket) until the job's end is read
+        self.per_client: collections.Counter = collections.Counter()     # client -> its jobs in flight (> 0 only)
         self.asks: dict = {}              # ask id -> Future
         self._keys, self._ask_ids = itertools.count(), itertools.count()
         self.closing = False
         self.lost: str | None = None      # why the engine is gone (set once its pipe ended unexpectedly)
+        self.died: str | None = None      # the loop's own last words ("died" message)
+        self.down: str | None = None      # why the engine is unavailable while it is being replaced
+        self.fatal: str | None = None     # why the server gives up (on_fatal was called)
+        self.on_fatal = None              # called once with that reason (the server stops: exit status 3)
+        self.restarts = 0                 # engine restarts so far
+        self._restarted: collections.deque = collections.deque()     # their times (monotonic)
+        self._gen = 0                     # the engine's incarnation (a stale sender's report is ignored)
+        self._watch_task = None
         self.outgoing: queues.SimpleQueue = queues.SimpleQueue()      # messages for the sender thread (None: stop)
         self._sender: threading.Thread | None = None
 
     # -- life -------------------------------------------------------------------------------------------------
     def start(self) -> dict:
         """Spawn the engine and wait until it loaded the model: its ``ready`` info."""
+        atexit.register(self.close)       # before multiprocessing's own exit hook joins the child
+        return self._spawn()
+
+    def _spawn(self) -> dict:
+        """A new engine process (its pipe, its pulse, its sender thread), loaded: its ``ready`` info."""
         from .engine import main
 
         ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=main, args=(child, self.args), name="setdiff-engine", daemon=False)
-        self.proc.start()
+        pulse = Pulse.shared(ctx)
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=main, args=(child, self.args, pulse.a), name="setdiff-engine", daemon=False)
+        proc.start()
         child.close()
-        atexit.register(self.close)       # before multiprocessing's own exit hook joins the child
-        while not self.conn.poll(0.5):
-            if not self.proc.is_alive():
+        self.proc, self.conn = proc, conn
+        while not conn.poll(0.5):
+            if not proc.is_alive() or self.closing:
                 break
         try:
-            message = self.conn.recv()
+            message = conn.recv() if conn.poll(0) else None      # (its end of file: EOFError)
         except (EOFError, OSError):
-            self.proc.join(timeout=5)
-            raise RuntimeError(f"the decoding engine exited with status {self.proc.exitcode} while loading "
-                               f"the model (its messages are above)") from None
+            message = None
+        if message is None:
+            proc.join(timeout=5)
+            raise RuntimeError(f"the decoding engine exited with status {proc.exitcode} while loading the model "
+                               f"(its messages are above)")
         if message[0] == "fatal":
-            self.proc.join(timeout=10)
+            proc.join(timeout=10)
             raise (ValueError if message[1] else RuntimeError)(message[2])
-        self._sender = threading.Thread(target=self._send_loop, name="setdiff-engine-sender", daemon=True)
+        self._gen += 1
+        self.pulse, self.outgoing, self.died, self.lost = pulse, queues.SimpleQueue(), None, None
+        self._sender = threading.Thread(target=self._send_loop, args=(conn, self.outgoing, self._gen),
+                                        name="setdiff-engine-sender", daemon=True)
         self._sender.start()
         return message[1]
 
-    def _send_loop(self) -> None:
-        while (message := self.outgoing.get()) is not None:
+    def _send_loop(self, conn, outgoing, gen: int) -> None:
+        while (message := outgoing.get()) is not None:
             try:
-                self.conn.send(message)
+                conn.send(message)
             except (OSError, EOFError):           # the engine is gone: the reader sees its end of file
                 try:
-                    self.loop.call_soon_threadsafe(self._lost)
+                    self.loop.call_soon_threadsafe(self._lost, gen)
                 except (AttributeError, RuntimeError):    # no loop yet, or it is closed
                     pass
                 return
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.lost is None and not self.closing
+        return self.proc is not None and self.lost is None and self.down is None and not self.closing
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why no request can be served now (None: it can)."""
+        if self.closing:
+            return self.fatal or "the server is shutting down"
+        return self.fatal or self.down or self.lost or self._failure()
+
+    def health(self) -> dict:
+        """/health's body: ``status`` ok or unavailable (with its ``reason``), the loop's vital signs
+        (:meth:`~.pulse.Pulse.read`), the engine's restarts so far."""
+        reason = self.unavailable
+        out = {"status": "ok" if reason is None else "unavailable", **self.pulse.read(), "engine_restarts":
+               self.restarts}
+        if reason is not None:
+            out["reason"] = reason
+        return out
+
+    def _failure(self) -> str | None:
+        """What is wrong with the engine now (None: nothing): its process gone, its loop dead or stalled."""
+        if self.proc is None:
+            return None
+        if self.lost is not None:
+            return self.lost
+        if not self.proc.is_alive():
+            return f"the decoding engine exited (status {self.proc.exitcode})"
+        state = self.pulse.state
+        if state == DIED:
+            return self.died or "the decode loop died (its messages are in the server's log)"
+        age = self.pulse.age()
+        if state == RUNNING and self.stall_timeout and age is not None and age > self.stall_timeout:
+            return (f"the decode loop stalled: no turn for {age:.1f} s (--stall-timeout {self.stall_timeout:g}; "
+                    f"its step never ended or its process froze)")
+        return None
+
+    async def _watch(self) -> None:
+        """The watchdog (module docstring): every WATCH_PERIOD seconds, a failure found is recovered from."""
+        while not self.closing and self.fatal is None:
+            await asyncio.sleep(WATCH_PERIOD)
+            if self.down is None and not self.closing:
+                reason = self._failure()
+                if reason is not None:
+                    await self._recover(reason)
+
+    def _fail_routes(self, status: int, message: str) -> None:
+        for queue, i, ticket in self.routes.values():
+            ticket.done = True
+            queue.put_nowait((i, "error", (status, message)))
+        self.routes.clear()
+        self.per_client.clear()
+        for future in self.asks.values():
+            if not future.done():
+                future.set_exception(EngineGone(message))
+
+    def _kill(self) -> None:
+        """The current engine process ends (killed when it still runs: it may be frozen), its pipe closed."""
+        self._detach()
+        self.outgoing.put(None)
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.join(timeout=10)
+        if self.conn is not None and not self.conn.closed:
+            self.conn.close()
+
+    def _give_up(self, reason: str) -> None:
+        self.fatal = reason
+        print(f"error: {reason}; the server exits with status 3 for its process manager to restart it",
+              file=sys.stderr, flush=True)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
+
+    async def _recover(self, reason: str) -> None:
+        """A failed engine: its jobs fail (503, one line), it is killed, a new one is started (or the server
+        gives up: module docstring)."""
+        self.down = reason
+        self._fail_routes(503, f"{reason}; retry the request")
+        self._kill()
+        now = time.monotonic()
+        while self._restarted and now - self._restarted[0] > self.restart_window:
+            self._restarted.popleft()
+        if len(self._restarted) >= self.max_restarts:
+            self._give_up(f"{reason}; no engine restart left ({len(self._restarted)} in the last "
+                          f"{self.restart_window:g} s, --engine-restarts {self.max_restarts})")
+            return
+        self._restarted.append(now)
+        self.restarts += 1
+        print(f"warning: {reason}; restarting the decoding engine (restart {self.restarts}, "
+              f"{len(self._restarted)} of {self.max_restarts} within {self.restart_window:g} s)",
+              file=sys.stderr, flush=True)
+        self.down = f"{reason}; the decoding engine is restarting, retry in a few seconds"
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._spawn)
+        except Exception as e:                   # noqa: BLE001 (the model cannot be loaded again: give up)
+            self._give_up(f"{reason}; the engine could not be restarted ({type(e).__name__}: {e})")
+            return
+        if self.closing:
+            self._kill()
+            return
+        self._attach_reader()
+        self.down = None
+        print(f"the decoding engine is back (restart {self.restarts}, pid {self.proc.pid})", file=sys.stderr,
+              flush=True)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the engine (queued jobs fail, running ones are cancelled) and wait for it; kill it after
@@ -105,6 +264,11 @@ class EngineClient:
         if self.proc is None or self.closing:
             return
         self.closing = True
+        if self._watch_task is not None and self.loop is not None and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self._watch_task.cancel)
+            except RuntimeError:
+                pass
         self._detach()
         if self._sender is not None:
             self.outgoing.put(("close",))
@@ -121,32 +285,56 @@ class EngineClient:
 
     # -- requests -------------------------------------------------------------------------------------------
     def attach(self, loop) -> None:
-        """Read the engine's messages on ``loop`` (the HTTP server's event loop)."""
+        """Read the engine's messages on ``loop`` (the HTTP server's event loop) and watch it there."""
         if self.loop is loop:
             return
         self.loop = loop
-        loop.add_reader(self.conn.fileno(), self._readable)
+        self._attach_reader()
+        self._watch_task = loop.create_task(self._watch())
+
+    def _attach_reader(self) -> None:
+        self.loop.add_reader(self.conn.fileno(), self._readable)
 
     def _send(self, message) -> None:
         self.outgoing.put(message)
 
-    def submit(self, specs: list, queue) -> list:
-        """Queue ``specs`` (:class:`~.engine.JobSpec` without keys: given here), all or none; spec i's events go
-        to ``queue`` as (i, event, payload)."""
+    def fault(self, kind: str) -> None:
+        """A test's fault for the engine's loop (honoured only when ``args.fault_injection``: :mod:`.engine`)."""
+        self._send(("fault", kind))
+
+    def submit(self, specs: list, queue, client: str = "") -> list:
+        """Queue ``specs`` (:class:`~.engine.JobSpec` without keys: given here) of ``client``, all or none; spec
+        i's events go to ``queue`` as (i, event, payload)."""
         if not self.alive:
-            raise EngineGone(self.lost or "the server is shutting down")
+            raise EngineGone(self.unavailable or "the server is shutting down")
+        n, capacity = len(specs), self.max_batch + self.max_queue
+        if n > self.client_limit:
+            raise NeverFits(n, self.client_limit, capacity)
         inflight = len(self.routes)
-        if inflight + len(specs) - self.max_batch > self.max_queue:
+        if inflight + n - self.max_batch > self.max_queue:
             raise QueueFull(f"the queue is full ({max(0, inflight - self.max_batch)} waiting, limit "
                             f"{self.max_queue}); retry later")
+        mine = self.per_client.get(client, 0)
+        if mine + n > self.client_limit:
+            raise QueueFull(f"this client has {mine} jobs in flight and may have at most {self.client_limit} "
+                            f"(--max-client-jobs); retry when some have ended")
         tickets = []
         for i, spec in enumerate(specs):
-            spec.key = next(self._keys)
-            ticket = Ticket(spec.key)
+            spec.key, spec.client = next(self._keys), client
+            ticket = Ticket(spec.key, client)
             self.routes[spec.key] = (queue, i, ticket)
             tickets.append(ticket)
+        self.per_client[client] = mine + n
         self._send(("submit", specs))
         return tickets
+
+    def _ended(self, ticket: Ticket) -> None:
+        ticket.done = True
+        left = self.per_client.get(ticket.client, 0) - 1
+        if left > 0:
+            self.per_client[ticket.client] = left
+        else:                                        # no entry kept for a client without jobs: bounded
+            self.per_client.pop(ticket.client, None)
 
     def cancel(self, ticket: Ticket, reason: str = "cancelled") -> None:
         if not ticket.done and self.alive:
@@ -155,7 +343,7 @@ class EngineClient:
     async def ask(self, what: str, timeout: float = 30.0):
         """The engine's answer to ``what`` (``health``, ``metrics``)."""
         if not self.alive:
-            raise EngineGone(self.lost or "the server is shutting down")
+            raise EngineGone(self.unavailable or "the server is shutting down")
         i = next(self._ask_ids)
         future = self.asks[i] = asyncio.get_running_loop().create_future()
         try:
@@ -180,7 +368,7 @@ class EngineClient:
                     return
                 self._dispatch(self.conn.recv())
         except (EOFError, OSError):
-            self._lost()
+            self._lost(self._gen)
 
     def _dispatch(self, message) -> None:
         if message[0] == "events":
@@ -190,29 +378,26 @@ class EngineClient:
                     continue
                 queue, i, ticket = route
                 if event in ("done", "error"):
-                    ticket.done = True
+                    self._ended(ticket)
                     del self.routes[key]
                 queue.put_nowait((i, event, payload))
+        elif message[0] == "died":
+            self.died = message[1]
         elif message[0] == "answer":
             future = self.asks.get(message[1])
             if future is not None and not future.done():
                 future.set_result(message[2])
 
-    def _lost(self) -> None:
-        """The engine's pipe ended: every job in flight fails, every question fails."""
-        if self.lost is not None or self.closing:
+    def _lost(self, gen: int | None = None) -> None:
+        """The engine's pipe ended: every job in flight fails, every question fails (at once; the watchdog then
+        restarts the engine or gives up)."""
+        if self.lost is not None or self.closing or (gen is not None and gen != self._gen) or self.down:
             return
         self._detach()
         self.proc.join(timeout=0.5)                  # its exit status, when it has one already
         self.lost = (f"the decoding engine exited (status {self.proc.exitcode}); its messages are in the server's "
-                     f"log; restart the server")
-        for queue, i, ticket in self.routes.values():
-            ticket.done = True
-            queue.put_nowait((i, "error", (500, self.lost)))
-        self.routes.clear()
-        for future in self.asks.values():
-            if not future.done():
-                future.set_exception(EngineGone(self.lost))
+                     f"log")
+        self._fail_routes(503, f"{self.lost}; retry the request")
 
 
-__all__ = ["EngineClient", "EngineGone", "Ticket"]
+__all__ = ["EngineClient", "EngineGone", "NeverFits", "Ticket"]

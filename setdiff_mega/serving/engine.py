@@ -10,7 +10,9 @@ Messages (pickled by :class:`multiprocessing.connection.Connection`), HTTP side 
 
     ("submit", [JobSpec, ...])      queue jobs (the HTTP side already bounded the queue: 429 there)
     ("cancel", key, reason)         stop a job (client gone, timeout); unknown keys (already ended) are ignored
-    ("ask", ask_id, what)           what: "health" -> {"running", "queued"}; "metrics" -> Prometheus text
+    ("ask", ask_id, what)           what: "health" -> {"running", "queued", "loop", ...}; "metrics" -> Prometheus text
+    ("fault", kind)                 a test's fault for the loop ("die", "stall"; :meth:`Scheduler._inject`), honoured
+                                    only when the server was built with ``args.fault_injection`` (no flag sets it)
     ("close",)                      queued jobs fail (503), running ones are cancelled, the engine exits
 
 engine -> HTTP side:
@@ -20,6 +22,7 @@ engine -> HTTP side:
     ("fatal", user, message)        loading failed (one line; the HTTP side raises it: ValueError for a user's
                                     error such as a missing checkpoint, RuntimeError otherwise)
     ("events", [(key, event, payload), ...])   a step's events (:mod:`.outbox`), or one emitted off the loop
+    ("died", message)               the scheduler's loop ended on an error (one line; its jobs already failed)
     ("answer", ask_id, value)
 
 Threads here: the scheduler's loop (the only one that touches the model) and the main thread, blocked in the
@@ -27,6 +30,10 @@ pipe's ``recv`` (no GIL held) but for the few microseconds a message takes. Send
 lock. The engine ignores SIGINT and SIGTERM (a terminal's Ctrl-C, systemd's stop reach the whole process group):
 the HTTP side drains its requests and then sends ``close``; if the HTTP process dies, the pipe's end of file
 stops the engine.
+
+The loop's vital signs are also in shared memory (:class:`~.pulse.Pulse`, made by the HTTP side and handed to
+:func:`main`): the HTTP side reads them without a message (/health, its watchdog: :mod:`.client`). An event that
+cannot be pickled fails its own job (500) instead of the step's hand-over.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from dataclasses import dataclass
 from .job import Job
 from .metrics import Metrics
 from .outbox import Outbox
+from .pulse import Pulse
 from .scheduler import QueueFull, Scheduler
 
 
@@ -51,6 +59,7 @@ class JobSpec:
     timeout: float | None = None
     trace: bool = False
     arrival: float = 0.0              # time.monotonic() at the HTTP side (one clock for both processes)
+    client: str = ""                  # who sent it (.bounded.client_id: fair admission)
 
 
 def load_model(args):
@@ -69,13 +78,15 @@ def load_model(args):
 class EngineCore:
     """The scheduler and the pipe: jobs in, events out (module docstring)."""
 
-    def __init__(self, scheduler: Scheduler, conn, metrics: Metrics, interval: float = 0.0, rate: float = 0.0):
-        self.scheduler, self.conn, self.metrics = scheduler, conn, metrics
+    def __init__(self, scheduler: Scheduler, conn, metrics: Metrics, interval: float = 0.0, rate: float = 0.0,
+                 faults: bool = False):
+        self.scheduler, self.conn, self.metrics, self.faults = scheduler, conn, metrics, faults
         self.jobs: dict = {}              # key -> Job, until its end went over
         self._lock = threading.Lock()
         self.outbox = Outbox(self._events, scheduler.in_loop, interval, rate)
         scheduler.on_step_end = self.outbox.flush
         scheduler.stream_due = self.outbox.due
+        scheduler.on_death = self._died
 
     def send(self, message) -> None:
         with self._lock:
@@ -85,12 +96,31 @@ class EngineCore:
         for key, event, _ in batch:
             if event in ("done", "error"):
                 self.jobs.pop(key, None)
-        self.send(("events", batch))
+        try:
+            self.send(("events", batch))
+        except (OSError, EOFError):
+            raise
+        except Exception:                 # noqa: BLE001 (an event that cannot be pickled: nothing was written)
+            for key, event, payload in batch:
+                try:
+                    self.send(("events", [(key, event, payload)]))
+                except (OSError, EOFError):
+                    raise
+                except Exception as e:    # noqa: BLE001 (that job fails in one line; the others went over)
+                    self.jobs.pop(key, None)
+                    self.send(("events", [(key, "error", (500, f"an event of this request could not be sent "
+                                                                f"({type(e).__name__}: {e})"[:300]))]))
+
+    def _died(self, message: str) -> None:
+        try:
+            self.send(("died", message))
+        except (OSError, EOFError):
+            pass
 
     def _answer(self, what: str):
         s = self.scheduler
         if what == "health":
-            return {"running": len(s.running), "queued": len(s.queue)}
+            return {"running": len(s.running), "queued": len(s.queue), **s.pulse.read()}
         if what == "metrics":
             return self.metrics.render()
         raise ValueError(f"unknown question {what!r}")
@@ -100,12 +130,12 @@ class EngineCore:
         kind = message[0]
         if kind == "submit":
             jobs = [Job(s.ids, s.config, self.outbox.emitter(s.key), s.stops, s.timeout, self.scheduler.tokenizer,
-                        key=s.key, arrival=s.arrival, trace=s.trace) for s in message[1]]
+                        key=s.key, arrival=s.arrival, trace=s.trace, client=s.client) for s in message[1]]
             self.jobs.update((job.key, job) for job in jobs)
             try:
                 self.scheduler.submit(jobs)
             except QueueFull as e:            # never expected (the HTTP side bounds the queue): each job fails alone
-                status = 503 if self.scheduler.closing else 429
+                status = 503 if self.scheduler.closing or self.scheduler.error else 429
                 for job in jobs:
                     job.fail(status, str(e))
         elif kind == "cancel":
@@ -114,6 +144,8 @@ class EngineCore:
                 self.scheduler.cancel(job, message[2])
         elif kind == "ask":
             self.send(("answer", message[1], self._answer(message[2])))
+        elif kind == "fault" and self.faults:
+            self.scheduler.fault = message[1]
         elif kind == "close":
             return False
         return True
@@ -154,8 +186,9 @@ def _fatal(e: BaseException) -> tuple:
     return ("fatal", user, " ".join(text.split()))
 
 
-def main(conn, args) -> None:
-    """The engine process (``multiprocessing`` spawn target): load, say ``ready``, serve the pipe."""
+def main(conn, args, pulse_array=None) -> None:
+    """The engine process (``multiprocessing`` spawn target): load, say ``ready``, serve the pipe; the loop's
+    vital signs go to ``pulse_array`` (:class:`~.pulse.Pulse`)."""
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -166,7 +199,8 @@ def main(conn, args) -> None:
         metrics = Metrics()
         L = cfg.data.seq_length
         scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, metrics=metrics,
-                              max_queue=args.max_queue + args.max_batch, width=L + args.max_tokens_limit)
+                              max_queue=args.max_queue + args.max_batch, width=L + args.max_tokens_limit,
+                              pulse=Pulse(pulse_array))
     except Exception as e:                # noqa: BLE001 (reported to the HTTP side as one line)
         conn.send(_fatal(e))
         return
@@ -174,7 +208,8 @@ def main(conn, args) -> None:
         conn.send(("ready", {"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch}))
     except OSError:                       # the HTTP process stopped while the model loaded
         return
-    core = EngineCore(scheduler, conn, metrics, max(0.0, args.stream_interval), max(0.0, args.stream_chunk_rate))
+    core = EngineCore(scheduler, conn, metrics, max(0.0, args.stream_interval), max(0.0, args.stream_chunk_rate),
+                      faults=bool(getattr(args, "fault_injection", False)))
     core.run()
 
 

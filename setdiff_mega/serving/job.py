@@ -41,6 +41,7 @@ class Job:
     timeout: float | None = None          # seconds from arrival
     tokenizer: object = None
     key: int = field(default_factory=lambda: next(_keys))
+    client: str = ""                      # who sent it (fair admission: one FIFO per client, .bounded.FairQueue)
     arrival: float = field(default_factory=time.monotonic)
     started: float | None = None          # admitted into the batch
     first_token: float | None = None      # first text emitted

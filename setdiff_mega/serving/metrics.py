@@ -3,6 +3,10 @@ the HTTP process's (:class:`HttpMetrics`) and the engine process's (:class:`Metr
 over the engine's pipe for each scrape); /metrics is the two texts one after the other (no name in both).
 
     setdiff_requests_total{endpoint, status}        HTTP requests answered (the HTTP process)
+    setdiff_loop_alive                              1 while the decode loop runs and is not stalled, else 0
+    setdiff_loop_beat_age_seconds                   seconds since the decode loop's last turn (:mod:`.pulse`)
+    setdiff_last_step_age_seconds                   seconds since its last decode step (-1 before the first)
+    setdiff_engine_restarts                         engine restarts by the watchdog so far (:mod:`.client`)
     setdiff_queue_length                            jobs waiting for a batch slot
     setdiff_running                                 jobs in the batch (occupancy = running / max_batch)
     setdiff_batch_rows                              histogram: jobs fused into one forward (a decode step)
@@ -36,6 +40,24 @@ class HttpMetrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("setdiff_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
+        self.alive = Gauge("setdiff_loop_alive", "1 while the decode loop runs and is not stalled", registry=r)
+        self.beat_age = Gauge("setdiff_loop_beat_age_seconds", "seconds since the decode loop's last turn",
+                              registry=r)
+        self.step_age = Gauge("setdiff_last_step_age_seconds", "seconds since the last decode step (-1: none yet)",
+                              registry=r)
+        self.restarts = Gauge("setdiff_engine_restarts", "engine restarts by the watchdog", registry=r)
+
+    def watch(self, engine) -> None:
+        """The loop's vital signs, read from ``engine`` (an :class:`~.client.EngineClient`) at each scrape."""
+        def read(field, default=-1.0):
+            def value():
+                v = engine.health().get(field)
+                return default if v is None else float(v)
+            return value
+        self.alive.set_function(lambda: float(engine.health()["status"] == "ok"))
+        self.beat_age.set_function(read("last_beat_age_s"))
+        self.step_age.set_function(read("last_step_age_s"))
+        self.restarts.set_function(lambda: float(engine.restarts))
 
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()

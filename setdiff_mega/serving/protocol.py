@@ -3,7 +3,8 @@
 A body is a JSON object. Fields (every other name is refused with the list of known ones):
 
     shared      model, max_tokens (>= 1, <= the server's limit), temperature, top_p, seed, n (1..16),
-                stop (a string or a list of strings), stream, stream_options {include_usage}, user,
+                stop (a string or a list of up to 16 strings of up to 1000 characters), stream,
+                stream_options {include_usage}, user,
                 return_token_ids (not OpenAI's: each choice also carries its generated token ids),
                 trace (not OpenAI's: the decoding trace, decoding/trace.py: streamed, each step's commits in
                 its chunk's ``trace``, the first with the generation ``region``; whole in the response's choice)
@@ -21,6 +22,10 @@ A body is a JSON object. Fields (every other name is refused with the list of kn
                 template and its generation prompt; chat_template_kwargs (e.g. {"enable_thinking": false})
     infill      prefix, suffix, span (the diffusion endpoint; no streaming)
 
+``stop_regex`` runs on RE2 (linear time; :func:`setdiff_mega.decoding.stopping.compile_stop_regex`): a pattern
+longer than 1000 characters, compiling to more than 1000 instructions, or using what RE2 lacks (backreferences,
+lookaround) is refused with one line, before anything is queued.
+
 Values: defaults = the server's (the checkpoint's decoding defaults, its preset and flags); temperature 0 is
 greedy; ``n`` > 1 decodes n jobs with seeds seed, seed + 1, ... A prompt with the MASK token (completions,
 chat) is refused: infilling goes through /v1/infill or ``suffix``.
@@ -30,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from setdiff_mega.decoding.base import GenerationConfig
+from setdiff_mega.decoding.stopping import compile_stop_regex
 from setdiff_mega.errors import DataError, RequestError
 from setdiff_mega.inference.api import encode_request
 from setdiff_mega.inference.options import generation_config
@@ -45,6 +51,7 @@ DIFFUSION = ("window", "tau", "commit_k", "commit_rule", "block_size", "repetiti
 OWN = {"completions": {"prompt", "suffix"}, "chat": {"messages", "chat_template_kwargs", "max_completion_tokens"},
        "infill": {"prefix", "suffix", "span", "prompt"}}
 MAX_N = 16
+MAX_STOPS, MAX_STOP_CHARS = 16, 1000      # stop strings per request, characters per stop string
 
 
 @dataclass
@@ -106,8 +113,11 @@ def _stops(value) -> tuple:
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
-        raise RequestError("'stop' must be a non-empty string or a list of up to 16 non-empty strings")
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+        raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOPS} non-empty strings")
+    longest = max(len(s) for s in stops)
+    if longest > MAX_STOP_CHARS:
+        raise RequestError(f"a stop string has {longest} characters, more than the limit of {MAX_STOP_CHARS}")
     return tuple(stops)
 
 
@@ -133,6 +143,11 @@ def config_of(body: dict, d: ServerDefaults, max_tokens_key: str = "max_tokens")
     over["max_new_tokens"] = mt
     if "temperature" in over and over["temperature"] < 0:
         raise RequestError(f"'temperature' must be >= 0, got {over['temperature']}")
+    if over.get("stop_regex"):                    # RE2 (linear time), checked before anything else compiles it
+        try:
+            compile_stop_regex(over["stop_regex"])
+        except ValueError as e:
+            raise RequestError(str(e)) from None
     try:
         return replace(base, **over).validate()
     except ValueError as e:

@@ -18,6 +18,15 @@ next call.
                    apart, joining rows' prefills apart where that saves padding: :mod:`.fusion`) -> each
                    decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
 
+Fairness: the queue is one FIFO per client, taken round-robin (:class:`~.bounded.FairQueue`): the next free row
+goes to the next client in turn, so one client's flood never stands between another client and a row.
+
+Supervision: the loop's every turn beats its :class:`~.pulse.Pulse` (shared memory the HTTP side reads: /health, the
+watchdog); every part of a step that runs a decode's or a client's code is guarded per decode (its jobs fail,
+the loop goes on); anything else that escapes (a bug of the loop itself) ends the loop with its jobs failed in
+one line, the pulse's state ``died``, ``on_death(message)`` called: the engine is then restarted or the server
+exits (:mod:`.client`). A failed admission leaves no decode behind (:meth:`Scheduler._orphan`).
+
 No thread per request and no hand-off per step: the HTTP side only queues jobs (:meth:`Scheduler.submit`), flags
 cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV cache; a job
 joining or leaving resets or frees its row only. The queue is bounded (``max_queue``: :class:`QueueFull`, HTTP 429).
@@ -30,16 +39,19 @@ the number that carries over to a GPU.
 """
 from __future__ import annotations
 
-import collections
+import sys
 import threading
 import time
+import traceback
 
 import torch
 
 from setdiff_mega.decoding.calls import fused_forward
 
+from .bounded import FairQueue
 from .fusion import default_min_saving, groups, split_rows, stitch
 from .job import Job
+from .pulse import CLOSED, DIED, RUNNING, Pulse
 from .sessions import USER, Decode, session_key
 
 # where a decode step's time goes: admitting and retiring jobs, the samplers' bookkeeping before the forward
@@ -57,7 +69,7 @@ class QueueFull(Exception):
 
 class Scheduler:
     def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None,
-                 width: int = 4096, min_saving: int | None = None):
+                 width: int = 4096, min_saving: int | None = None, pulse: Pulse | None = None):
         """``width``: the most canvas positions of a request (prompt plus ``max_tokens``); shared decodes are
         as wide as their requests need, by powers of two (:meth:`_bucket`). ``min_saving``: the padding (row x
         positions) a second forward in a step must save (:mod:`.fusion`; None: the device's default)."""
@@ -68,14 +80,18 @@ class Scheduler:
         self.device = next(model.parameters()).device
         self.min_saving = default_min_saving(self.device) if min_saving is None else int(min_saving)
         self.cond = threading.Condition()
-        self.queue: collections.deque = collections.deque()
+        self.queue = FairQueue()         # waiting jobs, one FIFO per client, taken round-robin
         self.running: dict[int, Job] = {}
         self.width = width
         self.decodes: list[Decode] = []
         self.shared: dict = {}           # (session key, width) -> its shared Decode
         self.resting: list = []          # shared decodes without jobs, oldest first (:data:`IDLE_DECODES`)
         self._closing = False
-        self._thread = threading.Thread(target=self._loop, name="setdiff-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="setdiff-scheduler", daemon=True)
+        self.pulse = pulse if pulse is not None else Pulse()
+        self.error: str | None = None     # why the loop died (None while it runs)
+        self.on_death = None              # called with that one line when it dies (the engine tells the HTTP side)
+        self.fault: str | None = None     # a test's injected fault, acted on at the loop's next turn (_inject)
         self.steps = 0
         self.part_seconds = dict.fromkeys(PARTS, 0.0)   # decode-step time by part, summed (:data:`PARTS`)
         self.clock = _Clocked(model)
@@ -102,8 +118,8 @@ class Scheduler:
     def submit(self, jobs: list[Job]) -> None:
         """Queue ``jobs`` (all or none: :class:`QueueFull`)."""
         with self.cond:
-            if self._closing:
-                raise QueueFull("the server is shutting down")
+            if self._closing or self.error is not None:
+                raise QueueFull(self.error or "the server is shutting down")
             if len(self.queue) + len(jobs) > self.max_queue:
                 raise QueueFull(f"the queue is full ({len(self.queue)} waiting, limit {self.max_queue}); "
                                 f"retry later")
@@ -191,22 +207,28 @@ class Scheduler:
             self.running[job.key] = job
             key = session_key(job.config)
             solo = len(jobs) == 1 and len(self.running) == 1 and not self.queue
+            d = None
             try:
                 d = self._decode(job, key, solo)
                 if key is not None:
                     d.admit(job)
-            except USER as e:
-                job.fail(400, str(e))
-                self._left([job])
-                continue
             except Exception as e:            # noqa: BLE001 (one request's failure is reported, never raised)
-                job.fail(500, f"decoding failed: {type(e).__name__}: {e}")
+                user = isinstance(e, USER)
+                job.fail(400 if user else 500, str(e) if user else f"decoding failed: {type(e).__name__}: {e}")
                 self._left([job])
+                self._orphan(d)
                 continue
             if d not in self.decodes:
                 self.decodes.append(d)
             if d in self.resting:
                 self.resting.remove(d)
+
+    def _orphan(self, d: Decode | None) -> None:
+        """After a failed admission: a decode made for it and left without jobs (outside ``decodes`` and
+        ``resting``) is forgotten, its KV cache freed, so no failed request keeps one beyond the idle cap."""
+        if d is None or d.slots or d in self.decodes or d in self.resting:
+            return
+        self.shared = {k: v for k, v in self.shared.items() if v is not d}
 
     def _left(self, jobs: list[Job]) -> None:
         with self.cond:
@@ -217,14 +239,19 @@ class Scheduler:
 
     def _drop(self, d: Decode, status: int, message: str) -> None:
         self._left(d.fail(status, message))
-        self.decodes.remove(d)
+        if d in self.decodes:
+            self.decodes.remove(d)
         for k, v in list(self.shared.items()):
             if v is d:
                 del self.shared[k]
 
     def _sweep(self) -> None:
         for d in list(self.decodes):
-            self._left(d.sweep())
+            try:
+                self._left(d.sweep())
+            except Exception as e:            # noqa: BLE001 (a job's end failing: its decode's jobs fail)
+                self._drop(d, 500, f"decoding failed: {type(e).__name__}: {e}")
+                continue
             if not d.slots:
                 if any(v is d for v in self.shared.values()):      # kept for the next job of its options
                     self.decodes.remove(d)
@@ -235,9 +262,60 @@ class Scheduler:
                 else:
                     self._drop(d, 500, "")
 
+    def _run(self) -> None:
+        """The loop, supervised (module docstring): its state in the pulse, its death reported."""
+        self.pulse.set_state(RUNNING)
+        try:
+            self._loop()
+        except BaseException as e:            # noqa: BLE001 (the loop's own bug: reported, its jobs failed)
+            self._died(e)
+            return
+        self.pulse.set_state(CLOSED)
+
+    def _died(self, e: BaseException) -> None:
+        """The loop ends on an error: one line to stderr (the traceback after it), every job in flight fails with
+        it (500), the pulse says ``died``, ``on_death`` hears it."""
+        message = " ".join(f"the decode loop died: {type(e).__name__}: {e}".split())[:300]
+        self.error = message
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        traceback.print_exc(file=sys.stderr)
+        with self.cond:
+            jobs = [*self.queue, *self.running.values()]
+            self.queue.clear()
+            self.running.clear()
+        for job in jobs:
+            if not job.done:
+                try:
+                    job.fail(500, f"{message}; the engine is being restarted, retry the request")
+                except Exception:             # noqa: BLE001
+                    pass
+        try:
+            self._end_step()
+        except Exception:                     # noqa: BLE001 (the events could not go: the watchdog fails them)
+            pass
+        self.pulse.set_state(DIED)
+        if self.on_death is not None:
+            try:
+                self.on_death(message)
+            except Exception:                 # noqa: BLE001
+                pass
+
+    def _inject(self) -> None:
+        """A fault a test injected (the engine's ``fault`` message, honoured only when the server was built to
+        allow it): ``die``, an error no guard catches; ``stall``, the loop stops turning."""
+        kind, self.fault = self.fault, None
+        if kind == "die":
+            raise RuntimeError("a fault injected by a test")
+        if kind == "stall":
+            while not self._closing:
+                time.sleep(0.05)
+
     @torch.inference_mode()
     def _loop(self) -> None:
         while True:
+            self.pulse.beat(len(self.running), len(self.queue))
+            if self.fault is not None:
+                self._inject()
             with self.cond:
                 if self._closing and not self.running:
                     return
@@ -265,8 +343,13 @@ class Scheduler:
             self.metrics.part(name, seconds)
 
     def _end_step(self) -> None:
+        self.pulse.beat(len(self.running), len(self.queue))     # before the hand-over: what a client sees next
         if self.on_step_end is not None:
-            self.on_step_end()
+            try:
+                self.on_step_end()
+            except Exception as e:            # noqa: BLE001 (the engine fails an unsendable event's job itself)
+                print(f"error: the decode step's events could not be handed over: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)
 
     def _calls(self) -> list:
         out = []
@@ -285,25 +368,42 @@ class Scheduler:
         cached ones cut by width where that saves padding (:mod:`.fusion`: a joining row's prefill apart from the
         decoding rows; the wide forward first)."""
         parts, failed = [], set()                # (work index, part of its call)
+
+        def fail(i: int, e: Exception, what: str) -> None:
+            if i not in failed:
+                failed.add(i)
+                self._drop(work[i][0], 500, f"{what}: {type(e).__name__}: {e}")
         for i, (d, calls) in enumerate(work):
-            parts += [(i, p) for p in split_rows(calls[0], self.min_saving)]
+            try:
+                parts += [(i, p) for p in split_rows(calls[0], self.min_saving)]
+            except Exception as e:                # noqa: BLE001 (this decode fails; the step goes on)
+                fail(i, e, "the decode's forward could not be arranged")
         results: dict = {}
         for cached in (True, False):
             mine = [(i, p) for i, p in parts if (p[0].cache is not None) == cached]
-            for group in groups([p[0] for _, p in mine], self.min_saving) if mine else []:
+            try:
+                cuts = groups([p[0] for _, p in mine], self.min_saving) if mine else []
+            except Exception:                     # noqa: BLE001 (no cut: one forward, as without fusion)
+                cuts = [list(range(len(mine)))]
+            for group in cuts:
                 members = [mine[j] for j in group]
                 try:
                     outs = fused_forward(self.clock, [p[0] for _, p in members], self.tokenizer.pad)
                 except Exception as e:            # noqa: BLE001 (the decodes of this forward fail; the loop goes on)
                     for i, _ in members:
-                        if i not in failed:
-                            failed.add(i)
-                            self._drop(work[i][0], 500, f"the decode forward failed: {e}")
+                        fail(i, e, "the decode forward failed")
                     continue
                 for (i, (_, rows, cols)), o in zip(members, outs):
                     results.setdefault(i, []).append((o, rows, cols))
-        return [(d, [stitch(calls[0], results[i])]) for i, (d, calls) in enumerate(work)
-                if i not in failed and i in results]
+        out = []
+        for i, (d, calls) in enumerate(work):
+            if i in failed or i not in results:
+                continue
+            try:
+                out.append((d, [stitch(calls[0], results[i])]))
+            except Exception as e:                # noqa: BLE001
+                fail(i, e, "the decode's logits could not be assembled")
+        return out
 
     def _step(self, admitted: float) -> bool:
         """One step: every decode's calls, the fused forwards, every decode's bookkeeping; its time by part
@@ -326,6 +426,7 @@ class Scheduler:
         t5 = time.perf_counter()
         if not work:
             return False
+        self.pulse.stepped()
         fwd = self.clock.seconds
         parts = {"admit": admitted + (t5 - t4), "calls": t2 - t1, "fuse": (t3 - t2) - fwd, "forward": fwd,
                  "advance": t4 - t3}
