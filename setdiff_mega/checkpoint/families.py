@@ -168,17 +168,18 @@ def _fill(model, weights: HFWeights, file_mc, adapter, path: Path, new: range) -
 
 
 def import_model(path: str | Path, save_dir: str | Path, overrides=(), mask_token: str | None = None,
-                 overwrite: bool = False, dtype: str = "auto") -> Path:
+                 overwrite: bool = False, dtype: str = "auto", state: dict | None = None) -> Path:
     """A Hugging Face directory (any supported family, or the project's export) -> a weights-only native
-    checkpoint under ``save_dir`` (returns its dir); the rules of :func:`convert.check_import_target`."""
+    checkpoint under ``save_dir`` (returns its dir); the rules of :func:`convert.check_import_target`.
+    ``state``: entries recorded in its state.json over ``imported_from`` / ``family`` (from-gguf's provenance)."""
     p, save_dir = Path(path), Path(save_dir)
     if hf.is_hf_export(p):
         return convert.import_export(p, save_dir, overwrite=overwrite)
     previous = convert.check_import_target(save_dir, p, overwrite)
     model, cfg, tok, adapter = load_family(p, overrides, mask_token, dtype)
     convert.remove_imports(previous, keep="step_0000000")
-    return save_model_checkpoint(save_dir, 0, model, cfg, tok, state={"imported_from": str(p), "family": adapter.name},
-                                 release=True)
+    return save_model_checkpoint(save_dir, 0, model, cfg, tok, release=True,
+                                 state={"imported_from": str(p), "family": adapter.name, **(state or {})})
 
 
 def _is_family_export(d: Path) -> bool:
