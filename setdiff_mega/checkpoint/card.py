@@ -43,6 +43,20 @@ print(tok.decode(filled.generated[0]))
 ```'''
 
 
+def _source(state: dict) -> str:
+    """A GGUF import's provenance (``from-gguf``: state.json's ``gguf``): the model is the dequantised one."""
+    g = state.get("gguf")
+    if not g:
+        return ""
+    types = ", ".join(f"{n} {t}" for t, n in sorted(g["tensor_types"].items(), key=lambda kv: -kv[1]))
+    return f"""
+## Source
+Imported with `tools/convert_checkpoint.py from-gguf` from the GGUF file `{g["source"]}` ({g["name"]},
+{g["architecture"]}, {g["file_type"]}: {types} tensors; sha256 `{g["sha256"]}`), dequantised to
+{g["dequantized_to"]} ({g["dequantized_with"]}). The parent model is {g["parent"]}.
+"""
+
+
 def model_card(cfg, state: dict, meta: dict, num_parameters: int, source: Path) -> str:
     """The export's README.md."""
     o, mc, dc, tc = cfg.objective, cfg.model, cfg.data, cfg.train
@@ -62,7 +76,7 @@ with `tools/convert_checkpoint.py to-hf` from `{source}` (step {meta["setdiff_me
 {meta["setdiff_mega_weights"]} weights, stored as {meta["torch_dtype"]}). The directory is self-contained:
 the modelling code, the samplers and their KV cache are plain PyTorch + transformers
 (`trust_remote_code=True`); setdiff-mega is not needed to load or decode it.
-
+{_source(state)}
 ## Method
 - {_method_line(o)}
 - decoding defaults (`generation_config.json`): window W = {g["window"]}, tau = {g["tau"]}, commit_k =
