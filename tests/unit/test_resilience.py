@@ -111,31 +111,35 @@ def _rank(tmp_path, mode, timeout=1.0):
 
 
 def test_a_hung_rank_is_killed_within_twice_its_timeout_and_named(tmp_path):
-    p = _rank(tmp_path, "hang", timeout=1.0)
+    # a 2 s timeout: the watchdog's 0.1 s polls and the kill get 2 s of slack on a loaded 2-core machine (1 s flaked)
+    p = _rank(tmp_path, "hang", timeout=2.0)
     out, err = p.communicate(timeout=60)
     ended = time.time()
     assert p.returncode == -9, (out, err)
     stalled_at = float(out.split("stalled ")[1].split()[0])
     hang = json.loads((tmp_path / "heartbeats" / "hang.json").read_text())
-    assert hang["rank"] == 0 and hang["phase"] == "train step 6" and hang["timeout"] == 1.0
+    assert hang["rank"] == 0 and hang["phase"] == "train step 6" and hang["timeout"] == 2.0
     assert hang["detected_wall"] - stalled_at <= 2 * hang["timeout"], hang
-    assert ended - stalled_at <= 2 * hang["timeout"] + 0.5
+    assert ended - stalled_at <= 2 * hang["timeout"] + 3.0      # + the killed process's teardown under load
     assert err.count("error: hang: rank 0") == 1, err
 
 
 @pytest.mark.parametrize("mode", ["finish"])
 def test_a_rank_that_keeps_beating_and_finishes_is_left_alone(tmp_path, mode):
-    p = _rank(tmp_path, mode, timeout=0.3)        # steps of 50 ms against a 300 ms timeout
+    p = _rank(tmp_path, mode, timeout=2.0)        # steps of 50 ms against a 2 s timeout (0.3 s flaked under load)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0 and "finished" in out, err
     assert not (tmp_path / "heartbeats" / "hang.json").exists()
-    deadline = time.time() + 5
-    while time.time() < deadline:
-        rec = json.loads((tmp_path / "heartbeats" / "rank-00000.json").read_text())
-        if rec["phase"] == "finished":
+    deadline, rec = time.time() + 15, {}
+    while time.time() < deadline:                 # the watchdog process writes the record when it next looks
+        try:
+            rec = json.loads((tmp_path / "heartbeats" / "rank-00000.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            rec = {}
+        if rec.get("phase") == "finished":
             break
         time.sleep(0.05)
-    assert rec["phase"] == "finished" and rec["timeout"] == 0.0
+    assert rec.get("phase") == "finished" and rec["timeout"] == 0.0, rec
 
 
 # -- the supervisor around a stand-in trainer ---------------------------------------------------------------
