@@ -4,12 +4,17 @@
     python tools/evaluate.py --checkpoint runs/tiny_cpu                        # valid split + tasks
     python tools/evaluate.py --checkpoint runs/tiny_cpu --data data/embedded/corpus --orders 4
     python tools/evaluate.py --checkpoint exported/tiny --text held_out.jsonl --no-tasks --out eval.json
+    # a parent's baseline: NLL on held-out text a pinned package ships, batch-1 greedy tokens/s from its prompts
+    python tools/evaluate.py --checkpoint runs/smollm2_ar --heldout kjv --speed 8 --max-new-tokens 64 \
+        --no-eos-stop --decode-weights fp32-packed --no-tasks --out runs/smollm2_ar/baseline.json
 
 Likelihood (setdiff_mega/eval/likelihood.py): AR exact NLL; SetDLM the any-order bound for one sampled
 order (``--orders K``: mean over K orders, and the tighter -log-mean-exp); MDLM / BD3LM the NELBO
 (``--orders K`` draws of t). On ``--data PREFIX`` (an indexed dataset: its validation split, the
 checkpoint's split and seed) or ``--text FILE`` (.txt: one document per line; .jsonl: a "text" field;
-documents chunked to L like training data). Tasks (setdiff_mega/eval/tasks.py, docs/tasks.md): math and
+documents chunked to L like training data) or ``--heldout NAME`` (natural text a pinned package ships:
+setdiff_mega/eval/heldout.py; ``--speed N`` adds batch-1 decoding of N prompts from it: tokens/s with the
+decoding flags). Tasks (setdiff_mega/eval/tasks.py, docs/tasks.md): math and
 arithmetic exact match, story and quest infilling (exact match, ROUGE-L, and the left-context-only
 variant), with tokens/s and NFE,
 decoded with the shared decoding flags (--tau, --window, --preset, ...: tools/generate.py --help). ``--chat``
@@ -21,13 +26,15 @@ Prints a one-line summary; ``--out`` writes everything as JSON.
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm import tqdm
 
+from setdiff_mega import package_files
 from setdiff_mega.checkpoint import load_model
 from setdiff_mega.cli import run_cli
-from setdiff_mega.eval import likelihood, tasks
+from setdiff_mega.eval import heldout, likelihood, tasks
 from setdiff_mega.eval.likelihood import split_nll
 from setdiff_mega.inference.engine import decoding_model
 from setdiff_mega.inference.options import (
@@ -40,7 +47,7 @@ from setdiff_mega.outputs import check_output_file, write_file_atomic
 
 
 def read_texts(path: str) -> list[str]:
-    p = Path(path)
+    p = package_files.resolve(path)
     if not p.is_file():
         raise FileNotFoundError(f"text file '{p}' does not exist")
     lines = [(i, x) for i, x in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if x.strip()]
@@ -62,7 +69,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", help="indexed dataset prefix (default: the checkpoint's data.path)")
-    p.add_argument("--text", help="raw .txt / .jsonl documents instead of an indexed dataset")
+    p.add_argument("--text", help="raw .txt / .jsonl documents instead of an indexed dataset (a path, or "
+                   "pkg:PACKAGE/PATH: a file an installed package ships)")
+    p.add_argument("--heldout", choices=sorted(heldout.TEXTS), help="held-out natural text a pinned package ships "
+                   "instead of an indexed dataset (setdiff_mega/eval/heldout.py)")
+    p.add_argument("--speed", type=int, default=0, metavar="N", help="with --heldout: batch-1 decoding of N prompts "
+                   "from it (the decoding flags; one warm-up prompt first): tokens/s, NFE, tokens/step")
     p.add_argument("--max-sequences", type=int, default=256, help="validation sequences to score")
     p.add_argument("--orders", type=int, default=1, help="orders (SetDLM) or t draws (MDLM/BD3LM) per sequence")
     p.add_argument("--tasks", default="data/embedded/tasks", help="directory with math.jsonl / stories.jsonl")
@@ -86,7 +98,13 @@ def main(argv=None) -> int:
     report = {"checkpoint": str(args.checkpoint), "weights": model.weights_kind, "objective": objective.name,
               "seq_length": L}
     if not args.no_likelihood:
-        if args.text:
+        if args.heldout:
+            bar = tqdm(desc="likelihood", unit="seq", file=sys.stderr)
+            res = likelihood.text_nll(model, objective, tok, texts, L, args.orders, args.seed, args.batch_size,
+                                      progress=bar.update)
+            bar.close()
+            res.update(heldout.describe(args.heldout), documents=len(texts))
+        elif args.text:
             bar = tqdm(desc="likelihood", unit="seq", file=sys.stderr)
             res = likelihood.text_nll(model, objective, tok, texts, L, args.orders, args.seed, args.batch_size,
                                       progress=bar.update)
@@ -95,6 +113,12 @@ def main(argv=None) -> int:
         else:
             res = valid_split_nll(model, objective, tok, cfg, args)
         report["likelihood"] = res
+    if args.speed:
+        decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
+        gc = config_from_args(args, cfg.objective, L)
+        report["speed"] = {**heldout.decode_speed(decoder, tok, objective, heldout.prompts(args.heldout, args.speed),
+                                                  gc, L),
+                           "decode_weights": args.decode_weights, "engine": args.engine, "config": asdict(gc)}
     if not args.no_tasks:
         gc = config_from_args(args, cfg.objective, L)
         decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
@@ -103,6 +127,10 @@ def main(argv=None) -> int:
     if "likelihood" in report:
         lk = report["likelihood"]
         parts.append(f"NLL {lk['nll_per_token']:.4f}/token (ppl {lk['ppl']:.2f}, {lk['tokens']} tokens)")
+    if "speed" in report:
+        sp = report["speed"]
+        parts.append(f"batch-1 {sp['tokens_per_s']:.1f} tok/s ({sp['requests']} prompts, {sp['tokens']} tokens, "
+                     f"{sp['tokens_per_step']:.2f} tok/step)")
     if "math" in report:
         m, i = report["math"], report["infill"]
         parts.append(f"math acc {m['accuracy']:.3f} ({m['tokens_per_s']:.0f} tok/s, {m['tokens_per_step']:.2f} "
@@ -122,14 +150,25 @@ def main(argv=None) -> int:
 
 def check_inputs(args) -> tuple:
     """(texts or None, task rows or None), refusing evaluations that would evaluate nothing."""
-    if args.no_tasks and args.no_likelihood:
+    if args.no_tasks and args.no_likelihood and not args.speed:
         raise ValueError("--no-tasks together with --no-likelihood leaves nothing to evaluate; drop one of them")
     for name in ("max_sequences", "orders", "limit", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    if sum(bool(x) for x in (args.text, args.data, args.heldout)) > 1:
+        raise ValueError("--text, --data and --heldout each name the likelihood's documents: give one of them")
+    if args.speed and not args.heldout:
+        raise ValueError("--speed N decodes prompts from the held-out text: give --heldout NAME")
+    if args.speed < 0:
+        raise ValueError(f"--speed must be >= 0 (got {args.speed})")
     if args.out:
         check_output_file(args.out, [args.checkpoint, args.text, args.data, args.tasks], flag="--out",
                           overwrite=args.overwrite)
+    if args.heldout:
+        if args.speed:
+            heldout.prompts(args.heldout, args.speed)          # the count checked before any work
+        return (heldout.documents(args.heldout) if not args.no_likelihood else None,
+                None if args.no_tasks else load_task_rows(args.tasks, args.limit))
     texts = read_texts(args.text) if args.text and not args.no_likelihood else None
     return texts, None if args.no_tasks else load_task_rows(args.tasks, args.limit)
 
