@@ -8,6 +8,13 @@ Output directory layout (``out``):
                                        per task; no training document has the text of one of them
     embedded.json                      (embedded corpus only) the generator's version and counts: a
                                        ``--skip-existing`` run reuses the output only when they match
+
+A generated task (:func:`prepare_task`, ``--task``; ``setdiff_mega/tasks``) writes instead
+    {train,dev,test}.jsonl             the splits' supervised records (prompt = context, response = target, the
+                                       problem's fields for scoring), held out by computation and checked
+    tokenizer.json                     the character vocabulary (grid layout) or the given tokenizer (chat layout)
+    corpus.{bin,idx} + corpus.target.{bin,idx} + manifest   the train split as supervised data (data.format=sft)
+    task.json                          task, knob, layout, seed, sizes, the split report and the leak check
 """
 from __future__ import annotations
 
@@ -15,10 +22,15 @@ import json
 import time
 from pathlib import Path
 
+from setdiff_mega import tasks
+
 from .corpus import CORPUS_VERSION, corpus_counts, embedded_corpus, read_documents, split_heldout, write_jsonl
 from .fast_encode import FastEncoder
 from .indexed import DataError, write_indexed
+from .sft import preprocess_sft
 from .tokenizer import Tokenizer
+
+TASK_RECORD = "task.json"
 
 
 def encode_documents(tokenizer: Tokenizer, texts: list[str], add_bos: bool = True, add_eos: bool = True,
@@ -97,4 +109,54 @@ def prepare_from_files(out: str | Path, inputs: list[str], json_key: str = "text
     return prepare(out, texts, **kw)
 
 
-__all__ = ["prepare", "prepare_from_files", "encode_documents", "embedded_spec", "embedded_is_current", "TASK_FILES"]
+def task_spec(task: str, knob: dict, fmt: str, seed: int, sizes: dict, tokenizer_path: str | None) -> dict:
+    """What identifies a prepared task (``task.json``'s ``spec``, compared by ``--skip-existing``)."""
+    return {"version": tasks.VERSION, "task": task, "knob": tasks.get(task).knob(knob), "format": fmt, "seed": seed,
+            "sizes": dict(sizes), "tokenizer": tokenizer_path}
+
+
+def task_is_current(out: str | Path, spec: dict) -> bool:
+    try:
+        return json.loads((Path(out) / TASK_RECORD).read_text()).get("spec") == spec
+    except (OSError, ValueError):
+        return False
+
+
+def prepare_task(out: str | Path, spec: dict, workers: int = 2, log=print) -> dict:
+    """Draw the splits of ``spec`` (:func:`task_spec`), check them (nothing of dev / test in train), write the
+    records, the tokenizer and the train split as supervised data; returns the ``task.json`` record."""
+    out, t0 = Path(out), time.time()
+    task = tasks.get(spec["task"])
+    problems, report = tasks.build_splits(task.name, spec["knob"], spec["seed"], spec["sizes"], workers, log)
+    records = {s: [task.record(p, spec["format"]) for p in v] for s, v in problems.items()}
+    report["check"] = tasks.check_heldout(records)
+    if not records["train"]:
+        raise DataError(f"task {task.name}: the train split is empty (--num-train)")
+    if spec["tokenizer"]:
+        tok = Tokenizer.from_file(spec["tokenizer"])
+    else:
+        tok = Tokenizer.characters(tasks.CHARACTERS, (tasks.SEP,))
+        bad = {ch for rs in records.values() for r in rs for ch in r["prompt"].replace(tasks.SEP, "") + r["response"]
+               if ch not in tasks.CHARACTERS}
+        if bad:
+            raise DataError(f"task {task.name}: characters outside the grid vocabulary {sorted(bad)[:5]}")
+    for split, rs in records.items():
+        write_jsonl(rs, out / f"{split}.jsonl")
+    tok.save(out / "tokenizer.json")
+    log(f"{task.name} {tasks.knob_tag(spec['knob'])}: " + ", ".join(f"{len(v)} {s}" for s, v in records.items())
+        + f" problems drawn and checked in {time.time() - t0:.1f}s")
+    manifest = preprocess_sft([str(out / "train.jsonl")], str(out / "corpus"), str(out / "tokenizer.json"),
+                              chat_template=None if spec["format"] == "chat" else "none", workers=1, progress=False,
+                              overwrite=True, log=log)
+    layout = task.layout(spec["knob"]) if spec["format"] == "grid" and not spec["tokenizer"] else None
+    record = {"spec": spec, "report": report, "num_documents": manifest["num_documents"],
+              "num_tokens": manifest["num_tokens"],
+              "layout": None if layout is None else {"prompt_chars": layout[0], "answer_chars": layout[1],
+                                                     "document_tokens": layout[0] + layout[1] + 3,
+                                                     "answer_start": layout[0] + 2}}
+    (out / TASK_RECORD).write_text(json.dumps(record, indent=1))
+    return record
+
+
+__all__ = ["prepare_task", "task_spec", "task_is_current", "TASK_RECORD", "prepare", "prepare_from_files",
+           "encode_documents", "embedded_spec", "embedded_is_current", "TASK_FILES"]

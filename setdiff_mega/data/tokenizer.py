@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 SPECIAL_TOKENS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>", "mask": "<|mask|>"}
 
@@ -100,6 +100,20 @@ class Tokenizer:
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
         hf.train_from_iterator(texts, trainer=trainer)
+        return cls(hf)
+
+    @classmethod
+    def characters(cls, chars: str, extra_special: tuple = ()) -> "Tokenizer":
+        """A character vocabulary: the role tokens, ``extra_special`` (e.g. a separator), then one token per
+        character of ``chars`` in that order (ids fixed by the arguments alone). Every character is its own token
+        (no merges) and decoding concatenates, so ``decode(encode(s)) == s`` for text over ``chars``; any other
+        character is an encoding error."""
+        specials = [*SPECIAL_TOKENS.values(), *extra_special]
+        vocab = {t: i for i, t in enumerate(dict.fromkeys([*specials, *chars]))}
+        hf = HFTokenizer(models.WordLevel(vocab, unk_token=None))
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")   # Oniguruma (?m): . matches \n
+        hf.decoder = decoders.Fuse()
+        hf.add_special_tokens(specials)
         return cls(hf)
 
     def save(self, path: str | Path) -> None:

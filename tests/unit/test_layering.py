@@ -13,7 +13,8 @@ PKG = ROOT / "setdiff_mega"
 LAYERS = [
     ("setdiff_mega.decoding", "setdiff_mega.compat"),
     ("setdiff_mega.hfmodel",),
-    ("setdiff_mega", "setdiff_mega.config", "setdiff_mega.lifeline", "setdiff_mega.diffusion", "setdiff_mega.data"),
+    ("setdiff_mega", "setdiff_mega.config", "setdiff_mega.lifeline", "setdiff_mega.diffusion", "setdiff_mega.data",
+     "setdiff_mega.tasks"),
     ("setdiff_mega.parallel",),
     ("setdiff_mega.model",),
     ("setdiff_mega.build",),
