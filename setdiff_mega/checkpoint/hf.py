@@ -22,8 +22,8 @@ three projections; import re-fuses them. Both directions only move rows, so expo
 bit-identical. The exported directory also carries the tokenizer (``tokenizer.json`` plus
 ``tokenizer_config.json`` with the special tokens, so ``AutoTokenizer`` works), the modelling code
 (``setdiff_mega/hfmodel`` and ``setdiff_mega/decoding``, flattened: the model, its ``generate`` and the
-samplers; ``auto_map`` points AutoModel
-at it) and, in ``config.json``, the training method and the full RunConfig.
+samplers, and the CPU decode kernels' C++ source; ``auto_map`` points AutoModel at it) and, in
+``config.json``, the training method and the full RunConfig.
 """
 from __future__ import annotations
 
@@ -40,18 +40,24 @@ from .adapters.weights import HFWeights
 from .io import CheckpointError
 
 CODE_DIRS = tuple(Path(__file__).resolve().parent.parent / d for d in ("decoding", "hfmodel"))   # in every export
+CODE_SUFFIXES = (".py", ".cpp")      # the modules, and the C++ source of hfmodel/cpu_kernels.py
 
 
 def code_files() -> list:
     """The remote code of an export: every module of ``setdiff_mega/decoding`` and ``setdiff_mega/hfmodel`` but
-    their ``__init__`` (one flat directory in the export: the names are unique)."""
-    return sorted((p for d in CODE_DIRS for p in d.glob("*.py") if p.name != "__init__.py"), key=lambda p: p.name)
+    their ``__init__``, and the C++ source of the CPU decode kernels (``hfmodel/cpu_kernels.cpp``: the export's
+    ``from_pretrained`` hands its copy to ``cpu_kernels``), in one flat directory (the names are unique)."""
+    return sorted((p for d in CODE_DIRS for p in d.iterdir() if p.suffix in CODE_SUFFIXES and p.name != "__init__.py"),
+                  key=lambda p: p.name)
 
 
 def export_source(path: Path) -> str:
-    """A code file as the export holds it: imports of ``..decoding.x`` become ``.x`` (one flat directory,
-    which is what transformers' remote-code loader copies)."""
-    return re.sub(r"^(\s*)from \.\.decoding\.", r"\1from .", Path(path).read_text(), flags=re.M)
+    """A code file as the export holds it: in a module, imports of ``..decoding.x`` become ``.x`` (one flat
+    directory, which is what transformers' remote-code loader copies); other files unchanged."""
+    text = Path(path).read_text()
+    if Path(path).suffix != ".py":
+        return text
+    return re.sub(r"^(\s*)from \.\.decoding\.", r"\1from .", text, flags=re.M)
 
 
 MODEL_TYPE = "setdlm"                  # transformers' model_type of every export (any objective)

@@ -40,6 +40,7 @@ from transformers.modeling_outputs import CausalLMOutput
 from transformers.utils import cached_file
 
 from .configuration_setdlm import SetDLMConfig
+from .cpu_kernels import SOURCE_NAME, use_source
 from .decode_step import inverse_frequencies, rope_cos_sin, rotate
 from .generation_setdlm import generate as _generate
 from .generation_setdlm import infill as _infill
@@ -218,6 +219,7 @@ class SetDLMForDiffusionLM(SetDLMPreTrainedModel):
         if not isinstance(config, SetDLMConfig):
             config = SetDLMConfig.from_pretrained(pretrained_model_name_or_path)
         check_export(pretrained_model_name_or_path, config, cls, verify)
+        use_source(_fetch(pretrained_model_name_or_path, SOURCE_NAME))   # the kernels' source: not copied with us
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         model.decode_defaults = read_defaults(pretrained_model_name_or_path)
         return model
@@ -235,15 +237,20 @@ def _fail(path, what: str):
     raise ValueError(f"SetDLM export '{path}': {what}; re-export it with tools/convert_checkpoint.py to-hf")
 
 
+def _fetch(path, name: str):
+    """The local path of an export's file ``name`` (None when it is absent)."""
+    try:
+        return cached_file(str(path), name, _raise_exceptions_for_missing_entries=False)
+    except OSError:
+        return None
+
+
 def check_export(path, config: SetDLMConfig, cls, verify: bool = True) -> None:
     """One clear error for a bad export: files that do not match their checksums, missing or unreadable
     weights, tensors that do not fit the config, a method without a sampler, a tokenizer without the MASK
     token."""
     def fetch(name):
-        try:
-            return cached_file(str(path), name, _raise_exceptions_for_missing_entries=False)
-        except OSError:
-            return None
+        return _fetch(path, name)
     m = config.method or {}
     if "mask_token_id" not in m or "sampler" not in m:
         _fail(path, "config.json 'method' lacks mask_token_id / sampler (exported before generate() existed)")

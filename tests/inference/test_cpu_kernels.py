@@ -1,11 +1,20 @@
-"""The CPU decode kernels (``setdiff_mega/hfmodel/cpu_kernels.py``, issue 44) against PyTorch's own operators.
+"""The CPU decode kernels (``setdiff_mega/hfmodel/cpu_kernels.py`` + ``cpu_kernels.cpp``, issues 44 and 58) against
+PyTorch's own operators, and the loader's guards.
 
 Attention against ``F.scaled_dot_product_attention`` and the small-M linear against ``F.linear`` over the
 shapes decoding feeds them (and the awkward ones: GQA, per-head and broadcast masks, views into a larger
 buffer, a head dim that is not a multiple of 32, row counts past one pass of 12, output counts past a whole
-panel); the build cache keyed by content and reused; no compiler: a clear fallback, never an error; the
-fp32-packed format decoding the pinned golden tokens through the oneDNN fallback as well.
+panel); the build cache keyed by content and reused; a library whose signature is not the declared one, or a
+cached one this loader did not write (tampered, writable by others, another user's, a link, no recorded hash),
+refused with one line; no compiler: a clear fallback, never an error; a compiler whose build fails: these
+tests fail (they skip only where no compiler is); the fp32-packed format decoding the pinned golden tokens
+through the oneDNN fallback as well.
 """
+import os
+import shutil
+import stat
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,10 +24,26 @@ from setdiff_mega.hfmodel import cpu_kernels
 
 @pytest.fixture(scope="module")
 def lib():
-    got = cpu_kernels.library()
-    if got is None:
-        pytest.skip("no C++ compiler on this machine (the fallback is tested below)")
+    """The kernels; skipped only where no C++ compiler is: with one, a failed build or a refused library fails
+    every test that uses them, with its reason."""
+    if cpu_kernels._compiler() is None:
+        pytest.skip("no C++ compiler ($CXX, g++ or c++) on PATH: the kernels are not built (the fallback is tested "
+                    "below)")
+    got = cpu_kernels.load()
+    assert cpu_kernels.library() is not None
     return got
+
+
+@pytest.fixture(scope="module")
+def built(lib, tmp_path_factory):
+    """One entry of a private cache built from the shipped source (copied by the tests that change it)."""
+    root = tmp_path_factory.mktemp("kernels")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SETDIFF_KERNEL_DIR", str(root))
+    try:
+        return cpu_kernels._build()
+    finally:
+        mp.undo()
 
 
 def _rel(a, b) -> float:
@@ -88,33 +113,183 @@ def test_each_row_of_the_linear_is_independent_of_its_batch(lib):
         assert torch.equal(lib.linear(x[i:i + 1], panels, 70)[0], whole[i])
 
 
-def test_the_build_is_cached_by_content_and_reused(lib, tmp_path, monkeypatch):
+def test_the_source_is_a_cpp_file_whose_signature_the_loader_declares(lib):
+    assert cpu_kernels.source_path().name == "cpu_kernels.cpp" and cpu_kernels.source_path().parent.name == "hfmodel"
+    got = lib.lib.sdm_signature().decode()
+    assert got == cpu_kernels.declared_signature()
+    assert got.startswith("sdm_decode_attention(ptr,i64,i64,i64,ptr,") and got.count(",") == 28 + 8
+    for name, declaration in cpu_kernels.SIGNATURES.items():
+        result, types = cpu_kernels._parse(declaration)
+        fn = getattr(lib.lib, name)
+        assert fn.argtypes == [cpu_kernels.CTYPES[t] for t in types] and fn.restype is cpu_kernels.CTYPES[result]
+
+
+def test_the_build_is_cached_by_content_and_reused(built, tmp_path, monkeypatch):
     monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path))
+    shutil.copytree(built.parent, tmp_path / built.parent.name)
     first = cpu_kernels._build()
-    assert first.parent == tmp_path and first.name.startswith("cpu_kernels-")
+    assert first == tmp_path / built.parent.name / "cpu_kernels.so"                 # the same key: found
     stamp = first.stat().st_mtime_ns
     assert cpu_kernels._build() == first and first.stat().st_mtime_ns == stamp      # not rebuilt
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]                      # no staging left behind
-    monkeypatch.setattr(cpu_kernels, "SOURCE", cpu_kernels.SOURCE + "\n/* another */\n")
-    assert cpu_kernels._build() != first                                             # keyed by the source
+    assert [p.name for p in tmp_path.iterdir()] == [first.parent.name]               # no staging left behind
+    assert sorted(p.name for p in first.parent.iterdir()) == ["cpu_kernels.cpp", "cpu_kernels.so",
+                                                              "cpu_kernels.so.sha256"]
+    assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in (first.parent, first))
 
 
-def test_a_build_racing_another_never_replaces_the_library_already_there(lib, tmp_path, monkeypatch):
-    from pathlib import Path
+def test_a_new_cache_directory_is_private_and_a_shared_one_refused(lib, tmp_path, monkeypatch, caplog):
+    root = tmp_path / "a" / "kernels"
+    monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(root))
+    assert cpu_kernels._root() == root and stat.S_IMODE(root.stat().st_mode) == 0o700
+    root.chmod(0o777)
+    with pytest.raises(cpu_kernels.KernelError, match=r"writable by group or others \(mode 0777\).*chmod 700"):
+        cpu_kernels._build()
+    cpu_kernels.library.cache_clear()
+    try:
+        assert cpu_kernels.library() is None                          # the fallback, after one warning line
+        assert [r.getMessage().count("\n") for r in caplog.records if "unavailable" in r.getMessage()] == [0]
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
 
+
+def test_a_build_racing_another_never_replaces_the_entry_already_there(built, tmp_path, monkeypatch):
     monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path))
-    first = cpu_kernels._build()
+    shutil.copytree(built.parent, tmp_path / built.parent.name)
+    first = tmp_path / built.parent.name / "cpu_kernels.so"
     inode = first.stat().st_ino
-    real = Path.exists
-    monkeypatch.setattr(Path, "exists", lambda p: False if p == first else real(p))   # as if another process
-    assert cpu_kernels._build() == first                                           # finished in between
-    assert first.stat().st_ino == inode and [p.name for p in tmp_path.iterdir()] == [first.name]
+    real = os.path.lexists
+    monkeypatch.setattr(os.path, "lexists", lambda p: False if str(p) == str(first.parent) else real(p))
+    assert cpu_kernels._build() == first                   # as if another process published it in between
+    assert first.stat().st_ino == inode and [p.name for p in tmp_path.iterdir()] == [first.parent.name]
+    cpu_kernels.Library(first)
+
+
+def _tamper(lib_path, how: str, monkeypatch):
+    if how == "changed bytes":                  # same owner and mode: only the recorded SHA-256 tells
+        with open(lib_path, "ab") as f:
+            f.write(b"\0")
+    elif how == "writable by others":
+        lib_path.chmod(0o777)
+    elif how == "another user's":
+        if os.geteuid() == 0:
+            os.chown(lib_path, 12345, 12345)
+        else:                                   # not root: this user is someone else instead
+            monkeypatch.setattr(cpu_kernels, "_me", lambda: os.geteuid() + 1)
+    elif how == "no recorded hash":
+        (lib_path.parent / "cpu_kernels.so.sha256").unlink()
+    elif how == "a link":
+        real = lib_path.with_name("real.so")
+        lib_path.rename(real)
+        lib_path.symlink_to(real)
+    elif how == "a shared entry":
+        lib_path.parent.chmod(0o777)
+
+
+WHY = {"changed bytes": "SHA-256 .* is not the one recorded", "writable by others": "writable by group or others",
+       "another user's": "owned by uid", "no recorded hash": "no cpu_kernels.so.sha256 records its SHA-256",
+       "a link": "it is a symbolic link", "a shared entry": "writable by group or others"}
+
+
+@pytest.mark.parametrize("how", list(WHY))
+def test_a_cached_library_this_loader_did_not_write_is_refused_before_it_runs(built, tmp_path, monkeypatch, how):
+    entry = tmp_path / built.parent.name
+    shutil.copytree(built.parent, entry, symlinks=True)
+    lib_path = entry / "cpu_kernels.so"
+    cpu_kernels.Library(lib_path)                                      # the copy itself loads
+    _tamper(lib_path, how, monkeypatch)
+    with pytest.raises(cpu_kernels.KernelError, match=WHY[how]) as e:
+        cpu_kernels.Library(lib_path)
+    assert "\n" not in str(e.value) and str(e.value).startswith("refusing the cached kernels")
+
+
+def test_a_refused_cache_entry_is_reported_removed_and_rebuilt(built, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path))
+    entry = tmp_path / built.parent.name
+    shutil.copytree(built.parent, entry)
+    with open(entry / "cpu_kernels.so", "ab") as f:
+        f.write(b"\0")
+    got = cpu_kernels._build()
+    assert got == entry / "cpu_kernels.so" and [p.name for p in tmp_path.iterdir()] == [entry.name]
+    cpu_kernels.Library(got)
+    warned = [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0] and "is not the one recorded" in warned[0]
+
+
+def test_a_signature_that_is_not_the_declared_one_is_refused_with_one_line(built, tmp_path, monkeypatch):
+    # the Python declaration edited alone (a parameter dropped)
+    declared = dict(cpu_kernels.SIGNATURES)
+    declared["sdm_linear_panels"] = declared["sdm_linear_panels"].replace(" threads:i32", "")
+    monkeypatch.setattr(cpu_kernels, "SIGNATURES", declared)
+    with pytest.raises(cpu_kernels.KernelError, match=r"signature sdm_decode_attention\(.*\)->i32;sdm_linear_panels"
+                                                        r"\(ptr,i64,ptr,ptr,i64,i64,i64,i64,i32\)->i32 is not the "
+                                                        r"declared") as e:
+        cpu_kernels.Library(built)
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
+    # the C++ edited alone (a parameter added): its sdm_signature() follows the real parameter types
+    monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path))
+    source = cpu_kernels._source()
+    head = "int64_t M, int64_t N, int64_t K, int threads) {"
+    assert source.count(head) == 1
+    monkeypatch.setattr(cpu_kernels, "_source", lambda: source.replace(head, head.replace("int threads", "int threads, "
+                                                                                           "int64_t extra")))
+    other = cpu_kernels._build()
+    assert other.parent.name != built.parent.name                     # keyed by the source
+    with pytest.raises(cpu_kernels.KernelError, match=r"sdm_linear_panels\(ptr,i64,ptr,ptr,i64,i64,i64,i64,i32,i64\)"
+                                                        r"->i32 is not the declared") as e:
+        cpu_kernels.Library(other)
+    assert "\n" not in str(e.value)
+
+
+def test_a_library_without_a_signature_is_refused(lib, tmp_path):
+    entry = tmp_path / "cpu_kernels-old"
+    entry.mkdir(mode=0o700)
+    (tmp_path / "old.cpp").write_text('extern "C" int sdm_linear_panels() { return 0; }\n')
+    subprocess.run([cpu_kernels._compiler(), "-shared", "-fPIC", str(tmp_path / "old.cpp"), "-o",
+                    str(entry / "cpu_kernels.so")], check=True)
+    (entry / "cpu_kernels.so").chmod(0o700)
+    digest = __import__("hashlib").sha256((entry / "cpu_kernels.so").read_bytes()).hexdigest()
+    (entry / "cpu_kernels.so.sha256").write_text(f"{digest}  cpu_kernels.so\n")
+    with pytest.raises(cpu_kernels.KernelError, match=r"no sdm_signature\(\)"):
+        cpu_kernels.Library(entry / "cpu_kernels.so")
+
+
+def test_a_failing_build_is_an_error_with_the_compilers_words(lib, tmp_path, monkeypatch):
+    cxx = tmp_path / "broken-c++"
+    cxx.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo broken 1.0 && exit 0\necho 'cpu_kernels.cpp:1: error: "
+                   "no' >&2\nexit 1\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(cxx))
+    assert cpu_kernels._compiler() == str(cxx)          # a compiler is here: the lib fixture would fail, not skip
+    with pytest.raises(cpu_kernels.KernelError, match="failed to build .*cpu_kernels.cpp: cpu_kernels.cpp:1: error"):
+        cpu_kernels.load()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []                     # no staging left behind
+
+
+def test_an_export_copy_of_the_module_finds_the_source_it_is_given(lib, tmp_path, monkeypatch):
+    """transformers copies an export's modules without the .cpp: from_pretrained hands the export's copy over."""
+    import importlib.util
+
+    shutil.copy(cpu_kernels.__file__, tmp_path / "cpu_kernels.py")
+    spec = importlib.util.spec_from_file_location("copied_cpu_kernels", tmp_path / "cpu_kernels.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    with pytest.raises(copy.KernelError, match="cpu_kernels.cpp is neither beside cpu_kernels.py nor in the export"):
+        copy.source_path()
+    shipped = tmp_path / "export" / "cpu_kernels.cpp"
+    shipped.parent.mkdir()
+    shutil.copy(cpu_kernels.source_path(), shipped)
+    copy.use_source(shipped)
+    assert copy.source_path() == shipped and copy._source() == cpu_kernels._source()
 
 
 def test_no_compiler_means_a_warning_and_the_fallback_not_an_error(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SETDIFF_KERNEL_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    with pytest.raises((RuntimeError, OSError)):
+    assert cpu_kernels._compiler() is None
+    with pytest.raises(cpu_kernels.KernelError, match="no C\\+\\+ compiler"):
         cpu_kernels._build()
     cpu_kernels.library.cache_clear()
     try:

@@ -181,7 +181,10 @@ packed = model.generate(torch.tensor(rows), max_new_tokens=20, stop_at_eos=False
                         decode_weights="fp32-packed")
 loaded = sorted(m for m in sys.modules if m.startswith(("setdiff", "megatron")))
 kernels = [m for m in sys.modules if m.endswith(".cpu_kernels")]
-print(json.dumps({"tokens": out.generated, "packed": packed.generated, "modules": loaded, "kernels": kernels}))
+built = [sys.modules[m].library() is not None for m in kernels]
+sources = [str(sys.modules[m].source_path()) for m in kernels]
+print(json.dumps({"tokens": out.generated, "packed": packed.generated, "modules": loaded, "kernels": kernels,
+                  "built": built, "sources": sources}))
 """
 
 
@@ -191,7 +194,7 @@ def test_export_loads_and_decodes_without_setdiff_mega(exports, tokenizer, tmp_p
     expected, _ = _native(exports["setdlm"], tokenizer, rows,
                           {"max_new_tokens": 20, "stop_at_eos": False, "window": 4, "tau": 0.5})
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), SETDIFF_KERNEL_DIR=str(tmp_path / "k"))
     r = subprocess.run([sys.executable, "-c", STANDALONE, str(d), json.dumps(rows)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -199,6 +202,11 @@ def test_export_loads_and_decodes_without_setdiff_mega(exports, tokenizer, tmp_p
     assert got["tokens"] == expected
     assert got["packed"] == expected                          # fp32-packed: the export's own copy of the kernels
     assert len(got["kernels"]) == 1
+    assert got["sources"] == [str(d / "cpu_kernels.cpp")]                  # built from the export's copy
+    assert (d / "cpu_kernels.cpp").read_text() == (Path(__file__).parents[2] / "setdiff_mega/hfmodel/cpu_kernels.cpp"
+                                                  ).read_text()
+    from setdiff_mega.hfmodel.cpu_kernels import _compiler
+    assert got["built"] == [_compiler() is not None], r.stderr[-3000:]
     assert [m for m in got["modules"] if m not in ("setdiff_mega", "megatron")] == []
 
 

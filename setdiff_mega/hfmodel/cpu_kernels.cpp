@@ -1,27 +1,32 @@
-"""The C++ source of :mod:`.cpu_kernels` (compiled there on first use; its docstring states the maths).
+/* The CPU decode kernels of setdiff_mega/hfmodel/cpu_kernels.py (compiled there on first use, loaded by ctypes;
+   its docstring states the maths). Shipped beside that module in the package and in every export.
 
-Two ``extern "C"`` functions over raw float32 pointers and element strides, written with GCC's vector
-extensions (16-lane float vectors: AVX-512 registers with ``-march=native`` on an AVX-512 CPU, pairs of AVX2
-registers elsewhere), no torch headers:
+   Two extern "C" functions over raw float32 pointers and element strides, written with GCC's vector
+   extensions (16-lane float vectors: AVX-512 registers with -march=native on an AVX-512 CPU, pairs of AVX2
+   registers elsewhere), no torch headers:
 
-    sdm_decode_attention   q [B, H, T, d], K / V [B, G, N, d], additive mask [B, 1|H, T, N] (may be null),
-                           out [B, H, T, d]; T <= 16 queries in the lanes. Per (b, h): Q^T [d, 16], scores
-                           S^T [N, 16] eight keys at a time, softmax per lane with a polynomial exp, values
-                           32 channels x up to 10 queries at a time (d % 32 == 0) or 8 channels with the
-                           queries in the lanes (any d). The heads are split over OpenMP threads.
-    sdm_linear_panels      y [M, N] = x [M, K] W^T with W packed as panels [ceil(N / 32), K, 32]: 12 rows x 32
-                           columns per pass in 24 accumulators, x transposed once per 12 rows so a step k
-                           broadcasts from one cache line; panels split over OpenMP threads.
+     sdm_decode_attention   q [B, H, T, d], K / V [B, G, N, d], additive mask [B, 1|H, T, N] (may be null),
+                            out [B, H, T, d]; T <= 16 queries in the lanes. Per (b, h): Q^T [d, 16], scores
+                            S^T [N, 16] eight keys at a time, softmax per lane with a polynomial exp, values
+                            32 channels x up to 10 queries at a time (d % 32 == 0) or 8 channels with the
+                            queries in the lanes (any d). The heads are split over OpenMP threads.
+     sdm_linear_panels      y [M, N] = x [M, K] W^T with W packed as panels [ceil(N / 32), K, 32]: 12 rows x 32
+                            columns per pass in 24 accumulators, x transposed once per 12 rows so a step k
+                            broadcasts from one cache line; panels split over OpenMP threads.
 
-Both prefetch into L2 far ahead of their one sequential pass over the cache / the weights (128 keys, 64
-panel rows): a decode step reads hundreds of MB that are never in cache, and without it the loops waited on
-DRAM (attention 9.1 -> 7.2 ms, products 12.4 -> 10.8 ms in a microbenchmark at GPT-2-small shape).
-"""
+   Both prefetch into L2 far ahead of their one sequential pass over the cache / the weights (128 keys, 64
+   panel rows): a decode step reads hundreds of MB that are never in cache, and without it the loops waited on
+   DRAM (attention 9.1 -> 7.2 ms, products 12.4 -> 10.8 ms in a microbenchmark at GPT-2-small shape).
 
-SOURCE = r"""
+   A third, sdm_signature(), returns both functions' C signatures as the compiler sees their parameter types
+   ("name(ptr,i64,...)->i32;..."): the loader refuses the library unless it equals the Python declaration its
+   ctypes argument types are built from (cpu_kernels.SIGNATURES), so an edit to one side alone is one clear
+   error at load instead of arguments read from the wrong registers. A parameter of a type the table below
+   does not name does not compile. */
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 
@@ -255,7 +260,25 @@ extern "C" int sdm_decode_attention(
     }
     return failed ? 2 : 0;
 }
-"""
 
+/* ---- the signatures, as the compiler sees the parameter types (the ctypes names of cpu_kernels.py) ---- */
+template <class T> struct abi;                 /* no entry: a parameter ctypes is not told about does not compile */
+template <> struct abi<const float*> { static const char* name() { return "ptr"; } };
+template <> struct abi<float*> { static const char* name() { return "ptr"; } };
+template <> struct abi<int64_t> { static const char* name() { return "i64"; } };
+template <> struct abi<int32_t> { static const char* name() { return "i32"; } };
+template <> struct abi<float> { static const char* name() { return "f32"; } };
 
-__all__ = ["SOURCE"]
+template <class R, class... A>
+static std::string declared(const char* name, R (*)(A...)) {
+    const char* args[] = {abi<A>::name()..., nullptr};
+    std::string s = std::string(name) + "(";
+    for (int i = 0; args[i]; ++i) s += (i ? "," : "") + std::string(args[i]);
+    return s + ")->" + abi<R>::name();
+}
+#define SDM_DECLARED(f) declared(#f, &f)
+
+extern "C" const char* sdm_signature() {
+    static const std::string s = SDM_DECLARED(sdm_decode_attention) + ";" + SDM_DECLARED(sdm_linear_panels);
+    return s.c_str();
+}
