@@ -15,7 +15,7 @@ answer for a pretrained LM's chat template).
 ``splits.py`` assigns train / dev / test by a hash of each problem's group and checks that no dev / test
 computation, answer or solution occurs in training data; ``score.py`` scores generations. Datasets are written by
 ``tools/prepare_data.py --task`` (``setdiff_mega/data/prepare.py: prepare_task``); docs/tasks.md and
-docs/method.md section 16 describe the layouts.
+docs/method.md section 17 describe the layouts.
 """
 from .base import CHARACTERS, FORMATS, SEP, VERSION, Knob, Problem, Task, TaskError, knob_tag, parse_knobs
 from .registry import TASKS, get, names
