@@ -115,7 +115,7 @@ def _stops(value) -> tuple:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOPS} non-empty strings")
-    longest = max(len(s) for s in stops)
+    longest = max((len(s) for s in stops), default=0)
     if longest > MAX_STOP_CHARS:
         raise RequestError(f"a stop string has {longest} characters, more than the limit of {MAX_STOP_CHARS}")
     return tuple(stops)

@@ -87,7 +87,7 @@ def server(trained_run, mcore):
 
     save, _ = trained_run
     args = parse_args(["--checkpoint", str(save), "--port", "0", "--threads", str(torch.get_num_threads()),  # kept
-                       "--max-batch", "4", "--max-queue", "64",
+                       "--max-batch", "4", "--max-queue", "64", "--max-client-jobs", "68",     # one client: all
                        "--max-new-tokens", "12", "--request-timeout", "120", "--served-model-name", "tiny"])
     srv = build(args)
     srv.tok.chat_template = TEMPLATE            # a chat template, as an imported or fine-tuned model has
@@ -225,8 +225,10 @@ def test_the_server_listens_on_its_http_port_and_nowhere_else_but_loopback(serve
     assert not exposed, f"listening beyond loopback: {sorted(exposed)}"
 
 
-def test_a_non_streaming_client_that_hangs_up_is_cancelled_within_half_a_second(server):
-    """The decode keeps emitting text while the client is gone: its job still leaves within 0.5 s."""
+def test_a_non_streaming_client_that_hangs_up_is_cancelled_within_two_seconds(server):
+    """The decode keeps emitting text while the client is gone: its job still leaves, cancelled (not finished: the
+    jobs_total{reason="cancelled"} count), within 2 s (the disconnect poll is 0.1 s; the bound is wide for a loaded
+    2-core machine, where 0.5 s flaked)."""
     _, sch, url = server
     host, port = url.split("//")[1].split(":")
     cancelled = _metric(url, 'setdiff_jobs_total{reason="cancelled"}')
@@ -244,7 +246,7 @@ def test_a_non_streaming_client_that_hangs_up_is_cancelled_within_half_a_second(
     while not sch.idle:
         assert time.monotonic() - t0 < 10, "the abandoned job kept decoding"
         time.sleep(0.005)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 2.0
     assert _metric(url, 'setdiff_jobs_total{reason="cancelled"}') == cancelled + 1
 
 
@@ -376,9 +378,10 @@ def test_sigterm_drains_requests_in_flight_and_exits_zero_and_the_api_key_is_req
 
 
 def test_an_engine_that_dies_fails_its_requests_in_one_line_and_health_says_so(trained_run, mcore):
-    """The decode loop's process killed mid-request: the request in flight ends with a 500 naming the engine (not
-    a hang), /health answers 503, a new request 503; the HTTP process stays up and shuts down cleanly. A
-    checkpoint that cannot be loaded is the engine's one-line error at start, and no engine process is left."""
+    """The decode loop's process killed mid-request: the request in flight ends with a 503 naming the engine (not
+    a hang), /health answers 503 at once, then the watchdog's new engine serves again; the HTTP process stays up
+    and shuts down cleanly. A checkpoint that cannot be loaded is the engine's one-line error at start, and no
+    engine process is left. (tests/faults/test_hostile_clients.py: a dead loop, a stall, no restart left.)"""
     import os
     import signal
 
@@ -403,15 +406,24 @@ def test_an_engine_that_dies_fails_its_requests_in_one_line_and_health_says_so(t
         while httpx.get(url + "/health", timeout=10).json()["running"] < 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        os.kill(srv.engine.proc.pid, signal.SIGKILL)
+        dead = srv.engine.proc
+        os.kill(dead.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while (h := httpx.get(url + "/health", timeout=10)).status_code != 503:
+            assert time.monotonic() - t0 < 2.0, "/health did not say 503 within 2 s of the engine's death"
+            time.sleep(0.02)
+        assert "decoding engine exited" in h.json()["reason"], h.text
         req.join(timeout=30)
         r = box["r"]
-        assert r.status_code == 500 and "decoding engine exited" in r.json()["error"]["message"], r.text
+        assert r.status_code == 503 and "decoding engine exited" in r.json()["error"]["message"], r.text
         assert "\n" not in r.json()["error"]["message"]
-        h = httpx.get(url + "/health", timeout=10)
-        assert h.status_code == 503 and "restart the server" in h.json()["reason"]
-        again = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2}, timeout=10)
-        assert again.status_code == 503 and "decoding engine exited" in again.json()["error"]["message"]
+        deadline = time.monotonic() + 120
+        while httpx.get(url + "/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the engine was not restarted"
+            time.sleep(0.1)
+        assert srv.engine.proc is not dead and srv.engine.restarts == 1
+        again = httpx.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 2}, timeout=60)
+        assert again.status_code == 200, again.text
     finally:
         stop()
     assert not srv.engine.proc.is_alive()
