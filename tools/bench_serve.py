@@ -14,6 +14,13 @@ in --rounds rounds alternating with the server's phases (each phase: its median 
 sequential / batch 1 and concurrent / batch B, the concurrency ratio and the model's own in-process gain, batch
 B / batch 1, beside it: the medians of the rounds' paired ratios); --no-in-process skips that. --json writes the
 rows.
+
+    python tools/bench_serve.py --checkpoint runs/tiny_cpu --hostile --requests 16 --max-tokens 16
+
+--hostile runs the hostile phase alone (issue 57; setdiff_mega/serving/bench.py run_hostile): a well-behaved
+client's p50 / p99 latency unloaded and beside attackers (a flood, the regex bomb, 1,024-job requests, distinct
+chat kwargs) under another API key, and the server's resident memory before and after. With --checkpoint the
+server is started with the two keys (--hostile-keys); with --url, the server must accept them.
 """
 import argparse
 import asyncio
@@ -26,7 +33,17 @@ from tqdm import tqdm
 from setdiff_mega.cli import run_cli
 from setdiff_mega.hfmodel.linears import FORMATS
 from setdiff_mega.outputs import check_output_file, write_file_atomic
-from setdiff_mega.serving.bench import InProcess, medians, run_phases, run_poisson, start_server, table, workload
+from setdiff_mega.serving.bench import (
+    InProcess,
+    hostile_table,
+    medians,
+    run_hostile,
+    run_phases,
+    run_poisson,
+    start_server,
+    table,
+    workload,
+)
 from setdiff_mega.serving.engine import serving_threads
 
 
@@ -51,6 +68,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of (server sequential + concurrent, in-process "
                    "batch 1 + batch B), alternating; each phase reports its median round, the shares the median "
                    "of the rounds' paired ratios")
+    p.add_argument("--hostile", action="store_true", help="run the hostile phase alone (module docstring)")
+    p.add_argument("--hostile-keys", default="victim,attacker", help="the well-behaved client's and the attackers' "
+                   "API keys (a started server gets both)")
+    p.add_argument("--flood", type=int, default=8, help="the hostile phase's concurrent flooding connections")
     p.add_argument("--json", help="write the phases' rows here")
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
@@ -59,6 +80,8 @@ def main(argv=None) -> int:
     if args.json:
         check_output_file(args.json, [args.checkpoint], flag="--json", overwrite=args.overwrite)
     threads = serving_threads(args.threads)             # the started server's and the in-process baseline's
+    if args.hostile:
+        return hostile(args, threads)
     bodies = [{"prompt": q, "max_tokens": args.max_tokens, "temperature": 0, "stop_at_eos": False, "stream": True,
                "stream_options": {"include_usage": True}} for q in workload(args.tasks, args.requests)]
     proc = None
@@ -105,6 +128,32 @@ def main(argv=None) -> int:
     if args.json:
         write_file_atomic(args.json, json.dumps({"rows": rows, "ratio": ratio, "shares": shares, "gains": gains,
                                                  "clients": args.clients, "requests": args.requests,
+                                                 "max_tokens": args.max_tokens}, indent=1))
+    return 0
+
+
+def hostile(args, threads: int) -> int:
+    """The hostile phase alone (module docstring)."""
+    keys = [k.strip() for k in args.hostile_keys.split(",")]
+    if len(keys) != 2 or not all(keys):
+        raise ValueError(f"--hostile-keys must be two keys separated by a comma, got {args.hostile_keys!r}")
+    bodies = [{"prompt": q, "max_tokens": args.max_tokens, "temperature": 0, "stop_at_eos": False}
+              for q in workload(args.tasks, args.requests)]
+    proc = None
+    if args.checkpoint:
+        extra = ["--threads", str(threads), "--decode-weights", args.decode_weights, "--api-key", ",".join(keys)]
+        proc, url = start_server(args.checkpoint, args.clients, extra)
+    else:
+        url = args.url.rstrip("/")
+    try:
+        row = asyncio.run(run_hostile(url, bodies, keys[0], keys[1], args.flood, proc.pid if proc else None))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(hostile_table(row))
+    if args.json:
+        write_file_atomic(args.json, json.dumps({"rows": [row], "clients": args.clients, "requests": args.requests,
                                                  "max_tokens": args.max_tokens}, indent=1))
     return 0
 

@@ -7,6 +7,12 @@ the tokens are the same in every phase: greedy decoding is batch-independent).
     sequential   one request at a time (the baseline: decoding without batching, same server, same HTTP)
     concurrent   ``clients`` closed-loop clients (each sends its next request when its previous one ended)
     poisson      open loop: arrivals with exponential gaps at ``rate`` requests/s (seeded)
+    hostile      (``--hostile``, alone: :func:`run_hostile`) a well-behaved client's requests one at a time, first
+                 unloaded, then beside attackers under another API key (a flood of long requests from several
+                 connections, the regex bomb of issue 57, requests of 1,024 jobs, distinct chat_template_kwargs):
+                 its p50 / p99 latency both ways and their ratio (the target: p99 within 2x unloaded), the
+                 attackers' answers by status, and the server processes' resident memory before and after
+                 (the target: within 50 MiB)
 
 Per phase: throughput (generated tokens/s, requests/s over the phase's wall time), latency (request sent -> last
 event) and time to first token (-> the first text delta), p50 / p99, and the server's mean decode step by part
@@ -233,6 +239,100 @@ async def run_poisson(url: str, bodies: list[dict], rate: float, seed: int) -> d
         return summary(f"poisson {rate:g}/s", list(await asyncio.gather(*tasks)), time.perf_counter() - t0)
 
 
+REGEX_BOMB = {"prompt": "a" * 27 + "!", "stop_regex": "(a+)+$", "stop_at_eos": False, "max_tokens": 8}
+
+
+def server_rss(pid: int | None) -> float | None:
+    """Resident memory (MiB) of the process ``pid`` and its children (the HTTP process and its engine)."""
+    if pid is None:
+        return None
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+        return sum(p.memory_info().rss for p in procs if p.is_running()) / 2 ** 20
+    except psutil.Error:
+        return None
+
+
+async def run_hostile(url: str, bodies: list[dict], victim_key: str, attacker_key: str, flood: int = 8,
+                      pid: int | None = None, rounds_cap: int = 10_000) -> dict:
+    """The hostile phase (module docstring): the victim's ``bodies`` one at a time, unloaded, then again beside
+    the attackers (each attacker loop stops when the victim is done, or after ``rounds_cap`` requests).
+    Returns a row: the victim's latency both ways, the ratio of p99s, the attackers' statuses, and the resident
+    memory (MiB) of the server's processes (``pid`` and its children) before and after the attack."""
+    victim = {"Authorization": f"Bearer {victim_key}"}
+    attacker = {"Authorization": f"Bearer {attacker_key}"}
+    limits = httpx.Limits(max_connections=flood + 16)
+    statuses: dict = {}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        async def timed(body):
+            t = time.perf_counter()
+            r = await client.post(url + "/v1/completions", json={**body, "stream": False}, headers=victim)
+            if r.status_code != 200:
+                raise ValueError(f"the well-behaved client got {r.status_code}: {r.text[:300]}")
+            return time.perf_counter() - t
+
+        await timed({**bodies[0], "max_tokens": 2})                 # warm-up
+        alone = [await timed(b) for b in bodies]
+        rss0 = server_rss(pid)
+        done = asyncio.Event()
+
+        async def attack(path, body):
+            for _ in range(rounds_cap):
+                if done.is_set():
+                    return
+                try:
+                    r = await client.post(url + path, json=body, headers=attacker)
+                    key = str(r.status_code)
+                except httpx.HTTPError as e:
+                    key = type(e).__name__
+                statuses[key] = statuses.get(key, 0) + 1
+                if key != "200":
+                    await asyncio.sleep(0.01)                       # a refused attacker retries at once, nearly
+        long_body = {**bodies[0], "max_tokens": max(64, bodies[0].get("max_tokens", 64)), "stop_at_eos": False}
+        attackers = [attack("/v1/completions", long_body) for _ in range(flood)]
+        attackers.append(attack("/v1/completions", REGEX_BOMB))
+        attackers.append(attack("/v1/completions", {"prompt": ["x"] * 64, "n": 16, "max_tokens": 2}))
+        kwargs_count = iter(range(rounds_cap))
+
+        async def chat_flood():
+            for i in kwargs_count:
+                if done.is_set():
+                    return
+                body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                        "chat_template_kwargs": {"attack": i}}
+                r = await client.post(url + "/v1/chat/completions", json=body, headers=attacker)
+                statuses[f"chat {r.status_code}"] = statuses.get(f"chat {r.status_code}", 0) + 1
+        tasks = [asyncio.create_task(a) for a in attackers] + [asyncio.create_task(chat_flood())]
+        await asyncio.sleep(0.5)                                    # the flood queued
+        try:
+            beside = [await timed(b) for b in bodies]
+        finally:
+            done.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        rss1 = server_rss(pid)
+    row = {"phase": "hostile", "requests": len(bodies), "attackers": statuses,
+           "alone_p50_s": percentile(alone, 50), "alone_p99_s": percentile(alone, 99),
+           "beside_p50_s": percentile(beside, 50), "beside_p99_s": percentile(beside, 99)}
+    row["p99_ratio"] = row["beside_p99_s"] / row["alone_p99_s"]
+    if rss0 is not None and rss1 is not None:
+        row.update(rss_before_mib=rss0, rss_after_mib=rss1, rss_growth_mib=rss1 - rss0)
+    return row
+
+
+def hostile_table(row: dict) -> str:
+    lines = [f"well-behaved client, {row['requests']} requests one at a time: p50 / p99 latency "
+             f"{row['alone_p50_s']:.3f} / {row['alone_p99_s']:.3f} s alone, {row['beside_p50_s']:.3f} / "
+             f"{row['beside_p99_s']:.3f} s beside the attackers: p99 x{row['p99_ratio']:.2f} (target <= 2)"]
+    if "rss_growth_mib" in row:
+        lines.append(f"server resident memory {row['rss_before_mib']:.1f} -> {row['rss_after_mib']:.1f} MiB "
+                     f"({row['rss_growth_mib']:+.1f} MiB; target within 50)")
+    lines.append("attackers' answers: " + ", ".join(f"{k}: {v}" for k, v in sorted(row["attackers"].items())))
+    return "\n".join(lines)
+
+
 def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
     """``tools/serve.py`` on a free loopback port; returns (process, base URL) once it answers /health."""
     tool = Path(__file__).resolve().parents[2] / "tools" / "serve.py"
@@ -252,7 +352,7 @@ def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[sub
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:     # /health needs no API key
                 return proc, url
         except httpx.HTTPError:
             time.sleep(0.2)
@@ -278,4 +378,4 @@ def table(rows: list[dict]) -> str:
 
 
 __all__ = ["workload", "run_phases", "start_server", "summary", "table", "percentile", "step_parts",
-           "scrape", "InProcess", "medians", "run_poisson"]
+           "scrape", "InProcess", "medians", "run_poisson", "run_hostile", "hostile_table", "server_rss"]

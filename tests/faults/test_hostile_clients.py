@@ -443,3 +443,26 @@ def test_greedy_tokens_through_the_fair_queue_equal_batch_one(hostile):
         ref = generate(model, srv.tok, method, prompts, replace(srv.defaults.base, max_new_tokens=6, record=True),
                        context=srv.defaults.seq_length, batch_size=1)
     assert [got[i] for i in range(3)] == [r["tokens"] for r in ref]
+
+
+def test_bench_serve_hostile_phase_reports_the_well_behaved_clients_latency_and_memory(trained_run, tmp_path):
+    """``tools/bench_serve.py --hostile`` (kept tiny here: the numbers of a shared machine mean little; the
+    phase runs, the victim is answered, every attacker kind is answered, memory is measured)."""
+    import json
+
+    from ..e2e.conftest import run_here
+
+    save, _ = trained_run
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "math.jsonl").write_text(json.dumps({"question": "2 + 3?", "answer": "5"}) + "\n")
+    (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
+    out = tmp_path / "hostile.json"
+    r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--hostile", "--requests", "3", "--max-tokens", "4",
+                  "--clients", "2", "--flood", "2", "--threads", "1", "--tasks", tasks, "--json", out])
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["beside_p99_s"] >= row["beside_p50_s"] > 0 and row["alone_p99_s"] > 0 and row["p99_ratio"] > 0
+    assert row["attackers"].get("400", 0) >= 1                     # the 1,024-job requests, refused at once
+    assert row["rss_before_mib"] > 0 and "rss_growth_mib" in row
+    assert "beside the attackers" in r.stdout
