@@ -248,7 +248,8 @@ class EngineClient:
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._spawn)
         except Exception as e:                   # noqa: BLE001 (the model cannot be loaded again: give up)
-            self._give_up(f"{reason}; the engine could not be restarted ({type(e).__name__}: {e})")
+            if not self.closing:                 # (a shutdown meanwhile stops the start: no failure of its own)
+                self._give_up(f"{reason}; the engine could not be restarted ({type(e).__name__}: {e})")
             return
         if self.closing:
             self._kill()

@@ -466,3 +466,46 @@ def test_bench_serve_hostile_phase_reports_the_well_behaved_clients_latency_and_
     assert row["attackers"].get("400", 0) >= 1                     # the 1,024-job requests, refused at once
     assert row["rss_before_mib"] > 0 and "rss_growth_mib" in row
     assert "beside the attackers" in r.stdout
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_http_side_answers_504_by_itself_when_the_engine_never_answers(monkeypatch, stream):
+    """The engine's own timeout cannot fire when its loop is frozen: the HTTP side's deadline (the server's timeout
+    plus DEADLINE_SLACK) answers anyway, a 504 in one line (a stream: its error chunk), and cancels the jobs."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    import setdiff_mega.serving.app as app
+    from setdiff_mega.serving.metrics import HttpMetrics
+    from setdiff_mega.serving.protocol import Parsed
+
+    cancelled = []
+
+    class Silent:                                   # takes jobs, never answers
+        restarts = 0
+
+        def attach(self, loop):
+            pass
+
+        def submit(self, specs, queue, client=""):
+            return [object() for _ in specs]
+
+        def cancel(self, ticket):
+            cancelled.append(ticket)
+
+        def health(self):
+            return {"status": "ok"}
+    parsed = Parsed([[BOS, 1]], GenerationConfig(), 1, stream, (), False, False)
+    monkeypatch.setattr(app, "parse", lambda *a, **k: parsed)
+    monkeypatch.setattr(app, "DEADLINE_SLACK", 0.2)
+    srv = app.Server(Silent(), None, SimpleNamespace(chat_template_kwargs={}), "m", HttpMetrics(), timeout=0.3)
+    with TestClient(srv.app()) as client:
+        t = time.monotonic()
+        r = client.post("/v1/completions", json={"prompt": "x", "stream": stream})
+        took = time.monotonic() - t
+    assert took < 10 and len(cancelled) == 1
+    if stream:
+        assert r.status_code == 200 and '"code": 504' in r.text and "no answer from the decoding engine" in r.text
+    else:
+        assert r.status_code == 504 and "no answer from the decoding engine" in _one_line(r)
