@@ -77,7 +77,8 @@ class GenerationConfig:
     record: bool = False          # keep the canvas after every step (GenerationOutput.trace) and each
                                   # generated token's commit step and confidence (.commit_steps, .confidences)
     speculative: bool = False     # SetDLM self-speculation (method.md 16): each forward verifies the last drafts
-                                  # with the AR head and drafts the next window; greedy, AR mode's exact tokens
+                                  # with the AR head and drafts the next window; greedy: AR mode's exact tokens,
+                                  # sampled: AR mode's distribution (the speculative-sampling rejection rule)
 
     def validate(self) -> "GenerationConfig":
         """Every field inside its declared bound (:data:`BOUNDS`: the one table the CLI, the API and the server
@@ -105,9 +106,7 @@ class GenerationConfig:
 
     def _check_speculative(self) -> None:
         """The options self-speculation (method.md 16) cannot honour exactly, refused with one line each."""
-        refused = [(self.temperature > 0, f"temperature={self.temperature} (sampled decoding; speculative decoding "
-                                          f"is greedy only: temperature=0)"),
-                   (self.repetition_penalty != 1.0, f"repetition_penalty={self.repetition_penalty} (a draft's "
+        refused = [(self.repetition_penalty != 1.0, f"repetition_penalty={self.repetition_penalty} (a draft's "
                                                     f"verification would need the drafts before it in its context)"),
                    (self.length_penalty is not None, f"length_penalty={self.length_penalty}"),
                    (self.fht_cache_order, "fht_cache_order (drafts are verified and cached left to right)"),

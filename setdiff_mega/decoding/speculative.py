@@ -30,17 +30,18 @@ Exactly as AR mode also in its stops and context: EOS ends a row at its first el
 criteria are evaluated after every committed token on the canvas AR mode had then (tokens after it still MASK),
 at AR mode's cadence (after every step but the first); near the context budget a row's chunk shrinks (fewer
 queries, then fewer drafts) so that nothing is evicted before AR mode would evict, down to AR mode's own chunk
-(the exact token and one query), which evicts as AR mode does. Greedy only (a sampled variant needs the
-speculative-sampling rejection rule over both processed distributions: not built); options that would make a
-draft's verification depend on the drafts before it (repetition / length penalty) or reorder the cache are
-refused by :meth:`GenerationConfig.validate`. A checkpoint without the head shift or the next-token loss is
-refused by :func:`check_model` (its record's ``self_speculative``).
+(the exact token and one query), which evicts as AR mode does. Rows with a temperature sample their drafts and
+verify them with the speculative-sampling rejection rule (:meth:`SpeculativeSession._sample`): their tokens are
+distributed as AR mode's samples. Options that would make a draft's verification depend on the drafts before it
+(repetition / length penalty) or reorder the cache are refused by :meth:`GenerationConfig.validate`. A checkpoint
+without the head shift or the next-token loss is refused by :func:`check_model` (its record's ``self_speculative``).
 """
 from __future__ import annotations
 
 import torch
 
 from .base import finish_at_eos, first_true, pack
+from .sampling import top_p_filter
 from .setdlm import SetDLMSession, context_budget
 
 
@@ -71,12 +72,14 @@ class SpeculativeSession(SetDLMSession):
         self.verified = torch.zeros(W, dtype=torch.long, device=st.tokens.device)   # per window index k >= 1
         self.accepted = torch.zeros(W, dtype=torch.long, device=st.tokens.device)
         self.log = [[] for _ in range(st.tokens.shape[0])] if self.cfg.record else None
+        self.q = [None] * st.tokens.shape[0]     # sampled rows: each draft's distribution q [m, V], in draft order
 
     def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None, options=None) -> None:
-        if options is not None and (options.temperature > 0 or options.repetition_penalty != 1.0):
-            raise ValueError("speculative decoding is greedy only, without a repetition penalty")
+        if options is not None and options.repetition_penalty != 1.0:
+            raise ValueError("speculative decoding does not combine with a repetition penalty")
         super().admit(b, ids, max_new_tokens, seed, options)
         self.draft[b] = False
+        self.q[b] = None
         self.view[b] = self.st.tokens[b]
         if self.log is not None:
             self.log[b] = []
@@ -149,6 +152,8 @@ class SpeculativeSession(SetDLMSession):
         read_conf = torch.zeros(B, N, device=cols.device).scatter_(1, cols, torch.where(ok, conf.float(), 0.0))
         pos = st.pos[None]
         bad = first_true(self.draft & (self.view != read))            # the first rejected draft (N: none)
+        if st.generators is not None:                                  # sampled rows: the rejection rule
+            bad = self._sample(self.shifted.lookup(cols, logits), cols, is_draft, P, q_ok, read, read_conf, bad)
         acc = self.draft & (pos < bad[:, None])
         qf = first_true(active)
         fix = torch.where(bad < N, bad, qf)                            # the correction, or the bonus token
@@ -169,6 +174,51 @@ class SpeculativeSession(SetDLMSession):
         self.pending = (exact | nxt) & alive
         self.view.copy_(torch.where(self.draft, read, st.tokens))
         return True
+
+    def _dist(self, logits: torch.Tensor, opt) -> torch.Tensor:
+        """logits [C, V] -> the sampled distribution [C, V] (MASK banned, temperature, nucleus: .sampling's)."""
+        logits = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+        logits = logits.index_fill(-1, torch.tensor([self.sampler.mask_id], device=logits.device), float("-inf"))
+        logits = (logits - logits.amax(-1, keepdim=True)) / max(opt.temperature, torch.finfo(torch.float32).tiny)
+        return top_p_filter(torch.softmax(logits, -1), opt.top_p)
+
+    def _sample(self, rows, cols, is_draft, P: int, q_ok, read, read_conf, bad) -> torch.Tensor:
+        """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) for the rows with a temperature: draft d
+        (drawn from q, its MASK row's distribution) is accepted with probability min(1, p(d) / q(d)), p the AR
+        head's distribution at its position; the first rejected one is replaced by a draw from max(0, p - q)
+        (normalised); with none rejected the first query's token is drawn from p (its row is the AR head's) and the
+        later queries' from their own rows (the next drafts, their q kept). The committed tokens are then
+        distributed as AR mode's samples. ``read`` / ``read_conf`` [B, N] are rewritten for those rows; returns
+        ``bad``."""
+        st = self.st
+        N = read.shape[1]
+        bad = bad.clone()
+        for b, opt in enumerate(st.options):
+            if opt.temperature <= 0:
+                continue
+            g = st.generators[b]
+            dist = self._dist(rows[b], opt)
+            drafts = is_draft[b].nonzero()[:, 0].tolist()
+            queries = (P + q_ok[b].nonzero()[:, 0]).tolist()
+            rejected = None
+            for j, c in enumerate(drafts):
+                at, d = int(cols[b, c]), int(self.view[b, int(cols[b, c])])
+                p, q = dist[c], self.q[b][j]
+                if float(torch.rand((), generator=g, device=p.device)) < min(1.0, float(p[d] / q[d])):
+                    read[b, at], read_conf[b, at] = d, p[d]
+                    continue
+                rest = (p - q).clamp(min=0)
+                x = int(torch.multinomial(rest if float(rest.sum()) > 0 else p, 1, generator=g))
+                read[b, at], read_conf[b, at], rejected = x, p[x], at
+                break
+            bad[b] = N if rejected is None else rejected
+            self.q[b] = None
+            if rejected is None and queries:
+                x = torch.multinomial(dist[queries], 1, generator=g)[:, 0]
+                at = cols[b, queries]
+                read[b, at], read_conf[b, at] = x, dist[queries].gather(1, x[:, None])[:, 0]
+                self.q[b] = dist[queries[1:]]
+        return bad
 
     def _tally(self, pend_idx, is_draft, acc, bad, read) -> None:
         """Drafts verified / accepted per window index (the draft's distance from the exact token), and with
