@@ -5,6 +5,8 @@
     python tools/reproduce.py --budget 10 --out runs/reproduce_gpu --report docs/results_gpu.md
     python tools/reproduce.py --toy --data D/corpus --tasks D/tasks --out /tmp/r --report /tmp/r/results.md
     python tools/reproduce.py --adapt                # the AR-to-SetDLM recipe (experiments/adapt/recipe.py)
+    python tools/reproduce.py --planning             # Sudoku, Countdown, ...: AR vs MDLM vs BD3LM vs SetDLM
+    python tools/reproduce.py --planning --only sudoku4 --seeds 1234 --methods setdlm_D4    # one arm, one seed
 
 Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
 option at one size and token budget (3 seeds for AR, BD3LM S = 4, SetDLM D = 4 and the FIM model), and with
@@ -23,8 +25,16 @@ MASK row), and AR, BD3LM and SetDLM with the recommended recipe, 3 seeds each; e
 problems asked as chat prompts for every sampler setting (tau, commit rule, W), and tokens/s at batch 1 (its own
 report section and --assets, default docs/results/adapt; models under --out/adapt; everything but the timings is
 reused on a re-run). See experiments/adapt/recipe.py.
+
+--planning runs the planning study instead (issue 56, experiments/planning/run.py): generated tasks with difficulty
+knobs, AR, MDLM, BD3LM (S = 4) and SetDLM (D = 4) trained from scratch at equal parameters and training FLOPs, 3
+seeds; every decoding policy on dev, the chosen one on test, batch-1 tokens/s, difficulty curves and the order in
+which each method fills a Sudoku (its own report section; assets default docs/results/planning; models and data
+under --out/planning, everything but the timings reused on a re-run).
 """
 import argparse
+import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -33,6 +43,9 @@ import _checkout  # noqa: F401  (experiments/ is not installed)
 
 from experiments.adapt import recipe as A
 from experiments.paper import reproduce as R
+from experiments.planning import plan as PL
+from experiments.planning import report as PR
+from experiments.planning import run as PRUN
 from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config
 from setdiff_mega.data.blend import parse_blend
@@ -51,6 +64,11 @@ def main(argv=None) -> int:
     p.add_argument("--adapt", action="store_true", help="the AR-to-SetDLM adaptation recipe instead")
     p.add_argument("--no-timing", action="store_true", help="--adapt: train and evaluate the accuracies only (they "
                    "are reused), no timings and no report: the timings need a machine with nothing else running")
+    p.add_argument("--planning", action="store_true", help="the planning study instead (issue 56)")
+    p.add_argument("--only", nargs="+", default=None, help="--planning: only these tasks")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="--planning: only these seeds")
+    p.add_argument("--methods", nargs="+", default=None, help="--planning: only these methods (ar, mdlm, bd3lm_S4, "
+                   "setdlm_D4)")
     p.add_argument("--data", default=None, help="dataset prefix (default: the base config's)")
     p.add_argument("--engine", default="auto", choices=["auto", "plain", "native"],
                    help="decoding engine (auto: the plain-PyTorch inference model for unsharded checkpoints)")
@@ -58,6 +76,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.adapt:
         return adapt(args, p, argv)
+    if args.planning:
+        return planning(args, p, argv)
     if args.toy:
         if not args.data:
             p.error("--toy needs --data PREFIX (a prepared corpus)")
@@ -107,6 +127,45 @@ def adapt(args, p, argv) -> int:
         print(f"[{'holds' if c['holds'] else 'FAILS'}] {c['claim']}: {c['value']}")
     print(f"wrote {args.report} and {assets}/ in {res['meta']['wall_s'] / 60:.1f} min "
           f"(from scratch {res['meta']['from_scratch_s'] / 60:.1f} min)")
+    return 0
+
+
+def planning(args, p, argv) -> int:
+    """--planning: the study of experiments/planning/run.py, its report section and assets."""
+    import time
+
+    out = str(Path(args.out) / "planning")
+    pc = PL.toy_config(out) if args.toy else PL.PlanningConfig(out_dir=out, only=args.only)
+    if args.seeds:
+        pc.seeds = list(args.seeds)
+    if args.methods:
+        known = {PL.method_key(m): m for m in pc.methods}
+        bad = [m for m in args.methods if m not in known]
+        if bad:
+            p.error(f"--methods {bad[0]!r} is not one of {', '.join(known)}")
+        pc.methods = [known[m] for m in args.methods]
+    pc.overrides += list(args.overrides)
+    assets = Path(args.assets or Path(args.report).parent / "results" / "planning")
+    tool = "reproduce"
+    claim_output_dir(args.out, [], flag="--out", tool=tool, continues=True,
+                     owned=either(marked_by(tool), lambda d: (d / "results.json").is_file()
+                                  or (d / "planning").is_dir()))
+    claim_output_dir(str(assets), [], flag="--assets", tool=tool, continues=True,
+                     owned=either(marked_by(tool), holds_only(".csv", ".png", ".json")))
+    check_output_file(args.report, [args.out, str(assets)], flag="--report", overwrite=True)
+    given = argv if argv is not None else sys.argv[1:]
+    t0 = time.perf_counter()
+    results = PRUN.run(pc)
+    files = PR.write_assets(results, assets)
+    (Path(out) / "planning.json").write_text(json.dumps(results, indent=1, default=str))
+    command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
+    meta = PR.meta(command, time.perf_counter() - t0)
+    rel = os.path.relpath(assets, Path(args.report).parent)
+    PR.write_report(results, files, meta, Path(args.report), rel)
+    for v in files["verdicts"]:
+        print(f"{v['task']} level {v['level']}: SetDLM {v['setdlm']:.3f} vs {v['against']} {v['baseline']:.3f}: "
+              f"{v['verdict']}")
+    print(f"wrote {args.report} and {assets}/ in {meta['wall_s'] / 60:.1f} min")
     return 0
 
 

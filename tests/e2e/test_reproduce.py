@@ -126,3 +126,37 @@ def test_adaptation_recipe_toy_pretrains_exports_imports_finetunes_and_reports(d
     r2 = _run(args, timeout=600)                                        # a re-run: nothing trained or evaluated
     assert r2.returncode == 0 and "training " not in r2.stdout and "distillation:" not in r2.stdout, r2.stdout[-2000:]
     assert len(list(out.glob("adapt/arms/*/models/*/eval_cache/*.json"))) == cached
+
+
+@pytest.mark.slow          # ~5 minutes on 2 idle cores: four toy trainings and every policy's evaluation
+def test_planning_study_toy_trains_every_method_chooses_on_dev_and_reports(tmp_path):
+    """--planning at toy size: 4x4 Sudoku at two levels, AR / MDLM / BD3LM / SetDLM at equal FLOPs (the two-stream
+    methods train fewer steps), every policy on dev, one chosen policy per method on test, batch-1 timings, the fill
+    order of each method, the section, CSVs and plots; a re-run reuses every model and accuracy."""
+    out, report = tmp_path / "run", tmp_path / "docs" / "results.md"
+    args = ["tools/reproduce.py", "--planning", "--toy", "--out", str(out), "--report", str(report)]
+    r = _run(args, timeout=1500)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    text, assets = report.read_text(), report.parent / "results" / "planning"
+    for section in ("## Where set decoding should beat left to right", "### SetDLM against AR and MDLM",
+                    "### Test accuracy by difficulty", "### Training (per run)", "accuracies computed at"):
+        assert section in text, section
+    for name in ("planning_dev", "planning_test", "planning_curves", "planning_training", "planning_verdicts"):
+        assert list(csv.DictReader(open(assets / f"{name}.csv"))), name
+    assert (assets / "curves_sudoku4.png").stat().st_size > 1000 and (assets / "order_sudoku4.png").is_file()
+    res = json.loads((out / "planning" / "planning.json").read_text())[0]
+    steps = {t["key"]: t["steps"] for t in res["training"]}
+    assert steps["setdlm_D4"] < steps["ar"] and steps["bd3lm_S4"] == steps["setdlm_D4"]
+    assert len({t["parameters"] for t in res["training"]}) == 1                      # one model for every method
+    per_model = {}
+    for p in res["test"]:
+        per_model.setdefault((p["key"], p["knob"]), set()).add(p["policy"])
+    assert all(len(v) == 1 for v in per_model.values()) and len(per_model) == 8    # test: the chosen policy only
+    assert {p["policy"] for p in res["test"] if p["key"] == "mdlm"} == {res["chosen"]["mdlm"]}
+    assert len({p["policy"] for p in res["dev"] if p["key"] == "setdlm_D4"}) == 8
+    assert all(p["tokens_per_s"] > 0 for p in res["test"])
+    orders = {o["method"]: o["order"] for o in res["orders"]}
+    assert len(orders) == 4 and all(len(o) == 17 for o in orders.values())          # 16 cells + EOS
+    assert orders["AR"][:16] == list(range(16))                                      # left to right
+    again = _run(args, timeout=1500)
+    assert again.returncode == 0 and "training " not in again.stdout and "drawing" not in again.stdout
