@@ -68,8 +68,8 @@ def test_grad_reducer_averages_exactly_and_overlaps_the_last_backward(overlap):
 @pytest.mark.slow            # the benchmark's runner; the reducer's exactness above stays in the default suite
 def test_grad_reduce_benchmark_runs_both_variants_with_equal_losses(tmp_path):
     """tools/bench_grad_reduce.py's runner at toy size: every layout and variant, equal losses, a ratio."""
-    from setdiff_mega.data.prepare import prepare
     from benchmarks.grad_reduce import run
+    from setdiff_mega.data.prepare import prepare
 
     prepare(tmp_path, None, num_math=60, num_stories=60, vocab_size=300, heldout=4, log=lambda *a: None)
     rows = run(tmp_path, tmp_path, ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",

@@ -6,10 +6,10 @@ import math
 import pytest
 
 from experiments.adapt import claims as C
-from experiments.adapt.recipe import AdaptConfig
 from experiments.adapt.data import eval_problems
 from experiments.adapt.evaluate import resolution, settings, t95
 from experiments.adapt.levers import Lever
+from experiments.adapt.recipe import AdaptConfig
 
 
 def _p(arm, objective, acc, tps, tau=1e6, rule="confidence", window=None, sd=0.02, seeds=3, **kw):

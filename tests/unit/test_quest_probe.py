@@ -2,8 +2,8 @@
 decoded example's measurements, the per-model summary."""
 import random
 
-from setdiff_mega.data.corpus import GOALS, _quest
 from experiments.paper import quest_probe as Q
+from setdiff_mega.data.corpus import GOALS, _quest
 
 
 class WordTokenizer:

@@ -94,10 +94,10 @@ def toy_backend():
 
 
 def test_a_registered_backend_is_validated_built_estimated_and_its_capabilities_read(toy_backend, mcore):
+    from benchmarks.training import default_settings
     from setdiff_mega.config import ConfigError, load_config
     from setdiff_mega.diffusion import build_objective
     from setdiff_mega.model import build_model
-    from benchmarks.training import default_settings
     from setdiff_mega.training.memory import activation_bytes
 
     cfg = load_config(None, ["model.attention_backend=toy", "model.num_layers=1", "model.hidden_size=32",
