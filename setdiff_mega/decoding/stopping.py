@@ -18,6 +18,9 @@ Criteria (each off unless configured), with the reference's classes:
   doubling it). RE2's syntax is Python's but for what needs backtracking: no backreferences (``\\1``), no
   lookaround (``(?=``, ``(?!``, ``(?<=``, ``(?<!``), no possessive or atomic groups, ``\\Z`` written ``\\z``;
   such a pattern is refused with one line. Matches are leftmost-first, as ``re``'s (not POSIX longest).
+  RE2 (google-re2) is optional here, as this package is the remote code of every export: without it (an export
+  loaded where it is not installed) patterns run on Python's ``re``, after a one-line warning the first time;
+  the export runs its user's own patterns locally, while the server (google-re2 a dependency) keeps RE2.
 * ``stop_repeat`` N (``RepeatingTokenStoppingCriteria``): the N tokens ending at the last non-MASK
   token of [0, limit) are identical.
 * ``stop_confidence`` c with ``stop_patience`` k (``EntropyEosStoppingCriteria`` confidence part): the
@@ -34,8 +37,18 @@ criteria; the others are batched tensor operations.
 """
 from __future__ import annotations
 
-import re2
+import logging
+import re
+
 import torch
+
+try:
+    import re2
+except ImportError:             # an export loaded without google-re2: Python's re (compile_stop_regex)
+    re2 = None
+
+log = logging.getLogger(__name__)
+_warned = False                 # the fallback's warning was given (once per process)
 
 MAX_PATTERN_CHARS = 1000        # a stop_regex's length
 MAX_PROGRAM = 1000              # the instructions of its compiled RE2 program: matching costs at most
@@ -51,6 +64,8 @@ def compile_stop_regex(pattern: str):
         raise ValueError(f"stop_regex must be a string, got {type(pattern).__name__}")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise ValueError(f"stop_regex has {len(pattern)} characters, more than the limit of {MAX_PATTERN_CHARS}")
+    if re2 is None:
+        return _compile_re(pattern)
     options = re2.Options()
     options.log_errors = False                  # RE2's own stderr line per refused pattern
     try:
@@ -64,6 +79,20 @@ def compile_stop_regex(pattern: str):
         raise ValueError(f"stop_regex={pattern[:80]!r} compiles to {size} RE2 instructions, more than the limit "
                          f"of {MAX_PROGRAM} (large counted repetitions such as {{1000}} cost the most); simplify it")
     return compiled
+
+
+def _compile_re(pattern: str):
+    """``pattern`` compiled by Python's ``re`` where google-re2 is not installed (module docstring): one warning
+    the first time; a pattern ``re`` cannot compile is a one-line ValueError."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("google-re2 is not installed: stop_regex runs on Python's re, which may take exponential time "
+                    "on some patterns (pip install google-re2 for the linear-time engine)")
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"stop_regex={pattern[:80]!r} is not a regular expression ({e})") from None
 
 
 def _last_true(sel: torch.Tensor) -> torch.Tensor:

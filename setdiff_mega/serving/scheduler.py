@@ -15,7 +15,8 @@ next call.
                    options: its KV cache is not allocated again)
         calls      every decode's ``next_calls()`` (:mod:`setdiff_mega.decoding.calls`)
         step       the calls -> :func:`~setdiff_mega.decoding.calls.fused_forward` (cached and uncached calls
-                   apart, joining rows' prefills apart where that saves padding: :mod:`.fusion`) -> each
+                   apart, joining rows' prefills apart where that saves padding: :mod:`.fusion`,
+                   :mod:`.forwards`) -> each
                    decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
 
 Fairness: the queue is one FIFO per client, taken round-robin (:class:`~.bounded.FairQueue`): the next free row
@@ -24,8 +25,9 @@ goes to the next client in turn, so one client's flood never stands between anot
 Supervision: the loop's every turn beats its :class:`~.pulse.Pulse` (shared memory the HTTP side reads: /health, the
 watchdog); every part of a step that runs a decode's or a client's code is guarded per decode (its jobs fail,
 the loop goes on); anything else that escapes (a bug of the loop itself) ends the loop with its jobs failed in
-one line, the pulse's state ``died``, ``on_death(message)`` called: the engine is then restarted or the server
-exits (:mod:`.client`). A failed admission leaves no decode behind (:meth:`Scheduler._orphan`).
+one line, the pulse's state ``died``, ``on_death(message)`` called (:mod:`.supervision`): the engine is then
+restarted or the server exits (:mod:`.watchdog`). A failed admission leaves no decode behind
+(:meth:`Scheduler._orphan`).
 
 No thread per request and no hand-off per step: the HTTP side only queues jobs (:meth:`Scheduler.submit`), flags
 cancellations (:meth:`Scheduler.cancel`) and reads the events its jobs emit. Each decode has its own KV cache; a job
@@ -42,17 +44,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import traceback
 
 import torch
 
-from setdiff_mega.decoding.calls import fused_forward
-
 from .bounded import FairQueue
-from .fusion import default_min_saving, groups, split_rows, stitch
+from .forwards import Clocked, fused_forwards
+from .fusion import default_min_saving
 from .job import Job
-from .pulse import CLOSED, DIED, RUNNING, Pulse
+from .pulse import Pulse
 from .sessions import USER, Decode, session_key
+from .supervision import Supervised
 
 # where a decode step's time goes: admitting and retiring jobs, the samplers' bookkeeping before the forward
 # (next_calls), assembling the fused forward, the model forward itself, the bookkeeping after it (advance: token
@@ -67,7 +68,7 @@ class QueueFull(Exception):
     """The waiting queue is full (HTTP 429)."""
 
 
-class Scheduler:
+class Scheduler(Supervised):
     def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None,
                  width: int = 4096, min_saving: int | None = None, pulse: Pulse | None = None):
         """``width``: the most canvas positions of a request (prompt plus ``max_tokens``); shared decodes are
@@ -94,7 +95,7 @@ class Scheduler:
         self.fault: str | None = None     # a test's injected fault, acted on at the loop's next turn (_inject)
         self.steps = 0
         self.part_seconds = dict.fromkeys(PARTS, 0.0)   # decode-step time by part, summed (:data:`PARTS`)
-        self.clock = _Clocked(model)
+        self.clock = Clocked(model)
         self.on_step_end = None          # called by the loop after each iteration (the server's event hand-over)
         self.stream_due = None           # () -> whether started streams' text goes out after this step (None: always)
 
@@ -262,54 +263,6 @@ class Scheduler:
                 else:
                     self._drop(d, 500, "")
 
-    def _run(self) -> None:
-        """The loop, supervised (module docstring): its state in the pulse, its death reported."""
-        self.pulse.set_state(RUNNING)
-        try:
-            self._loop()
-        except BaseException as e:            # noqa: BLE001 (the loop's own bug: reported, its jobs failed)
-            self._died(e)
-            return
-        self.pulse.set_state(CLOSED)
-
-    def _died(self, e: BaseException) -> None:
-        """The loop ends on an error: one line to stderr (the traceback after it), every job in flight fails with
-        it (500), the pulse says ``died``, ``on_death`` hears it."""
-        message = " ".join(f"the decode loop died: {type(e).__name__}: {e}".split())[:300]
-        self.error = message
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        traceback.print_exc(file=sys.stderr)
-        with self.cond:
-            jobs = [*self.queue, *self.running.values()]
-            self.queue.clear()
-            self.running.clear()
-        for job in jobs:
-            if not job.done:
-                try:
-                    job.fail(500, f"{message}; the engine is being restarted, retry the request")
-                except Exception:             # noqa: BLE001
-                    pass
-        try:
-            self._end_step()
-        except Exception:                     # noqa: BLE001 (the events could not go: the watchdog fails them)
-            pass
-        self.pulse.set_state(DIED)
-        if self.on_death is not None:
-            try:
-                self.on_death(message)
-            except Exception:                 # noqa: BLE001
-                pass
-
-    def _inject(self) -> None:
-        """A fault a test injected (the engine's ``fault`` message, honoured only when the server was built to
-        allow it): ``die``, an error no guard catches; ``stall``, the loop stops turning."""
-        kind, self.fault = self.fault, None
-        if kind == "die":
-            raise RuntimeError("a fault injected by a test")
-        if kind == "stall":
-            while not self._closing:
-                time.sleep(0.05)
-
     @torch.inference_mode()
     def _loop(self) -> None:
         while True:
@@ -363,48 +316,6 @@ class Scheduler:
                 out.append((d, calls))
         return out
 
-    def _forward(self, work: list) -> list:
-        """The step's calls as fused forwards -> [(decode, [logits])]: cached and uncached calls apart, and the
-        cached ones cut by width where that saves padding (:mod:`.fusion`: a joining row's prefill apart from the
-        decoding rows; the wide forward first)."""
-        parts, failed = [], set()                # (work index, part of its call)
-
-        def fail(i: int, e: Exception, what: str) -> None:
-            if i not in failed:
-                failed.add(i)
-                self._drop(work[i][0], 500, f"{what}: {type(e).__name__}: {e}")
-        for i, (d, calls) in enumerate(work):
-            try:
-                parts += [(i, p) for p in split_rows(calls[0], self.min_saving)]
-            except Exception as e:                # noqa: BLE001 (this decode fails; the step goes on)
-                fail(i, e, "the decode's forward could not be arranged")
-        results: dict = {}
-        for cached in (True, False):
-            mine = [(i, p) for i, p in parts if (p[0].cache is not None) == cached]
-            try:
-                cuts = groups([p[0] for _, p in mine], self.min_saving) if mine else []
-            except Exception:                     # noqa: BLE001 (no cut: one forward, as without fusion)
-                cuts = [list(range(len(mine)))]
-            for group in cuts:
-                members = [mine[j] for j in group]
-                try:
-                    outs = fused_forward(self.clock, [p[0] for _, p in members], self.tokenizer.pad)
-                except Exception as e:            # noqa: BLE001 (the decodes of this forward fail; the loop goes on)
-                    for i, _ in members:
-                        fail(i, e, "the decode forward failed")
-                    continue
-                for (i, (_, rows, cols)), o in zip(members, outs):
-                    results.setdefault(i, []).append((o, rows, cols))
-        out = []
-        for i, (d, calls) in enumerate(work):
-            if i in failed or i not in results:
-                continue
-            try:
-                out.append((d, [stitch(calls[0], results[i])]))
-            except Exception as e:                # noqa: BLE001
-                fail(i, e, "the decode's logits could not be assembled")
-        return out
-
     def _step(self, admitted: float) -> bool:
         """One step: every decode's calls, the fused forwards, every decode's bookkeeping; its time by part
         (:data:`PARTS`). False when no decode had work."""
@@ -412,7 +323,7 @@ class Scheduler:
         work = self._calls()
         t2 = time.perf_counter()
         self.clock.seconds = 0.0
-        results = self._forward(work)
+        results = fused_forwards(work, self.clock, self.tokenizer.pad, self.min_saving, self._drop)
         t3 = time.perf_counter()
         for d, logits in results:
             try:
@@ -441,26 +352,6 @@ class Scheduler:
     def host_seconds(self) -> float:
         """Step time outside the model forwards, summed over the steps so far."""
         return sum(v for k, v in self.part_seconds.items() if k != "forward")
-
-
-class _Clocked:
-    """The model, its forwards timed (``seconds``; on CUDA up to the device's completion)."""
-
-    def __init__(self, model):
-        self.model, self.seconds = model, 0.0
-        self.cuda = next(model.parameters()).device.type == "cuda"
-        self.ragged = getattr(model, "ragged", False)
-
-    def use_cache(self, cache):
-        return self.model.use_cache(cache)
-
-    def __call__(self, *args, **kwargs):
-        t = time.perf_counter()
-        out = self.model(*args, **kwargs)
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.seconds += time.perf_counter() - t
-        return out
 
 
 __all__ = ["Scheduler", "QueueFull"]

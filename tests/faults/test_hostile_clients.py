@@ -65,7 +65,7 @@ def _job(cfg=None, ids=(BOS, 1, 2, 3), client=""):
 def test_a_failing_part_of_a_step_fails_its_decode_and_the_loop_goes_on(tiny_model, monkeypatch, part):
     """Each of these escaped every guard before (the loop thread died: no job ever ended again, /health said ok).
     Now the decode's jobs fail with one line and the next job decodes; the loop's pulse still beats."""
-    import setdiff_mega.serving.scheduler as scheduler
+    import setdiff_mega.serving.forwards as forwards
     from setdiff_mega.serving.sessions import Decode
 
     armed = [True]
@@ -83,7 +83,7 @@ def test_a_failing_part_of_a_step_fails_its_decode_and_the_loop_goes_on(tiny_mod
     elif part == "step_end":
         sch.on_step_end = once(lambda: None)
     else:
-        monkeypatch.setattr(scheduler, part, once(getattr(scheduler, part)))
+        monkeypatch.setattr(forwards, part, once(getattr(forwards, part)))      # the step's fused forwards
     sch.start()
     try:
         first, ev1 = _job()

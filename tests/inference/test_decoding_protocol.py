@@ -148,6 +148,27 @@ def test_regex_counts_the_prompt_and_ignores_matches_with_mask():
     assert fired.tolist() == [True, False] and end[0] == 6
 
 
+
+def test_regex_falls_back_to_python_re_with_one_warning_without_re2(monkeypatch, caplog):
+    """An export loaded where google-re2 is not installed: stop_regex runs on Python's re (a warning the first
+    time only), and stops as on RE2; a pattern re cannot compile is a one-line ValueError."""
+    import re
+
+    from setdiff_mega.decoding import stopping
+
+    monkeypatch.setattr(stopping, "re2", None)
+    monkeypatch.setattr(stopping, "_warned", False)
+    with caplog.at_level("WARNING", logger=stopping.__name__):
+        assert isinstance(stopping.compile_stop_regex(r"(a)\1"), re.Pattern)      # backreferences: re has them
+        c, tokens, masked = criteria([[2, 0, 3, 2, 1, 3], [2, 0, 3, 2, MASK, 3]], stop_regex=r"\{.\}",
+                                     stop_regex_count=2)
+    fired, end = c(tokens, masked, torch.ones(2, 6), torch.zeros(2, dtype=torch.bool), torch.tensor([6, 6]))
+    assert fired.tolist() == [True, False] and end[0] == 6
+    warned = [r for r in caplog.records if "google-re2" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0].getMessage()
+    with pytest.raises(ValueError, match="is not a regular expression"):
+        stopping.compile_stop_regex("(")
+
 def test_repeat_run_ends_at_the_last_committed_token():
     rows = [[BOS, 1, 4, 4, 4, MASK], [BOS, 1, 4, MASK, 4, 4], [BOS, 1, 0, 4, 4, 4]]
     c, tokens, masked = criteria(rows, stop_repeat=3)

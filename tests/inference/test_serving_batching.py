@@ -106,11 +106,11 @@ def test_every_sampler_decodes_the_same_tokens_in_a_continuous_batch(rand_model,
     equal options share a session (slot rows reused as jobs leave); sampled ones too, each row drawing from its
     own seeded stream. ``prefills-apart``: every joining row's prefill that leaves padding runs in a forward of
     its own (serving/fusion.py, ``min_saving=1``), and the tokens are the same."""
-    import setdiff_mega.serving.scheduler as scheduler
+    import setdiff_mega.serving.forwards as forwards
 
     cuts = []
-    real = scheduler.split_rows
-    monkeypatch.setattr(scheduler, "split_rows", lambda call, m: cuts.append(len(out := real(call, m)) - 1) or out)
+    real = forwards.split_rows
+    monkeypatch.setattr(forwards, "split_rows", lambda call, m: cuts.append(len(out := real(call, m)) - 1) or out)
     method = _method(method)
     cfgs = [GenerationConfig(max_new_tokens=6 + 3 * (i % 3), stop_at_eos=False, **kw) for i in range(len(PROMPTS))]
     jobs, events, sch = _serve(rand_model, method, cfgs, PROMPTS, max_batch=3, stagger=0.003,
@@ -248,6 +248,7 @@ def test_a_job_alone_decodes_in_a_one_row_decode_and_later_ones_share_a_full_one
     """A job alone takes a one-row shared decode (one request at a time costs a step what ``generate`` at batch 1
     costs); jobs that come while it runs share a ``max_batch``-row decode, fused with it in one forward (attention
     per decode through its own cache: calls.RowCaches), and every job decodes what it decodes alone."""
+    import setdiff_mega.serving.forwards as forwards
     import setdiff_mega.serving.scheduler as scheduler
 
     made, fused = [], []
@@ -260,9 +261,9 @@ def test_a_job_alone_decodes_in_a_one_row_decode_and_later_ones_share_a_full_one
     def counted(model, calls, pad):
         fused.append(len(calls))
         return real(model, calls, pad)
-    real = scheduler.fused_forward
+    real = forwards.fused_forward
     monkeypatch.setattr(scheduler, "Decode", Counted)
-    monkeypatch.setattr(scheduler, "fused_forward", counted)
+    monkeypatch.setattr(forwards, "fused_forward", counted)
     first = GenerationConfig(max_new_tokens=40, stop_at_eos=False, window=4, tau=1.5)     # one token per step
     later = replace(first, max_new_tokens=6)
     sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=4).start()

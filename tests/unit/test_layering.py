@@ -148,7 +148,8 @@ def test_the_standalone_code_imports_only_torch_transformers_and_the_standard_li
     """setdiff_mega/decoding and setdiff_mega/hfmodel are the remote code of every export: nothing else may be
     needed to run it."""
     allowed = set(sys.stdlib_module_names) | {"torch", "transformers", "safetensors"}
-    optional = {"torchao"}          # an opt-in format (decode_weights='int8'): imported under `except ImportError`
+    optional = {"torchao",          # an opt-in format (decode_weights='int8'): imported under `except ImportError`
+                "re2"}              # google-re2 for stop_regex, under `except ImportError` (stopping.py: re without it)
     for f in sorted([*(PKG / "decoding").glob("*.py"), *(PKG / "hfmodel").glob("*.py")]):
         tree = ast.parse(f.read_text())
         guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
