@@ -47,7 +47,7 @@ from setdiff_mega.serving.bench import (
 from setdiff_mega.serving.engine import serving_threads
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="start tools/serve.py on this checkpoint (a free loopback port)")
@@ -74,7 +74,11 @@ def main(argv=None) -> int:
     p.add_argument("--flood", type=int, default=8, help="the hostile phase's concurrent flooding connections")
     p.add_argument("--json", help="write the phases' rows here")
     p.add_argument("--overwrite", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     if args.clients < 1 or args.requests < 1 or args.max_tokens < 1:
         raise ValueError("--clients, --requests and --max-tokens must be >= 1")
     if args.json:

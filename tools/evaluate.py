@@ -65,6 +65,21 @@ def read_texts(path: str) -> list[str]:
     return out
 
 
+def _likelihood(model, objective, tok, cfg, texts, args) -> dict:
+    """NLL per token of --heldout / --text documents, or of the checkpoint's validation split."""
+    if not (args.heldout or args.text):
+        return valid_split_nll(model, objective, tok, cfg, args)
+    bar = tqdm(desc="likelihood", unit="seq", file=sys.stderr)
+    res = likelihood.text_nll(model, objective, tok, texts, cfg.data.seq_length, args.orders, args.seed,
+                              args.batch_size, progress=bar.update)
+    bar.close()
+    if args.heldout:
+        res.update(heldout.describe(args.heldout), documents=len(texts))
+    else:
+        res["source"] = args.text
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
@@ -98,21 +113,7 @@ def main(argv=None) -> int:
     report = {"checkpoint": str(args.checkpoint), "weights": model.weights_kind, "objective": objective.name,
               "seq_length": L}
     if not args.no_likelihood:
-        if args.heldout:
-            bar = tqdm(desc="likelihood", unit="seq", file=sys.stderr)
-            res = likelihood.text_nll(model, objective, tok, texts, L, args.orders, args.seed, args.batch_size,
-                                      progress=bar.update)
-            bar.close()
-            res.update(heldout.describe(args.heldout), documents=len(texts))
-        elif args.text:
-            bar = tqdm(desc="likelihood", unit="seq", file=sys.stderr)
-            res = likelihood.text_nll(model, objective, tok, texts, L, args.orders, args.seed, args.batch_size,
-                                      progress=bar.update)
-            bar.close()
-            res["source"] = args.text
-        else:
-            res = valid_split_nll(model, objective, tok, cfg, args)
-        report["likelihood"] = res
+        report["likelihood"] = _likelihood(model, objective, tok, cfg, texts, args)
     if args.speed:
         decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
         gc = config_from_args(args, cfg.objective, L)

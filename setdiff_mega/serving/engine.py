@@ -120,7 +120,7 @@ class EngineCore:
     def _answer(self, what: str):
         s = self.scheduler
         if what == "health":
-            return {"running": len(s.running), "queued": len(s.queue), **s.pulse.read()}
+            return {**s.pulse.read(), "running": len(s.running), "queued": len(s.queue)}   # the live counts win
         if what == "metrics":
             return self.metrics.render()
         raise ValueError(f"unknown question {what!r}")

@@ -43,7 +43,10 @@ def test_submit_cancel_ask_and_refusals_each_answer_once(rand_model):
     assert core.handle(("submit", [_spec(7), _spec(8)]))
     assert [j.key for j in sch.queue] == [7, 8] and set(core.jobs) == {7, 8}
     core.handle(("ask", 41, "health"))
-    assert pipe.sent[-1] == ("answer", 41, {"running": 0, "queued": 2})
+    answer = pipe.sent[-1]
+    assert answer[:2] == ("answer", 41) and {k: answer[2][k] for k in ("running", "queued")} == {"running": 0,
+                                                                                            "queued": 2}
+    assert "loop_alive" in answer[2]          # the pulse's vital signs beside the counts
     core.handle(("cancel", 8, "cancelled"))           # queued: dropped, its end sent at once (not the loop's thread)
     assert [j.key for j in sch.queue] == [7] and _events(pipe, 8)[-1][0] == "done" and 8 not in core.jobs
     core.handle(("cancel", 99, "cancelled"))          # an unknown key (already ended): nothing
