@@ -13,7 +13,7 @@ A body is a JSON object. Fields (every other name is refused with the list of kn
     diffusion   the GenerationConfig names: window, tau, commit_k, commit_rule, block_size, repetition_penalty,
                 length_penalty [start, factor], min_new_tokens, stop_at_eos, fht_cache_order,
                 infill_full_context, stop_regex, stop_regex_count, stop_repeat, stop_confidence,
-                stop_patience, stop_entropy, stop_entropy_window, speculative (greedy; method.md 16);
+                stop_patience, stop_entropy, stop_entropy_window, speculative (method.md 16);
                 ``preset`` (gsm8k, cnndm, owt, infill)
     completions prompt: a string, a list of strings, a list of token ids or a list of those; suffix: with a
                 string prompt, the completion is infilled between prompt and suffix with max_tokens MASK
