@@ -29,7 +29,8 @@ batched tensors (:func:`~setdiff_mega.decoding.base.pack`).
 
 A model with ``shift_logits`` (the AR head alignment, method.md 13) gets logits on the pending rows too: a
 masked position whose left neighbour is committed reads that neighbour's clean row (:mod:`.shift`).
-``speculative=True`` decodes with :class:`~.speculative.SpeculativeSession` (this session's machinery; method.md 16).
+``speculative=True`` decodes with :class:`SpeculativeSession` (this session with the step of :mod:`.speculative`;
+method.md 16).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from .processors import LogitsPipeline
 from .runner import ChunkRunner
 from .sampling import commit_mask, resolve_rule
 from .shift import PredecessorRows
+from .speculative import SpeculativeStep, check_model
 
 
 def context_budget(model, cfg: GenerationConfig) -> int | None:
@@ -91,7 +93,6 @@ class SetDLMSampler:
         self.tokenizer, self.order_prior = tokenizer, order_prior
         self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
         if self.cfg.speculative:       # self-speculation (method.md 16): refused at once on a checkpoint without it
-            from .speculative import check_model
             check_model(model)
 
     def _setup(self, canvas: Canvas, st: DecodeState):
@@ -120,11 +121,8 @@ class SetDLMSampler:
 
     def session(self, canvas: Canvas) -> "SetDLMSession":
         """A decode of ``canvas`` whose rows may be replaced by new requests between steps (:class:`SetDLMSession`;
-        with ``speculative``, :class:`~.speculative.SpeculativeSession`)."""
-        if self.cfg.speculative:
-            from .speculative import SpeculativeSession
-            return SpeculativeSession(self, canvas)
-        return SetDLMSession(self, canvas)
+        with ``speculative``, :class:`SpeculativeSession`)."""
+        return (SpeculativeSession if self.cfg.speculative else SetDLMSession)(self, canvas)
 
     def generate(self, canvas: Canvas):
         """Decode every row of ``canvas`` (:func:`~.calls.drive` over a session)."""
@@ -263,4 +261,10 @@ class SetDLMSession(Stepper):
         return True
 
 
-__all__ = ["SetDLMSampler", "SetDLMSession", "context_budget", "first_hitting_times", "row_seed"]
+class SpeculativeSession(SpeculativeStep, SetDLMSession):
+    """Self-speculative decoding (method.md 16): a SetDLM session whose step verifies the last drafts with the AR head
+    and drafts the next window (:class:`~.speculative.SpeculativeStep`)."""
+
+
+__all__ = ["SetDLMSampler", "SetDLMSession", "SpeculativeSession", "context_budget", "first_hitting_times",
+           "row_seed"]

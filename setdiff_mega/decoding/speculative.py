@@ -31,7 +31,7 @@ criteria are evaluated after every committed token on the canvas AR mode had the
 at AR mode's cadence (after every step but the first); near the context budget a row's chunk shrinks (fewer
 queries, then fewer drafts) so that nothing is evicted before AR mode would evict, down to AR mode's own chunk
 (the exact token and one query), which evicts as AR mode does. Rows with a temperature sample their drafts and
-verify them with the speculative-sampling rejection rule (:meth:`SpeculativeSession._sample`): their tokens are
+verify them with the speculative-sampling rejection rule (:meth:`SpeculativeStep._sample`): their tokens are
 distributed as AR mode's samples. Options that would make a draft's verification depend on the drafts before it
 (repetition / length penalty) or reorder the cache are refused by :meth:`GenerationConfig.validate`. A checkpoint
 without the head shift or the next-token loss is refused by :func:`check_model` (its record's ``self_speculative``).
@@ -42,7 +42,6 @@ import torch
 
 from .base import finish_at_eos, first_true, pack
 from .sampling import top_p_filter
-from .setdlm import SetDLMSession, context_budget
 
 
 def check_model(model) -> None:
@@ -56,10 +55,11 @@ def check_model(model) -> None:
                          f"configs/tiny_cpu_spec.yaml); this checkpoint lacks it: decode without speculative")
 
 
-class SpeculativeSession(SetDLMSession):
-    """A SetDLM session (cache, ledger, kept clean rows, processors, joins and leaves) whose step verifies and drafts
-    (module docstring). ``draft`` [B, N]: positions holding an unverified draft (its token in ``view``, which the
-    runner reads; the decode state's canvas holds only accepted tokens)."""
+class SpeculativeStep:
+    """The step of a SetDLM session (cache, ledger, kept clean rows, processors, joins and leaves) that verifies and
+    drafts (module docstring): mixed into :class:`~.setdlm.SpeculativeSession` before the SetDLM session. ``draft``
+    [B, N]: positions holding an unverified draft (its token in ``view``, which the runner reads; the decode state's
+    canvas holds only accepted tokens)."""
 
     def __init__(self, sampler, canvas):
         super().__init__(sampler, canvas)
@@ -67,7 +67,7 @@ class SpeculativeSession(SetDLMSession):
         self.view = st.tokens.clone()            # accepted tokens + drafts: what the chunk's pending rows hold
         self.runner.tokens = self.view
         self.draft = torch.zeros_like(self.pending)
-        self.budget = context_budget(sampler.model, self.cfg)
+        self.budget = self.runner.ledger.budget
         W = self.cfg.window
         self.verified = torch.zeros(W, dtype=torch.long, device=st.tokens.device)   # per window index k >= 1
         self.accepted = torch.zeros(W, dtype=torch.long, device=st.tokens.device)
@@ -258,4 +258,4 @@ class SpeculativeSession(SetDLMSession):
                 st.stop(fired, torch.minimum(end, fm))
 
 
-__all__ = ["SpeculativeSession", "check_model"]
+__all__ = ["SpeculativeStep", "check_model"]
