@@ -28,6 +28,7 @@ assistant's reply).
 """
 from __future__ import annotations
 
+import abc
 import random
 import re
 from dataclasses import asdict, dataclass, field
@@ -77,9 +78,9 @@ class Problem:
                 from None
 
 
-class Task:
-    """Base class of the tasks: subclasses set ``name``, ``knobs`` and ``description`` and write the methods below
-    that raise NotImplementedError. ``fixed_length``: every grid document of a knob setting has the same length."""
+class Task(abc.ABC):
+    """Base class of the tasks: subclasses set ``name``, ``knobs`` and ``description`` and write the abstract
+    methods below. ``fixed_length``: every grid document of a knob setting has the same length."""
     name: str = ""
     description: str = ""
     knobs: tuple = ()
@@ -108,26 +109,30 @@ class Task:
         """Cross-knob rules (raise TaskError)."""
 
     # -- the contract
+    @abc.abstractmethod
     def generate(self, knob: dict, rng: random.Random, accept: Optional[Callable[[str], bool]] = None):
         """One problem at ``knob`` drawn with ``rng``, or None when ``accept(group)`` is False (a generator tests
         it as soon as the group is known, before any expensive work) or the draw failed."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def verify(self, problem: Problem, text: str) -> bool:
         """Whether ``text`` (the answer part of either layout) is a correct answer to ``problem``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def grid_prompt(self, problem: Problem) -> str:
-        raise NotImplementedError
+        """The puzzle as characters of the grid layout (SEP is added by :meth:`record`)."""
 
+    @abc.abstractmethod
     def grid_answer(self, problem: Problem) -> str:
-        raise NotImplementedError
+        """The reference answer as characters of the grid layout (the target)."""
 
+    @abc.abstractmethod
     def chat_prompt(self, problem: Problem) -> str:
-        raise NotImplementedError
+        """The problem as a user turn (the chat layout)."""
 
+    @abc.abstractmethod
     def chat_response(self, problem: Problem) -> str:
-        raise NotImplementedError
+        """The assistant's reference answer (the chat layout's target)."""
 
     def layout(self, knob: dict) -> Optional[tuple[int, int]]:
         """(prompt characters, answer characters) of every grid document at ``knob``; None when they vary."""
