@@ -34,6 +34,7 @@ from setdiff_mega.checkpoint.io import latest_checkpoint
 from setdiff_mega.eval.tasks import math_accuracy
 from setdiff_mega.inference.benchmark import TimedModel
 from setdiff_mega.inference.options import generation_config
+from setdiff_mega.outputs import write_file_atomic
 
 EVAL_VERSION = 1        # bump when scoring changes: cached accuracies are recomputed
 RULES = ("confidence", "leftmost")
@@ -86,10 +87,7 @@ def accuracy_point(run_dir: Path, loaded: tuple, rows: list[dict], setting: dict
            "tokens_per_step": r["tokens_per_step"], "n": r["n"], "skipped": r["skipped_too_long"],
            "texts": r["texts"], "correct": r["correct"],
            "computed_at": {"commit": git_commit(), "code": code_fingerprint()}}
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(f)
+    write_file_atomic(f, json.dumps(out))
     return out
 
 

@@ -31,6 +31,7 @@ from setdiff_mega.decoding.config import GenerationConfig
 from setdiff_mega.inference.api import generate
 from setdiff_mega.inference.engine import decoding_model
 from setdiff_mega.inference.options import generation_config
+from setdiff_mega.outputs import write_file_atomic
 from setdiff_mega.tasks.score import answer_part
 
 EVAL_VERSION = 1
@@ -93,10 +94,7 @@ def accuracy(run_dir: Path, loaded: tuple, records: list[dict], options: dict, b
            "exact_match": sum(a.strip() == r["response"].strip() for r, a in zip(records, answers)) / n,
            "tokens_per_step": sum(o["committed"] for o in out) / steps,
            "computed_at": {"commit": git_commit(), "code": code_fingerprint()}}
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res))
-    tmp.replace(f)
+    write_file_atomic(f, json.dumps(res))
     return res
 
 

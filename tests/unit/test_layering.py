@@ -54,6 +54,15 @@ def _graph(mods: dict) -> dict:
     return edges
 
 
+def _absolute_imports(tree):
+    """(import node, the top-level package names it imports) of every absolute import in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield node, [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            yield node, [node.module.split(".")[0]]
+
+
 def _layer(name: str) -> int:
     best = None
     for i, group in enumerate(LAYERS):
@@ -108,13 +117,7 @@ def test_the_library_never_imports_the_studies_or_the_benchmarks():
     studies = {"experiments", "benchmarks"}
     offenders = []
     for f in sorted(PKG.rglob("*.py")):
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                tops = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                tops = [node.module.split(".")[0]]
-            else:
-                continue
+        for node, tops in _absolute_imports(ast.parse(f.read_text())):
             offenders += [f"{f.relative_to(ROOT)}:{node.lineno}" for t in tops if t in studies]
     assert offenders == []
     for d in studies:
@@ -155,13 +158,7 @@ def test_the_standalone_code_imports_only_torch_transformers_and_the_standard_li
         guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
                    and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in t.handlers)
                    for stmt in t.body for n in ast.walk(stmt)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                tops = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                tops = [node.module.split(".")[0]]
-            else:
-                continue
+        for node, tops in _absolute_imports(tree):
             ok = allowed | (optional if id(node) in guarded else set())
             assert set(tops) <= ok, f"{f.name} imports {tops}"
 
