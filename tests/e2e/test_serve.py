@@ -18,6 +18,7 @@ import torch
 
 from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.inference import generate
+from tests.serving_helpers import serve_in_thread
 
 from .conftest import run_here
 
@@ -56,28 +57,7 @@ def _tree(proc=None) -> list:
 
 def _run(srv, serve) -> tuple:
     """``serve(srv, ...)`` on a free loopback port in a thread, once /health answers 200: (url, stop())."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    box = {}
-    t = threading.Thread(target=serve, args=(srv, sock), kwargs={"announce": lambda w: box.update(web=w)},
-                         daemon=True)
-    t.start()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server did not answer /health"
-        time.sleep(0.05)
-
-    def stop():
-        box["web"].should_exit = True
-        t.join(timeout=30)
-        assert not t.is_alive()
+    url, stop, _ = serve_in_thread(srv, serve, join_timeout=30)
     return url, stop
 
 

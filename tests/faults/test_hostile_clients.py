@@ -10,7 +10,6 @@ engine) or, with no restart left, exits with status 3. Bounds are generous: the 
 machine."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,23 +26,15 @@ from setdiff_mega.serving.bounded import LRU, FairQueue, client_id
 from setdiff_mega.serving.job import Job
 from setdiff_mega.serving.pulse import DIED, RUNNING
 from setdiff_mega.serving.scheduler import Scheduler
+from tests.serving_helpers import BOS, Tok, serve_in_thread
 
 from .conftest import ROOT
 
-MASK, PAD, EOS, BOS = 60, 59, 58, 57
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 VICTIM, ATTACKER = "victim-key", "attacker-key"
 
 
-class Tok:
-    mask, pad, eos, bos = MASK, PAD, EOS, BOS
-
-    def decode(self, ids):
-        return "".join(chr(65 + int(i) % 26) for i in ids)
-
-    def token(self, i):
-        return chr(65 + int(i) % 26)
 
 
 def _wait(cond, seconds: float, what: str, every: float = 0.01):
@@ -196,21 +187,7 @@ def test_a_regex_bomb_is_linear_and_patterns_re2_cannot_run_are_refused():
 def _serve_here(srv):
     from setdiff_mega.serve import serve
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    box = {}
-    t = threading.Thread(target=serve, args=(srv, sock), kwargs={"announce": lambda w: box.update(web=w)},
-                         daemon=True)
-    t.start()
-    _wait(lambda: _health(url)[0] == 200, 60, "the server did not answer /health", every=0.05)
-
-    def stop():
-        box["web"].should_exit = True
-        t.join(timeout=60)
-        assert not t.is_alive()
-    return url, stop, t
+    return serve_in_thread(srv, serve)
 
 
 def _health(url):

@@ -13,20 +13,7 @@ from setdiff_mega.decoding.calls import Call, fused_forward
 from setdiff_mega.inference.api import build_sampler
 from setdiff_mega.serving.job import Job
 from setdiff_mega.serving.scheduler import QueueFull, Scheduler
-
-MASK, PAD, EOS, BOS = 60, 59, 58, 57
-
-
-class Tok:
-    """What the scheduler and a job ask of a tokenizer (ids decode to letters)."""
-    mask, pad, eos, bos = MASK, PAD, EOS, BOS
-
-    def decode(self, ids):
-        return "".join(chr(65 + int(i) % 26) for i in ids)
-
-    def token(self, i):
-        return chr(65 + int(i) % 26)
-
+from tests.serving_helpers import BOS, EOS, MASK, PAD, Tok
 
 PROMPTS = [[BOS, 1, 2, 3, 4, 5], [BOS, 9], [BOS, 11, 12], [BOS, 1, 2, MASK, MASK, MASK, MASK, 7, 8, EOS],
            [BOS, 20, 21, 22, 23, 24, 25, 26, 27], [BOS, 3, MASK, MASK, MASK, 4, EOS], [BOS, 30]]
