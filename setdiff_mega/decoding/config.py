@@ -1,100 +1,139 @@
-"""Decoding options: :class:`GenerationConfig` and the one table of bounds every option is checked against
-(:data:`BOUNDS`: the CLI, the Python API, the export and the server refuse a value outside it with one line).
+"""Decoding options: :class:`GenerationConfig`, whose fields' metadata (:mod:`.schema`) is the one schema of every
+generation option: its type, bounds, nullability, help, the reference's name and where it is exposed (CLI flag,
+server field, export option). The CLI flags (inference/options.py), the server's request fields
+(serving/protocol.py), the export's ``generate`` options (hfmodel/generation_setdlm.py), :data:`BOUNDS` and the
+options table of docs/guide/decoding.md are generated from it: adding an option is one field here (and its
+effect where the logits are processed).
 
 Bounds: every length and count in [lo, :data:`MAX_TOKENS`] (far beyond any context, far from integer overflow,
 so no window or count can wrap around and stall a decode), floats finite, probabilities in [0, 1], the seed a
-non-negative 64-bit integer; ``None`` where an option is optional.
+non-negative 64-bit integer; ``None`` where an option is nullable. :meth:`GenerationConfig.validate` checks a
+config once: it remembers the values it passed, so the samplers' own call on an already validated request is free.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, fields, replace
 
 from .sampling import COMMIT_RULES
+from .schema import GUIDE, check, from_string, option, options, with_table
 
 MAX_TOKENS = 1 << 20             # a bound on every length and count: beyond any context, far from overflow
-# field: (type, lowest, highest), inclusive; None = optional (a None value is allowed). Floats must be finite.
-BOUNDS = {
-    "max_new_tokens": (int, 0, MAX_TOKENS), "window": (int, 1, MAX_TOKENS), "commit_k": (int, 1, MAX_TOKENS),
-    "block_size": (int, 1, MAX_TOKENS), "tau": (float, 0.0, 1e308), "temperature": (float, 0.0, 1e4),
-    "top_p": (float, 1e-300, 1.0), "repetition_penalty": (float, 1e-2, 1e2),
-    "context_length": ((int, None), 2, MAX_TOKENS), "min_new_tokens": (int, 0, MAX_TOKENS),
-    "stop_regex_count": (int, 1, MAX_TOKENS), "stop_repeat": (int, 0, MAX_TOKENS),
-    "stop_confidence": ((float, None), 0.0, 1.0), "stop_patience": (int, 1, MAX_TOKENS),
-    "stop_entropy": ((float, None), 0.0, 1e3), "stop_entropy_window": (int, 1, MAX_TOKENS),
-    "seed": (int, 0, 2 ** 63 - 1),
-}
-
-
-def _bounded(name: str, value, kind, lo, hi) -> None:
-    """``value`` of ``kind`` (a tuple with None: optional) within [lo, hi], else one-line ValueError."""
-    if isinstance(kind, tuple):
-        if value is None:
-            return
-        kind = kind[0]
-    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else \
-        isinstance(value, int) and not isinstance(value, bool)
-    if not ok_type:
-        raise ValueError(f"{name}={value!r} must be {'a number' if kind is float else 'an integer'}"[:200])
-    if kind is float and not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value!r} must be in [{lo:g}, {hi:g}]")
+_M = MAX_TOKENS
 
 
 @dataclass
 class GenerationConfig:
-    """Decoding options; the README's table maps each to the reference's name."""
-    max_new_tokens: int = 64      # plain prompts: MASK positions appended after the prompt
-    window: int = 4               # SetDLM: positional window W from the leftmost masked position
-    tau: float = 0.9              # commit every token with confidence >= tau (> 1: one token per step)
-    commit_k: int = 1             # always commit k tokens of the active set: the most confident ones, or
-    commit_rule: str = "auto"     # with "leftmost" the k leftmost active positions (AR-anchored); "auto":
-                                  # leftmost for a SetDLM with the AR head shift, else "confidence" (.sampling)
-    block_size: int = 4           # BD3LM block size S; MDLM semi-autoregressive block size
-    temperature: float = 0.0      # 0 = greedy
-    top_p: float = 1.0            # nucleus filter (greedy too: the confidence is renormalised)
-    repetition_penalty: float = 1.0   # > 1 penalises tokens already in the context
-    length_penalty: tuple | None = None   # (start, factor): exponential-decay EOS boost after start tokens
-    use_cache: bool = True        # False: recompute the whole history every step (exactness reference)
-    static_shapes: bool = False   # SetDLM + cache: every decode step one shape, the cache at fixed addresses
-                                  # (exported model on CUDA: steps replayed from CUDA graphs; capture.py)
-    context_length: int | None = None   # cache + chunk budget = the training length L (None: the model's)
-    fht_cache_order: bool = False # SetDLM: same-step commits enter the cache in first-hitting-time order
-    infill_full_context: bool = True  # SetDLM infill: prefill prefix AND suffix (False: prefix only)
-    stop_at_eos: bool = True      # plain prompts stop at the first EOS past min_new_tokens
-    min_new_tokens: int = 0       # no EOS / confidence / entropy stop before this many generated tokens
-    stop_strings: tuple = ()      # stop once the decoded generation contains one of these
-    stop_regex: str | None = None # stop once the decoded prompt + generation has stop_regex_count matches
-    stop_regex_count: int = 1
-    stop_repeat: int = 0          # stop on a run of this many identical tokens (0: off)
-    stop_confidence: float | None = None  # stop after stop_patience committed tokens below this confidence
-    stop_patience: int = 1
-    stop_entropy: float | None = None     # stop when the last stop_entropy_window tokens' entropy is lower
-    stop_entropy_window: int = 256
-    seed: int = 0                 # sampling RNG (and the first-hitting times)
-    record: bool = False          # keep the canvas after every step (GenerationOutput.trace) and each
-                                  # generated token's commit step and confidence (.commit_steps, .confidences)
-    speculative: bool = False     # SetDLM self-speculation (method.md 16): each forward verifies the last drafts
-                                  # with the AR head and drafts the next window; greedy: AR mode's exact tokens,
-                                  # sampled: AR mode's distribution (the speculative-sampling rejection rule)
+    """Decoding options (each field's :class:`~.schema.Option`: its bounds, help, reference name and exposure)."""
+    max_new_tokens: int = option(
+        64, kind="int", lo=0, hi=_M, reference="max_new_tokens", cli="--max-new-tokens",
+        help="MASK positions generated after a plain prompt (may run past L)")
+    window: int = option(
+        4, kind="int", lo=1, hi=_M, reference="max_window_size", cli="--window", server=True,
+        help="SetDLM positional window W from the leftmost masked position (default: the checkpoint's D)")
+    tau: float = option(
+        0.9, kind="float", lo=0.0, hi=1e308, reference="confidence_threshold", cli="--tau", server=True,
+        help="commit every token with confidence >= tau; > 1 commits one token per step")
+    commit_k: int = option(
+        1, kind="int", lo=1, hi=_M, reference="k = round(tN) - round(t'N) of predict_and_noise", cli="--commit-k",
+        server=True, help="tokens always committed per step (the most confident ones, or see --commit-rule)")
+    commit_rule: str = option(
+        "auto", kind="str", choices=("auto", *COMMIT_RULES), cli="--commit-rule", server=True,
+        help="which k tokens are always committed: confidence (the paper), leftmost (AR-anchored, method.md 15) "
+             "or auto (leftmost for a SetDLM with the AR head shift, else confidence)")
+    block_size: int = option(
+        4, kind="int", lo=1, hi=_M, reference="block_size", cli="--block-size", server=True,
+        help="BD3LM block S (default: the training block) / MDLM semi-autoregressive block (32)")
+    temperature: float = option(
+        0.0, kind="float", lo=0.0, hi=1e4, reference="do_sample", cli="--temperature", server=True,
+        help="0 = greedy")
+    top_p: float = option(
+        1.0, kind="float", lo=1e-300, hi=1.0, reference="nucleus_p", cli="--top-p", server=True,
+        help="nucleus filter after the softmax, the crossing token kept (greedy confidences are renormalised)")
+    repetition_penalty: float = option(
+        1.0, kind="float", lo=1e-2, hi=1e2, reference="RepetitionPenaltyLogitsProcessor(penalty)",
+        cli="--repetition-penalty", server=True,
+        help="> 1 penalises tokens already in the context (infill: every visible token)")
+    length_penalty: tuple | None = option(
+        None, kind="pair", lo=(0, 1e-3), hi=(_M, 1e3), nullable=True, cli="--length-penalty", server=True,
+        reference="ExponentialDecayLengthPenalty((start, factor), eos, 0)",
+        help="START,FACTOR: exponential-decay EOS boost after START generated tokens")
+    use_cache: bool = option(
+        True, kind="bool", reference="use_cache", cli="--no-cache", flag_value=False,
+        help="off: recompute the whole history every step (exactness reference)")
+    static_shapes: bool = option(
+        False, kind="bool", cli="--static-shapes", flag_value=True,
+        help="SetDLM + cache: one shape for every decode step, the cache at fixed addresses (exported model on "
+             "CUDA: CUDA-graph replay, hfmodel/capture.py)")
+    context_length: int | None = option(
+        None, kind="int", lo=2, hi=_M, nullable=True, reference="config.length", cli="--context-length",
+        help="cache + chunk budget (default: the training length L)")
+    fht_cache_order: bool = option(
+        False, kind="bool", reference="setdlm_fht_cache_order", cli="--fht-cache-order", flag_value=True,
+        server=True, help="SetDLM: same-step commits enter the cache in first-hitting-time order")
+    infill_full_context: bool = option(
+        True, kind="bool", reference="cache_full_infill_context", cli="--prefix-only-infill", flag_value=False,
+        server=True, help="SetDLM infill: prefill prefix and suffix (off: the prefix only)")
+    stop_at_eos: bool = option(
+        True, kind="bool", reference="EntropyEosStoppingCriteria(var_length=true)", cli="--no-eos-stop",
+        flag_value=False, server=True, help="plain prompts stop at the first EOS past min_new_tokens")
+    min_new_tokens: int = option(
+        0, kind="int", lo=0, hi=_M, reference="confidence_min_tokens", cli="--min-new-tokens", server=True,
+        help="no EOS / confidence / entropy stop before this many generated tokens")
+    stop_strings: tuple = option(
+        (), kind="strings", reference="lm-eval until", cli="--stop",
+        help="stop once the decoded generation contains one of these (the server's 'stop')")
+    stop_regex: str | None = option(
+        None, kind="str", nullable=True, reference="RegexStoppingCriteria(pattern)", cli="--stop-regex",
+        server=True, help="stop once the prompt + generation has --stop-regex-count matches")
+    stop_regex_count: int = option(
+        1, kind="int", lo=1, hi=_M, reference="RegexStoppingCriteria(num_matches)", cli="--stop-regex-count",
+        server=True, help="matches needed by --stop-regex")
+    stop_repeat: int = option(
+        0, kind="int", lo=0, hi=_M, reference="RepeatingTokenStoppingCriteria(min_run_length)",
+        cli="--stop-repeat", server=True, help="stop on a run of this many identical tokens (0: off, else >= 2)")
+    stop_confidence: float | None = option(
+        None, kind="float", lo=0.0, hi=1.0, nullable=True, cli="--stop-confidence", server=True,
+        reference="EntropyEosStoppingCriteria(confidence_threshold)",
+        help="stop after --stop-patience committed tokens below this confidence")
+    stop_patience: int = option(
+        1, kind="int", lo=1, hi=_M, reference="EntropyEosStoppingCriteria(confidence_patience)",
+        cli="--stop-patience", server=True, help="consecutive low-confidence tokens that stop")
+    stop_entropy: float | None = option(
+        None, kind="float", lo=0.0, hi=1e3, nullable=True, reference="EntropyEosStoppingCriteria(entropy_threshold)",
+        cli="--stop-entropy", server=True,
+        help="stop when the token entropy of the last --stop-entropy-window tokens is lower")
+    stop_entropy_window: int = option(
+        256, kind="int", lo=1, hi=_M, reference="EntropyEosStoppingCriteria(block_size)",
+        cli="--stop-entropy-window", server=True, help="window of --stop-entropy")
+    seed: int = option(
+        0, kind="int", lo=0, hi=2 ** 63 - 1, reference="seed", cli="--seed", server=True,
+        help="sampling seed (and the first-hitting times); a row decodes the same in any batch")
+    record: bool = option(
+        False, kind="bool",
+        help="keep the canvas after every step (GenerationOutput.trace) and each generated token's commit step and "
+             "confidence (the server's 'trace')")
+    speculative: bool = option(
+        False, kind="bool", cli="--speculative", flag_value=True, server=True,
+        help="SetDLM self-speculation (method.md 16): the model's own greedy left-to-right (AR mode) tokens, drafted "
+             "by the window and verified by the AR head, several per forward (sampled: AR mode's distribution); "
+             "needs a checkpoint trained with model.shift_logits and objective.ar_weight > 0")
 
     def validate(self) -> "GenerationConfig":
-        """Every field inside its declared bound (:data:`BOUNDS`: the one table the CLI, the API and the server
-        check against), of its type, finite; the choices and the regular expression valid."""
-        for name, (kind, lo, hi) in BOUNDS.items():
-            _bounded(name, getattr(self, name), kind, lo, hi)
-        if self.commit_rule not in ("auto", *COMMIT_RULES):
-            raise ValueError(f"commit_rule={self.commit_rule!r} must be one of auto, {', '.join(COMMIT_RULES)}")
+        """Every field of its kind, inside its bounds and choices (:mod:`.schema`), finite; the cross-field rules;
+        the regular expression valid. Checks once: the values that passed are remembered, and a later call on the
+        same, unchanged config returns at once (a ``replace`` makes a new config, checked again)."""
+        values = tuple(getattr(self, f.name) for f in fields(self))
+        if self.__dict__.get("_validated") != values:
+            self._check()
+            self.__dict__["_validated"] = values
+        return self
+
+    def _check(self) -> None:
+        for name, opt in OPTIONS.items():
+            check(name, opt, getattr(self, name))
         if self.stop_repeat == 1:
             raise ValueError(f"stop_repeat={self.stop_repeat} must be 0 or >= 2")
-        lp = self.length_penalty
-        if lp is not None:
-            if not isinstance(lp, (tuple, list)) or len(lp) != 2:
-                raise ValueError(f"length_penalty={lp!r} must be (start, factor)")
-            _bounded("length_penalty start", lp[0], int, 0, MAX_TOKENS)
-            _bounded("length_penalty factor", lp[1], float, 1e-3, 1e3)
         if self.speculative:
             self._check_speculative()
         if self.stop_regex:
@@ -102,7 +141,6 @@ class GenerationConfig:
                 re.compile(self.stop_regex)
             except re.error as e:
                 raise ValueError(f"stop_regex={self.stop_regex!r} is not a regular expression ({e})") from None
-        return self
 
     def _check_speculative(self) -> None:
         """The options self-speculation (method.md 16) cannot honour exactly, refused with one line each."""
@@ -118,38 +156,29 @@ class GenerationConfig:
 
     @classmethod
     def from_strings(cls, values: dict, base: "GenerationConfig | None" = None) -> "GenerationConfig":
-        """Overrides given as strings (lm-eval ``model_args``, dotted CLI pairs), converted by field type."""
-        known = {f.name: f for f in fields(cls)}
-        out = {}
-        for k, v in values.items():
-            if k not in known:
-                raise ValueError(f"unknown generation option {k!r}; options: {', '.join(known)}")
-            out[k] = _parse(k, v, getattr(base or cls(), k))
-        return replace(base or cls(), **out)
+        """Overrides given as strings (lm-eval ``model_args``, dotted CLI pairs), converted by the option's kind
+        (typed values pass as they are); not validated (the caller validates the finished config once)."""
+        unknown = [k for k in values if k not in OPTIONS]
+        if unknown:
+            raise ValueError(f"unknown generation option {unknown[0]!r}; options: {', '.join(OPTIONS)}")
+        return replace(base or cls(), **{k: from_string(k, OPTIONS[k], v) for k, v in values.items()})
 
 
-def _parse(name: str, value, default):
-    if not isinstance(value, str):
-        return value
-    v = value.strip()
-    if v.lower() in ("none", "null", ""):
-        return None
-    if isinstance(default, bool):
-        if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"{name}={value!r}: expected true or false")
-        return v.lower() in ("true", "1", "yes")
-    if name == "length_penalty":
-        parts = v.replace(":", ",").split(",")
-        if len(parts) != 2:
-            raise ValueError(f"length_penalty={value!r}: expected START,FACTOR (e.g. 80,1.1)")
-        return (int(parts[0]), float(parts[1]))
-    if name == "stop_strings":
-        return tuple(s for s in v.split("|") if s)
-    if isinstance(default, int):
-        return int(v)
-    if isinstance(default, float) or name in ("stop_confidence", "stop_entropy"):
-        return float(v)
-    return v
+OPTIONS = options(GenerationConfig)     # name -> Option, in declaration order
+# the bounded numbers: name -> (type, lowest, highest), inclusive; (type, None): nullable
+BOUNDS = {name: ((int if o.kind == "int" else float, None) if o.nullable else (int if o.kind == "int" else float),
+                 o.lo, o.hi) for name, o in OPTIONS.items() if o.kind in ("int", "float")}
+
+REGENERATE = (".venv/bin/python -c 'from setdiff_mega.decoding.config import write_guide; write_guide()'"
+              f"  # rewrites the options table of {GUIDE}")
 
 
-__all__ = ["GenerationConfig", "BOUNDS", "MAX_TOKENS"]
+def write_guide(path: str = GUIDE) -> None:
+    """Rewrite the options table of ``path`` (docs/guide/decoding.md; run from the repository root)."""
+    from pathlib import Path
+
+    page = Path(path)
+    page.write_text(with_table(page.read_text(), GenerationConfig))
+
+
+__all__ = ["GenerationConfig", "OPTIONS", "BOUNDS", "MAX_TOKENS", "write_guide"]

@@ -104,7 +104,7 @@ class LogitsPipeline:
             logits = length_penalty(logits, pre, self.eos_id, *self.length)
         gens = st.generators if rows is None or st.generators is None else [st.generators[b] for b in rows]
         counts = q_ok.sum(1).tolist() if opt.temperature > 0 and q_ok is not None else None
-        return choose_tokens(logits, [self.mask_id], opt.temperature, opt.top_p, gens, counts)
+        return choose_tokens(logits, [self.mask_id], generator=gens, counts=counts, **opt.choice())
 
 
 __all__ = ["LogitsPipeline", "repetition_context", "repetition_penalty", "prefix_lengths", "length_penalty"]

@@ -75,14 +75,19 @@ def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 
 
 
 class RowOptions(NamedTuple):
-    """A row's own sampling options (a shared serving session holds requests that differ in them)."""
+    """A row's own sampling options (a shared serving session holds requests that differ in them): each field is
+    the GenerationConfig field of its name; :meth:`choice` is what :func:`choose_tokens` takes of them."""
     temperature: float
     top_p: float
     repetition_penalty: float
 
     @classmethod
     def of(cls, cfg) -> "RowOptions":
-        return cls(float(cfg.temperature), float(cfg.top_p), float(cfg.repetition_penalty))
+        return cls(*(float(getattr(cfg, name)) for name in cls._fields))
+
+    def choice(self) -> dict:
+        """The keyword arguments of :func:`choose_tokens` (the token choice's options)."""
+        return {"temperature": self.temperature, "top_p": self.top_p}
 
 
 COMMIT_RULES = ("confidence", "leftmost")

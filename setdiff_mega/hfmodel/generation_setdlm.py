@@ -39,6 +39,8 @@ from transformers.utils import ModelOutput, cached_file
 
 from ..decoding.base import Canvas, GenerationConfig
 from ..decoding.baselines import ARSampler, BD3LMSampler, MDLMSampler
+from ..decoding.schema import from_python
+from ..decoding.schema import options as schema_options
 from ..decoding.setdlm import SetDLMSampler
 from ..decoding.trace import traces
 from .capture import CapturedStep
@@ -50,6 +52,7 @@ from .linears import check as check_format
 SAMPLERS = {c.__name__: c for c in (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)}
 METHOD_OF = {"SetDLMSampler": "setdlm", "ARSampler": "ar", "BD3LMSampler": "bd3lm", "MDLMSampler": "mdlm"}
 GENERATION_FILE = "generation_config.json"
+EXPORTED = {name: o for name, o in schema_options(GenerationConfig).items() if o.export}   # generate() takes
 
 
 @dataclass
@@ -172,24 +175,27 @@ def read_defaults(path) -> dict | None:
         raise ValueError(f"'{f}' is not valid JSON ({e}); re-export the checkpoint") from None
 
 
-def options(model, kwargs: dict) -> GenerationConfig:
-    """Defaults overridden by ``kwargs`` (GenerationConfig fields; ``do_sample`` as in transformers)."""
+def _overrides(model, kwargs: dict) -> GenerationConfig:
+    """Defaults overridden by ``kwargs`` (the options the schema exposes to the export, decoding/schema.py;
+    ``do_sample`` as in transformers), not yet validated."""
     cfg = defaults(model)
-    known = {f.name for f in fields(GenerationConfig)}
     do_sample = kwargs.pop("do_sample", None)
     for ignored in ("eos_token_id", "pad_token_id", "bos_token_id", "use_cache_for_prefill"):
         kwargs.pop(ignored, None)
-    unknown = sorted(set(kwargs) - known)
+    unknown = sorted(set(kwargs) - set(EXPORTED))
     if unknown:
-        raise ValueError(f"unknown generation option(s) {unknown}; options: {', '.join(sorted(known))}")
-    if "stop_strings" in kwargs and isinstance(kwargs["stop_strings"], str):
-        kwargs["stop_strings"] = (kwargs["stop_strings"],)
-    cfg = replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()})
+        raise ValueError(f"unknown generation option(s) {unknown}; options: {', '.join(sorted(EXPORTED))}")
+    cfg = replace(cfg, **{k: from_python(k, EXPORTED[k], v) for k, v in kwargs.items()})
     if do_sample is False:
         cfg = replace(cfg, temperature=0.0)
     elif do_sample and cfg.temperature == 0.0:
         cfg = replace(cfg, temperature=1.0)
-    return cfg.validate()
+    return cfg
+
+
+def options(model, kwargs: dict) -> GenerationConfig:
+    """Defaults overridden by ``kwargs`` (GenerationConfig fields; ``do_sample`` as in transformers), validated."""
+    return _overrides(model, kwargs).validate()
 
 
 def _rows(input_ids, attention_mask, bos_id: int) -> list:
@@ -212,7 +218,7 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
     c, m = model.config, model.config.method
     kwargs = dict(kwargs)
     decode_weights = kwargs.pop("decode_weights", "fp32")
-    cfg = options(model, kwargs)
+    cfg = _overrides(model, kwargs)
     name = m.get("sampler")
     if name not in SAMPLERS:
         raise ValueError(f"config.json 'method.sampler' is {name!r}; this code decodes {sorted(SAMPLERS)}: "
@@ -223,6 +229,7 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
     dm.eval()
     if cfg.context_length is None:
         cfg = replace(cfg, context_length=dm.training_length)
+    cfg = cfg.validate()                                      # once: the sampler's own check is then free
     view = None if tokenizer is None else TokenizerView(tokenizer)
     sampler = SAMPLERS[name](dm, mask_id, pad_id, eos_id, cfg, tokenizer=view)
     device = next(model.parameters()).device

@@ -10,10 +10,9 @@ A body is a JSON object. Fields (every other name is refused with the list of kn
                 its chunk's ``trace``, the first with the generation ``region``; whole in the response's choice)
     accepted at OpenAI's neutral value only: presence_penalty / frequency_penalty 0, logprobs null / 0,
                 echo false, best_of null / n, logit_bias null / {}
-    diffusion   the GenerationConfig names: window, tau, commit_k, commit_rule, block_size, repetition_penalty,
-                length_penalty [start, factor], min_new_tokens, stop_at_eos, fht_cache_order,
-                infill_full_context, stop_regex, stop_regex_count, stop_repeat, stop_confidence,
-                stop_patience, stop_entropy, stop_entropy_window, speculative (method.md 16);
+    diffusion   every GenerationConfig option its schema exposes to the server (decoding/schema.py; the
+                table of docs/guide/decoding.md): window, tau, commit_k, commit_rule, block_size,
+                repetition_penalty, length_penalty [start, factor], stop_regex, speculative (method.md 16) ...;
                 ``preset`` (gsm8k, cnndm, owt, infill)
     completions prompt: a string, a list of strings, a list of token ids or a list of those; suffix: with a
                 string prompt, the completion is infilled between prompt and suffix with max_tokens MASK
@@ -34,20 +33,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from setdiff_mega.decoding import schema
 from setdiff_mega.decoding.base import GenerationConfig
+from setdiff_mega.decoding.config import OPTIONS
 from setdiff_mega.decoding.stopping import compile_stop_regex
 from setdiff_mega.errors import DataError, RequestError
 from setdiff_mega.inference.api import encode_request
-from setdiff_mega.inference.options import generation_config
+from setdiff_mega.inference.options import layered
 
 SHARED = {"model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options", "user",
           "return_token_ids", "preset", "trace"}
 NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (None, 0, False),
            "echo": (False,), "logit_bias": (None, {}), "best_of": (None,)}
-DIFFUSION = ("window", "tau", "commit_k", "commit_rule", "block_size", "repetition_penalty", "length_penalty",
-             "min_new_tokens", "stop_at_eos", "fht_cache_order", "infill_full_context", "stop_regex",
-             "stop_regex_count", "stop_repeat", "stop_confidence", "stop_patience", "stop_entropy",
-             "stop_entropy_window", "speculative")
+SERVED = {name: o for name, o in OPTIONS.items() if o.server}       # the request fields of GenerationConfig
+DIFFUSION = tuple(name for name in SERVED if name not in SHARED)   # those not OpenAI's
 OWN = {"completions": {"prompt", "suffix"}, "chat": {"messages", "chat_template_kwargs", "max_completion_tokens"},
        "infill": {"prefix", "suffix", "span", "prompt"}}
 MAX_N = 16
@@ -77,26 +76,13 @@ class Parsed:
     trace: bool = False
 
 
-NULLABLE = {"stop_confidence": float, "stop_entropy": float, "stop_regex": str}   # fields whose default is None
-
-
-def _typed(name: str, value, default):
-    """``value`` checked against the field's type: its default's, or :data:`NULLABLE`'s (None allowed)."""
-    if name == "length_penalty":
-        if value is None:
-            return None
-        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)):
-            raise RequestError("'length_penalty' must be [start, factor] or null")
-        return (int(value[0]), float(value[1]))
-    if name in NULLABLE and value is None:
-        return None
-    kind = NULLABLE.get(name) or (bool if isinstance(default, bool) else type(default))
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise RequestError(f"'{name}' must be {'an integer' if kind is int else 'a ' + kind.__name__}, "
-                           f"got {value!r}"[:200])
-    return value
+def _typed(name: str, value):
+    """``value`` checked against the option's kind (decoding/schema.py: ints where floats are asked become floats,
+    a pair is [start, factor]); one-line RequestError otherwise. Bounds: GenerationConfig.validate."""
+    try:
+        return schema.from_json(name, SERVED[name], value)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
 
 
 def _check_fields(body: dict, endpoint: str) -> None:
@@ -122,20 +108,18 @@ def _stops(value) -> tuple:
 
 
 def config_of(body: dict, d: ServerDefaults, max_tokens_key: str = "max_tokens") -> GenerationConfig:
-    """The request's GenerationConfig: server defaults -> preset -> the request's fields."""
+    """The request's GenerationConfig: server defaults -> preset -> the request's fields (``trace``: recorded),
+    validated once, here."""
     base = d.base
     if body.get("preset") is not None:
         if not isinstance(body["preset"], str):
             raise RequestError(f"'preset' must be a string, got {body['preset']!r}"[:200])
         try:
-            base = generation_config(d.objective, d.seq_length, body["preset"], None, base)
+            base = layered(d.objective, d.seq_length, body["preset"], None, base)
         except ValueError as e:
             raise RequestError(str(e)) from None
-    over = {}
-    defaults = GenerationConfig()
-    for name in DIFFUSION + ("temperature", "top_p", "seed"):
-        if name in body and (body[name] is not None or name in NULLABLE or name == "length_penalty"):
-            over[name] = _typed(name, body[name], getattr(defaults, name))
+    over = {name: _typed(name, body[name]) for name, o in SERVED.items()
+            if name in body and (body[name] is not None or o.nullable)}      # null: the server's value
     mt = body.get(max_tokens_key, d.max_tokens)
     if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1 or mt > d.max_tokens_limit:
         raise RequestError(f"'{max_tokens_key}' must be an integer in [1, {d.max_tokens_limit}] (the server's "
@@ -148,6 +132,8 @@ def config_of(body: dict, d: ServerDefaults, max_tokens_key: str = "max_tokens")
             compile_stop_regex(over["stop_regex"])
         except ValueError as e:
             raise RequestError(str(e)) from None
+    if body.get("trace") is True:
+        over["record"] = True                     # a recorded decode: each token's commit step and confidence
     try:
         return replace(base, **over).validate()
     except ValueError as e:
@@ -230,11 +216,9 @@ def parse(body, endpoint: str, tok, d: ServerDefaults, chat=None) -> Parsed:
     if not isinstance(trace, bool):
         raise RequestError(f"'trace' must be true or false, got {trace!r}"[:200])
     config = config_of(body, d, key)
-    if trace:
-        config = replace(config, record=True)      # a recorded decode: each token's commit step and confidence
     prompts = prompts_of(body, tok, d, endpoint, chat)
     return Parsed(prompts, config, n, stream, _stops(body.get("stop")), bool(opts.get("include_usage")),
                   bool(body.get("return_token_ids", False)), trace)
 
 
-__all__ = ["ServerDefaults", "Parsed", "parse", "config_of", "prompts_of", "DIFFUSION"]
+__all__ = ["ServerDefaults", "Parsed", "parse", "config_of", "prompts_of", "DIFFUSION", "SERVED"]
