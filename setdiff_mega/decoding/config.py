@@ -50,6 +50,10 @@ class GenerationConfig:
     top_p: float = option(
         1.0, kind="float", lo=1e-300, hi=1.0, reference="nucleus_p", cli="--top-p", server=True,
         help="nucleus filter after the softmax, the crossing token kept (greedy confidences are renormalised)")
+    min_p: float = option(
+        0.0, kind="float", lo=0.0, hi=1.0, cli="--min-p", server=True,
+        help="keep the tokens whose probability is >= min_p x the top token's (0: off; transformers' "
+             "MinPLogitsWarper, after top_p)")
     repetition_penalty: float = option(
         1.0, kind="float", lo=1e-2, hi=1e2, reference="RepetitionPenaltyLogitsProcessor(penalty)",
         cli="--repetition-penalty", server=True,
@@ -149,7 +153,8 @@ class GenerationConfig:
                    (self.length_penalty is not None, f"length_penalty={self.length_penalty}"),
                    (self.fht_cache_order, "fht_cache_order (drafts are verified and cached left to right)"),
                    (not self.infill_full_context, "infill_full_context=False (prefix-only infill)"),
-                   (self.static_shapes, "static_shapes (a speculative step's chunk width varies)")]
+                   (self.static_shapes, "static_shapes (a speculative step's chunk width varies)"),
+                   (self.min_p > 0, f"min_p={self.min_p} (the drafts' distributions are not min_p-filtered)")]
         for bad, what in refused:
             if bad:
                 raise ValueError(f"speculative=True does not combine with {what}")

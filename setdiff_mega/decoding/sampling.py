@@ -7,6 +7,8 @@ For candidate rows with (processed, :mod:`.processors`) logits [..., V]:
                                           logit counts as -inf, +inf as the largest float: p stays finite)
     p = top_p_filter(p)                   (nucleus: keep the most probable tokens up to and including
                                            the one whose cumulative mass crosses top_p; renormalise)
+    p = min_p_filter(p)                   (keep the tokens with p >= min_p * max p, transformers'
+                                           MinPLogitsWarper; renormalise; min_p = 0: off)
     greedy:  x = argmax p      sampled: x ~ p   (each row from its own generator, seeded by its request)
     confidence c = p[x]                   (after the filter, as the reference does for greedy decoding too)
 
@@ -46,8 +48,17 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
+def min_p_filter(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Tokens whose probability is >= min_p times the most probable one's survive (the top token always);
+    renormalised over the last dim. The ratio is unchanged by an earlier renormalisation (after top_p)."""
+    if min_p <= 0.0:
+        return probs
+    out = probs * (probs >= min_p * probs.amax(-1, keepdim=True))
+    return out / out.sum(-1, keepdim=True)
+
+
 def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 0.0, top_p: float = 1.0,
-                  generator=None, counts: list[int] | None = None):
+                  generator=None, counts: list[int] | None = None, min_p: float = 0.0):
     """logits [..., V] -> (tokens [...], confidence [...]) in fp32. ``generator``: one torch.Generator, or one per
     row of logits [B, A, V] (with ``counts``: row b draws for its first counts[b] entries only, the rest are
     argmax), so a row's draws do not depend on the other rows of the batch."""
@@ -57,7 +68,7 @@ def choose_tokens(logits: torch.Tensor, banned: list[int], temperature: float = 
         logits = logits.index_fill(-1, idx, float("-inf"))
     if temperature > 0:                   # the maximum first, a float32 divisor: no overflow at any temperature
         logits = (logits - logits.amax(-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
-    probs = top_p_filter(torch.softmax(logits, -1), top_p)
+    probs = min_p_filter(top_p_filter(torch.softmax(logits, -1), top_p), min_p)
     if temperature <= 0:
         conf, tok = probs.max(-1)
         return tok, conf
@@ -80,6 +91,7 @@ class RowOptions(NamedTuple):
     temperature: float
     top_p: float
     repetition_penalty: float
+    min_p: float = 0.0
 
     @classmethod
     def of(cls, cfg) -> "RowOptions":
@@ -87,7 +99,7 @@ class RowOptions(NamedTuple):
 
     def choice(self) -> dict:
         """The keyword arguments of :func:`choose_tokens` (the token choice's options)."""
-        return {"temperature": self.temperature, "top_p": self.top_p}
+        return {"temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p}
 
 
 COMMIT_RULES = ("confidence", "leftmost")
@@ -115,4 +127,4 @@ def commit_mask(conf: torch.Tensor, active: torch.Tensor, tau: float, k: int = 1
     return active & ((rank < k) | (conf >= tau))
 
 
-__all__ = ["choose_tokens", "commit_mask", "top_p_filter", "COMMIT_RULES", "resolve_rule"]
+__all__ = ["choose_tokens", "commit_mask", "top_p_filter", "min_p_filter", "COMMIT_RULES", "resolve_rule"]
