@@ -51,6 +51,11 @@ def parse_args(argv=None):
                    "given, else an address) may have in flight, queued or decoding; more: HTTP 429, and a request of "
                    "more jobs than this alone: HTTP 400 (default: half of --max-batch + --max-queue, at least "
                    "--max-batch); waiting jobs are taken round-robin by client")
+    p.add_argument("--client-row-share", type=int, default=None, help="batch rows one client may hold while "
+                   "another client has work (a client alone always gets all --max-batch rows; its jobs beyond the "
+                   "share wait in the queue, not refused); default: --max-batch divided by the clients with work, "
+                   "rounded up (half the batch beside one other client), so a light client's request does not "
+                   "decode in a batch a flood filled; --max-batch: no share (docs/guide/serving.md)")
     p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without a turn of the decode loop "
                    "(a step that never ends, a frozen engine) after which the engine counts as failed (0: never)")
     p.add_argument("--engine-restarts", type=int, default=3, help="engine failures (its process or decode loop dead, "
@@ -102,6 +107,9 @@ def build(args):
         raise ValueError(f"--max-batch ({args.max_batch}) and --max-queue ({args.max_queue}) must be >= 1")
     if args.max_client_jobs is not None and args.max_client_jobs < 1:
         raise ValueError(f"--max-client-jobs must be >= 1, got {args.max_client_jobs}")
+    if args.client_row_share is not None and not 1 <= args.client_row_share <= args.max_batch:
+        raise ValueError(f"--client-row-share must be between 1 and --max-batch ({args.max_batch}), got "
+                         f"{args.client_row_share}")
     if args.chat_cache_size < 1 or args.engine_restarts < 0 or args.stall_timeout < 0:
         raise ValueError("--chat-cache-size must be >= 1, --engine-restarts and --stall-timeout >= 0")
     if args.static_shapes or args.no_cache:

@@ -6,7 +6,8 @@
   address: :func:`client_id`), taken round-robin, least recently served client first (a client that arrives
   with nothing queued goes ahead of those already served): the next free row goes to the next client in turn,
   so a client with one job waits for one row to free whatever another client has queued. The total is bounded
-  by the admission checks of the HTTP side (:mod:`.client`), not here.
+  by the admission checks of the HTTP side (:mod:`.client`), not here; how many rows a client may hold at once is
+  :mod:`.admission`'s.
 """
 from __future__ import annotations
 
@@ -62,11 +63,16 @@ class FairQueue:
         for job in jobs:
             self.append(job)
 
-    def popleft(self):
-        """The oldest job of the client whose turn it is (the least recently served); it goes last in turn."""
+    def popleft(self, allowed=None):
+        """The oldest job of the client whose turn it is (the least recently served); it goes last in turn.
+        ``allowed(client)``: only such clients' jobs are taken (None when no waiting client is allowed; the
+        others keep their turn: :mod:`.admission`)."""
         if not self._n:
             raise IndexError("pop from an empty FairQueue")
-        client = min(self._served, key=self._served.__getitem__)     # O(clients waiting): bounded by the queue
+        clients = self._served if allowed is None else [c for c in self._served if allowed(c)]
+        if not clients:
+            return None
+        client = min(clients, key=self._served.__getitem__)          # O(clients waiting): bounded by the queue
         jobs = self._by[client]
         job = jobs.popleft()
         self._tick += 1
@@ -107,6 +113,10 @@ class FairQueue:
 
     def clients(self) -> int:
         return len(self._by)
+
+    def waiting(self) -> list:
+        """The clients with jobs waiting."""
+        return list(self._by)
 
 
 def client_id(scope: dict, keys: tuple = ()) -> str:

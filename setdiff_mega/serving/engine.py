@@ -200,7 +200,7 @@ def main(conn, args, pulse_array=None) -> None:
         L = cfg.data.seq_length
         scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, metrics=metrics,
                               max_queue=args.max_queue + args.max_batch, width=L + args.max_tokens_limit,
-                              pulse=Pulse(pulse_array))
+                              pulse=Pulse(pulse_array), row_share=getattr(args, "client_row_share", None))
     except Exception as e:                # noqa: BLE001 (reported to the HTTP side as one line)
         conn.send(_fatal(e))
         return

@@ -20,7 +20,10 @@ next call.
                    decode's ``advance(logits)``: its rows' bookkeeping, its jobs' new text
 
 Fairness: the queue is one FIFO per client, taken round-robin (:class:`~.bounded.FairQueue`): the next free row
-goes to the next client in turn, so one client's flood never stands between another client and a row.
+goes to the next client in turn, so one client's flood never stands between another client and a row; and while
+more than one client has work, no client holds more than its share of the rows (ceil(max_batch / active
+clients) by default, ``row_share`` when set; a client alone the whole batch: :mod:`.admission`), so a light
+client's row never decodes in a batch a flood filled.
 
 Supervision: the loop's every turn beats its :class:`~.pulse.Pulse` (shared memory the HTTP side reads: /health, the
 watchdog); every part of a step that runs a decode's or a client's code is guarded per decode (its jobs fail,
@@ -47,6 +50,7 @@ import time
 
 import torch
 
+from .admission import RowShares
 from .bounded import FairQueue
 from .forwards import Clocked, fused_forwards
 from .fusion import default_min_saving
@@ -70,10 +74,13 @@ class QueueFull(Exception):
 
 class Scheduler(Supervised):
     def __init__(self, model, tokenizer, method, *, max_batch: int = 8, max_queue: int = 256, metrics=None,
-                 width: int = 4096, min_saving: int | None = None, pulse: Pulse | None = None):
-        """``width``: the most canvas positions of a request (prompt plus ``max_tokens``); shared decodes are
-        as wide as their requests need, by powers of two (:meth:`_bucket`). ``min_saving``: the padding (row x
-        positions) a second forward in a step must save (:mod:`.fusion`; None: the device's default)."""
+                 width: int = 4096, min_saving: int | None = None, pulse: Pulse | None = None,
+                 row_share: int | None = None):
+        """``row_share``: the rows one client may hold while others have work (None: ceil(max_batch / active
+        clients): :mod:`.admission`). ``width``: the most canvas positions of a request (prompt plus
+        ``max_tokens``); shared decodes are as wide as their requests need, by powers of two (:meth:`_bucket`).
+        ``min_saving``: the padding (row x positions) a second forward in a step must save (:mod:`.fusion`; None:
+        the device's default)."""
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch ({max_batch}) and max_queue ({max_queue}) must be >= 1")
         self.model, self.tokenizer, self.method = model, tokenizer, method
@@ -82,6 +89,7 @@ class Scheduler(Supervised):
         self.min_saving = default_min_saving(self.device) if min_saving is None else int(min_saving)
         self.cond = threading.Condition()
         self.queue = FairQueue()         # waiting jobs, one FIFO per client, taken round-robin
+        self.shares = RowShares(max_batch, row_share)     # how many rows each client may hold (.admission)
         self.running: dict[int, Job] = {}
         self.width = width
         self.decodes: list[Decode] = []
@@ -176,11 +184,10 @@ class Scheduler(Supervised):
 
     def _take(self) -> list[Job]:
         """Queued jobs that may start now (``cond`` held)."""
-        jobs = []
-        while self.queue and len(self.running) + len(jobs) < self.max_batch:
-            job = self.queue.popleft()
-            job.started = time.monotonic()
-            jobs.append(job)
+        jobs = self.shares.take(self.queue, self.running.values(), self.max_batch - len(self.running))
+        now = time.monotonic()
+        for job in jobs:
+            job.started = now
         return jobs
 
     def _bucket(self, job: Job) -> int:
@@ -234,7 +241,10 @@ class Scheduler(Supervised):
     def _left(self, jobs: list[Job]) -> None:
         with self.cond:
             for job in jobs:
-                if self.running.pop(job.key, None) is not None and self.metrics is not None:
+                if self.running.pop(job.key, None) is None:
+                    continue
+                self.shares.left(job.client)
+                if self.metrics is not None:
                     self.metrics.finished(job)
             self._gauge()
 
