@@ -10,10 +10,11 @@ chat-formatted worked solutions. Here, as a user with a real Qwen3 would do it:
 2. **Export** it in Qwen3's own Hugging Face layout (``to-hf --format hf``: ``Qwen3ForCausalLM``, transformers
    loads it without remote code) and fine-tune from that directory (``train.init_from=hf:DIR``: the issue-30
    import, adopting the architecture and the tokenizer with its template).
-3. **Supervised data**: ``conversations`` arithmetic problems with worked solutions drawn from a stream of their
-   own (none equal to a held-out problem), each a user turn (the paper's GSM8K instruction + the question) and an
-   assistant turn (the worked steps, then ``The answer is $\\boxed{n}$.``), preprocessed with
-   ``tools/preprocess_data.py --sft``'s code and trained packed (``data.packing``).
+3. **Supervised data** (:mod:`.data`): ``conversations`` arithmetic problems at the difficulty ``knob`` from the
+   train split of :mod:`setdiff_mega.tasks.arithmetic` (held out **by computation**: no dev or test computation is
+   ever drawn for training), each a user turn (the paper's GSM8K instruction + the question) and an assistant turn
+   (the worked steps, then ``The answer is $\\boxed{n}$.``), preprocessed with ``tools/preprocess_data.py
+   --sft``'s code and trained packed (``data.packing``); the task package's leak check runs on every set.
 4. **Fine-tune** arms (:mod:`.adapt_levers`), every model of an arm once per seed of ``seeds`` (``train.seed`` and
    ``data.seed``: the training noise, orders and masks and the order of the conversations vary; the pretrained
    parent is shared; an AR fine-tune has no noise, so its spread is the data order's):
@@ -23,12 +24,14 @@ chat-formatted worked solutions. Here, as a user with a real Qwen3 would do it:
    * one arm per lever (``levers``): the lever model (SetDLM D = 4) with that lever alone;
    * the recommended recipe (``recipe``): the levers the study favours, combined, for AR, BD3LM and SetDLM alike.
 
-5. **Evaluate** (:mod:`.adapt_eval`) exact match on ``limit`` held-out problems (:mod:`.adapt_data`: none in the
-   supervised set or the pretraining corpus) asked as chat prompts, greedy, in batches, for every sampler setting
-   (tau x commit rule, SetDLM also W); then, with nothing else of the recipe running, the decoding speed of every
-   setting at batch 1 on the first ``speed_limit`` problems (tokens/s, forwards); the pretrained AR on the plain
-   prompt for reference. Seed means and standard deviations per setting; the claims (:mod:`.adapt_claims`) on
-   those means; the report section (:mod:`.adapt_report`).
+5. **Evaluate** (:mod:`.evaluate`) exact match on the ``dev_limit`` dev problems (none of whose computations is
+   in the supervised set or the pretraining corpus) asked as chat prompts, greedy, in batches, for every sampler
+   setting (tau x commit rule, SetDLM also W); the settings each claim needs are chosen there (:mod:`.heldout`) and
+   decoded once on the ``limit`` test problems; then, with nothing else of the recipe running, the decoding speed
+   at batch 1 on the first ``speed_limit`` problems of each split (tokens/s, forwards); the pretrained AR on the
+   plain prompt for reference. Seed means and standard deviations per setting; the parity and speed claims on the
+   test means of the dev-chosen settings (:mod:`.heldout`), the lever and tau tables on dev (:mod:`.claims`); the
+   report section (:mod:`.report`).
 
 Everything is reused on a re-run: the parent, each arm's models (their directory names carry a hash of the arm's
 training options), the distilled data and every cached accuracy; only the timings are measured again.
@@ -48,17 +51,19 @@ from setdiff_mega import methods
 from setdiff_mega.checkpoint import load_model
 from setdiff_mega.checkpoint.families import export_model
 from setdiff_mega.data.chat import ChatRenderer
-from setdiff_mega.data.corpus import arith_problems, write_jsonl
+from setdiff_mega.data.corpus import write_jsonl
 from setdiff_mega.data.sft import preprocess_sft
 from setdiff_mega.data.tokenizer import Tokenizer
-from setdiff_mega.eval.tasks import GSM8K_INSTRUCTION, load_task
+from setdiff_mega.eval.tasks import GSM8K_INSTRUCTION
 from setdiff_mega.inference.benchmark import same_chunk as bench_same_chunk
 from setdiff_mega.inference.engine import decoding_model
 
 from . import claims as C
+from . import data as D
 from . import evaluate as E
+from . import heldout as H
 from . import report as R
-from .data import corpus_questions, eval_problems, problems_hash
+from .data import problems_hash
 from .levers import BASELINE, LEVERS, RECIPE, Arm, Lever, distill_data
 
 QWEN3_ARCH = ["model.family=qwen3", "model.normalization=RMSNorm", "model.norm_eps=1e-6", "model.qk_layernorm=true",
@@ -91,7 +96,9 @@ class AdaptConfig:
     taus: list = field(default_factory=lambda: [0.5, 0.7, 0.9, 1e6])
     rules: tuple = E.RULES
     lever_windows: tuple = (1,)               # the lever arms' W (units of D); baseline and recipe: (1, 2)
-    limit: int = 512                          # held-out problems per accuracy
+    knob: dict = field(default_factory=lambda: dict(D.KNOB))   # the arithmetic task's difficulty (.data)
+    dev_limit: int = D.DEV                    # dev problems: every setting, where the settings are chosen
+    limit: int = 512                          # test problems: the chosen settings, once
     speed_limit: int = 64                     # of them, decoded at batch 1 for the speed figures
     eval_batch: int = 64
     max_new_tokens: int = 48
@@ -108,6 +115,7 @@ class AdaptConfig:
             if self.recipe is not None and self.recipe.steps:
                 self.recipe = dataclasses.replace(self.recipe, steps=max(1, round(self.recipe.steps * budget)))
             self.limit = max(8, round(self.limit * budget))
+            self.dev_limit = max(8, round(self.dev_limit * budget))
             self.speed_limit = max(4, min(self.limit, round(self.speed_limit * budget)))
         return self
 
@@ -133,39 +141,24 @@ def chat_tokenizer(corpus_tokenizer: str | Path, out: Path) -> Path:
     return path
 
 
-def conversations(n: int, seed: int, held_out: list[dict]) -> list[dict]:
-    """The supervised set: chat records of arithmetic problems, none with a held-out question."""
-    seen = {r["question"] for r in held_out}
-    out = []
-    for p in arith_problems(n + len(seen), seed + 101):
-        if p["question"] in seen or len(out) == n:
-            continue
-        out.append({"messages": [
-            {"role": "user", "content": GSM8K_INSTRUCTION + p["question"]},
-            {"role": "assistant", "content": f"{p['solution']} The answer is $\\boxed{{{p['answer']}}}$."}]})
-    return out
-
-
-def prepare(ac: AdaptConfig, corpus_tokenizer: str, held_out: list[dict], log=print) -> tuple[Path, Path]:
-    """(the chat tokenizer, the supervised dataset prefix) under ``out_dir`` (reused when present)."""
+def prepare(ac: AdaptConfig, corpus_tokenizer: str, corpus_prefix: str, log=print) -> tuple[Path, Path, dict]:
+    """(the chat tokenizer, the supervised dataset prefix, {"dev": rows, "test": rows, "info": counts}) under
+    ``out_dir``; the dataset is reused when present, the splits are regenerated (deterministic, a second) and the
+    leak check runs on both every time."""
     out = Path(ac.out_dir)
     tok = chat_tokenizer(corpus_tokenizer, out)
-    prefix = out / "sft" / "arith_chat"
+    prefix, src = out / "sft" / "arith_chat", out / "sft" / "arith_chat.jsonl"
     if not Path(f"{prefix}.idx").is_file():
-        src = out / "sft" / "arith_chat.jsonl"
         src.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(conversations(ac.conversations, ac.seed, held_out), src)
+        write_jsonl(D.conversations(ac.conversations, ac.knob, ac.seed), src)
         preprocess_sft([str(src)], str(prefix), str(tok), workers=2, progress=False, log=log)
-    return tok, prefix
-
-
-def held_out(ac: AdaptConfig, corpus_prefix: str) -> tuple[list[dict], bool]:
-    """(the ``limit`` held-out problems, whether the pretraining corpus was searched too; :mod:`.adapt_data`)."""
-    chats = (Path(ac.out_dir) / "sft" / "arith_chat.jsonl").read_text(encoding="utf-8").splitlines()
-    exclude = {json.loads(c)["messages"][0]["content"][len(GSM8K_INSTRUCTION):] for c in chats if c.strip()}
-    corpus = corpus_questions(corpus_prefix)
-    return eval_problems(ac.limit, ac.seed, load_task(ac.tasks, "arith"), exclude | (corpus or set())), \
-        corpus is not None
+    corpus = D.corpus_keys(corpus_prefix)
+    dev, dev_dropped = D.heldout("dev", ac.dev_limit, ac.knob, ac.seed, corpus)
+    test, test_dropped = D.heldout("test", ac.limit, ac.knob, ac.seed, corpus)
+    leaks = D.check(D.read_jsonl(src), dev, test)
+    info = {"knob": ac.knob, "dev": len(dev), "test": len(test), "corpus_searched": corpus is not None,
+            "dropped_for_corpus": {"dev": dev_dropped, "test": test_dropped}, "check": leaks}
+    return tok, prefix, {"dev": dev, "test": test, "info": info}
 
 
 def pretrain_and_export(ac: AdaptConfig, tok: Path, log=print) -> tuple[dict, Path]:
@@ -229,21 +222,27 @@ def train_arms(ac: AdaptConfig, tok: Path, sft: Path, export: Path, info: dict, 
         yield arm, recs
 
 
-def accuracy_all(ac: AdaptConfig, models: list[dict], rows: list[dict], log=print) -> list[dict]:
-    """Every model's accuracy points (batched, cached); the pretrained AR on the plain prompt."""
+def accuracy_all(ac: AdaptConfig, models: list[dict], rows: list[dict], split: str = "dev", chosen=None,
+                 log=print) -> list[dict]:
+    """Every model's accuracy points on ``split``'s ``rows`` (batched, cached): every setting, or with ``chosen``
+    (:func:`.heldout.choose`) only the settings chosen for the model's arm and method; the pretrained AR on the
+    plain prompt."""
     arms = {a.lever.name: a for a in ac.arms()}
     key, points = problems_hash(rows), []
     for rec in models:
         loaded = _loaded(rec["dir"], ac.engine)
         chat = None if rec["arm"] == "pretrained" else ChatRenderer.of(loaded[2])
         arm = arms.get(rec["arm"])
-        for s in E.settings(rec["spec"], ac.taus, ac.rules, ac.windows(arm) if arm else (1,)):
+        every = E.settings(rec["spec"], ac.taus, ac.rules, ac.windows(arm) if arm else (1,))
+        for s in every if chosen is None else H.chosen_settings(chosen, rec["arm"], F.method_label(rec["spec"])):
             a = E.accuracy_point(rec["dir"], loaded, rows, s, chat, key, ac.eval_batch, ac.engine, ac.max_new_tokens)
             p = {"arm": rec["arm"], "lever": rec.get("lever", "pretrained AR"), "dir": str(rec["dir"]),
                  "method": F.method_label(rec["spec"]), **rec["spec"], "window": s.get("window"), "tau": s["tau"],
-                 "rule": s["commit_rule"], "prompt": "plain" if chat is None else "chat", **a}
+                 "rule": s["commit_rule"], "prompt": "plain" if chat is None else "chat", "split": split, **a}
+            if chosen is not None:
+                p["roles"] = "+".join(H.roles_of_point(chosen, p))
             points.append(p)
-            log(f"  {rec['arm']:<14} {p['method']:<14} s{p['seed']:<5} W={p['window']} tau={p['tau']:g} "
+            log(f"  {split:<4} {rec['arm']:<14} {p['method']:<14} s{p['seed']:<5} W={p['window']} tau={p['tau']:g} "
                 f"{p['rule']:<10}: acc {a['accuracy']:.3f}, {a['tokens_per_step']:.2f} tok/step")
     return points
 
@@ -309,29 +308,26 @@ def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, cor
     report section. ``timings=False`` stops after the (cached) accuracies: the long part, which may share the
     machine; a later run with timings reuses all of it."""
     t0 = time.perf_counter()
-    tok, sft = prepare(ac, corpus_tokenizer, load_task(ac.tasks, "arith"), log)
-    rows, corpus_searched = held_out(ac, corpus_prefix)
+    tok, sft, split = prepare(ac, corpus_tokenizer, corpus_prefix, log)
+    dev, test = split["dev"], split["test"]
     pretrained, export = pretrain_and_export(ac, tok, log)
-    points, tuned, info = accuracy_all(ac, [pretrained], rows, log), [], {}
+    points, tuned, info = accuracy_all(ac, [pretrained], dev, log=log), [], {}
     for _, recs in train_arms(ac, tok, sft, export, info, log):      # each arm evaluated once it is trained
         tuned += recs
-        points += accuracy_all(ac, recs, rows, log)
+        points += accuracy_all(ac, recs, dev, log=log)
+    dev_means = F.aggregate(points, KEYS, ("accuracy", "tokens_per_step"))      # deterministic: no timing decides
+    chosen = H.choose([p for p in dev_means if p["arm"] != "pretrained"])
+    test_points = accuracy_all(ac, [pretrained], test, "test", log=log) + \
+        accuracy_all(ac, tuned, test, "test", chosen, log)
     t_train = time.perf_counter() - t0
     if not timings:
         return None
     t_acc = time.perf_counter()
-    speed_all(ac, points, rows, log)
-    same = same_chunk(ac, tuned, rows)
+    speed_all(ac, points, dev, log)
+    speed_all(ac, test_points, test, log)
+    same = same_chunk(ac, tuned, test)
     t_speed = time.perf_counter() - t_acc
-    for p in points:
-        p.pop("texts", None)
-        p.pop("correct", None)
-    means = frontier(points)
-    training = R.training_rows(pretrained, tuned)
-    results = {"points": points, "frontier": means, "training": training,
-               "claims": C.claims(means, ac), "levers": C.lever_rows(means, points, ac, training),
-               "resolution": C.design_resolution(means, points, ac), "distill": info.get("distill"),
-               "held_out": {"n": len(rows), "corpus_searched": corpus_searched}, "same_chunk": same}
+    results = summarise(ac, points, test_points, chosen, pretrained, tuned, info, split["info"], same)
     wall = time.perf_counter() - t0
     trained = [pretrained, *tuned]
     results["meta"] = R.meta(ac, command, wall, t_train, sum(t["seconds"] for t in trained) + wall - t_train,
@@ -341,6 +337,23 @@ def run(ac: AdaptConfig, command: str, report_path: str | None, assets: str, cor
     if report_path:
         R.write_report(results, files, Path(report_path))
     return results
+
+
+def summarise(ac: AdaptConfig, points, test_points, chosen, pretrained, tuned, info, held, same) -> dict:
+    """The results record: dev points and means (every setting), test points and means (the chosen ones), the
+    claims (parity and speed on test, the tau collapse on dev), the lever rows and the resolution (dev)."""
+    for p in points + test_points:
+        p.pop("texts", None)
+        p.pop("correct", None)
+    means = frontier(points)
+    test_means = F.aggregate(test_points, (*KEYS, "roles"), METRICS)
+    training = R.training_rows(pretrained, tuned)
+    collapse = [c for c in C.claims(means, ac) if c["arm"] == "all"]
+    return {"points": points, "frontier": means, "test_points": test_points, "test_frontier": test_means,
+            "chosen": chosen, "training": training, "claims": H.test_claims(test_means, ac) + collapse,
+            "levers": C.lever_rows(means, points, ac, training), "resolution": C.design_resolution(means, points, ac),
+            "test_resolution": C.design_resolution(test_means, test_points, ac), "distill": info.get("distill"),
+            "held_out": {**held, "n": held["test"]}, "same_chunk": same}
 
 
 def toy_config(out_dir: str, data: str, tasks: str) -> AdaptConfig:
@@ -355,8 +368,9 @@ def toy_config(out_dir: str, data: str, tasks: str) -> AdaptConfig:
                        finetune=["data.seq_length=128", "data.packing=true", "data.split=90,10,0"], conversations=40,
                        models=[{"objective": "ar"}, {"objective": "setdlm", "D": 2}],
                        lever_model={"objective": "setdlm", "D": 2}, levers=[lever], recipe=None, seeds=[1234, 7],
-                       taus=[0.9, 1e6], limit=6, speed_limit=3, eval_batch=4, max_new_tokens=8, tasks=tasks, data=data)
+                       taus=[0.9, 1e6], limit=6, dev_limit=6, speed_limit=3, eval_batch=4, max_new_tokens=8,
+                       tasks=tasks, data=data, knob={"steps": 1, "max_value": 20})   # prompts within L = 128
 
 
-__all__ = ["AdaptConfig", "QWEN3_ARCH", "CHAT_TEMPLATE", "FINETUNED", "conversations", "run", "toy_config",
-           "frontier", "held_out", "arm_dir"]
+__all__ = ["AdaptConfig", "QWEN3_ARCH", "CHAT_TEMPLATE", "FINETUNED", "run", "toy_config",
+           "frontier", "prepare", "summarise", "arm_dir"]

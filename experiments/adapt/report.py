@@ -57,7 +57,8 @@ def write_assets(results: dict, trained: list[dict], assets: Path) -> dict:
     assets.mkdir(parents=True, exist_ok=True)
     files = {"adapt_points.csv": results["points"], "adapt_frontier.csv": results["frontier"],
              "adapt_training.csv": results["training"], "adapt_claims.csv": results["claims"],
-             "adapt_levers.csv": results["levers"], "adapt_collapse.csv": collapse_rows(results["frontier"])}
+             "adapt_levers.csv": results["levers"], "adapt_collapse.csv": collapse_rows(results["frontier"]),
+             "adapt_test.csv": results["test_frontier"], "adapt_chosen.csv": results["chosen"]}
     for name, rows in files.items():
         write_csv(rows, assets / name)
     m, fr = results["meta"], results["frontier"]
@@ -99,12 +100,19 @@ def _header(results: dict) -> list[str]:
             f"data order); base `{m['base_config']}` with `{' '.join(m['overrides'])}`",
             f"* Arms: {arms}" + (f"; distillation teacher: the baseline AR fine-tune of seed {m['seeds'][0]} "
                                  f"({d['answers']} answers, {d['cut']} cut at the length limit)" if d else ""),
-            f"* Evaluation: {h['n']} held-out arithmetic problems per point (none in the supervised set"
-            + (" or the pretraining corpus" if h["corpus_searched"] else "; the pretraining corpus was not searched")
-            + f"), chat prompts, greedy, EMA weights, engine `{m['engine']}`, in batches of {m['eval_batch']} (a row "
-            f"decodes as alone); tokens/s, forwards and ms/forward at batch 1 on the first {m['speed_limit']} of "
-            f"them, timed after all training and accuracy work; 'agreement' = the batch-1 answers equal to the "
-            f"batched ones",
+            f"* Problems: `arithmetic` at {_knob(h['knob'])}, split by computation (a hash of the equations; no dev or "
+            f"test computation in the supervised set, leak check: {h['check']['heldout_strings_checked']} held-out "
+            f"solutions searched, {h['check']['leaks']} found); "
+            + (f"dev / test problems whose computation is in the pretraining corpus dropped "
+               f"({h['dropped_for_corpus']['dev']} / {h['dropped_for_corpus']['test']})" if h["corpus_searched"]
+               else "the pretraining corpus was not searched"),
+            f"* Evaluation: every setting on the {h['dev']} **dev** problems (the lever, tau and every-setting tables "
+            f"below), the settings each claim needs chosen there by accuracy and tokens per step, and only those "
+            f"decoded once on the {h['test']} **test** problems (the claims and the test table); chat prompts, "
+            f"greedy, EMA weights, engine `{m['engine']}`, in batches of {m['eval_batch']} (a row decodes as alone); "
+            f"tokens/s, forwards and ms/forward at batch 1 on the first {m['speed_limit']} problems of each split, "
+            f"timed after all training and accuracy work; 'agreement' = the batch-1 answers equal to the batched "
+            f"ones",
             f"* Resolution: one seed's exact match has a binomial standard error of {r['binomial_se']:.3f} at "
             f"{r['accuracy']:.2f} on {r['n']} problems; with {r['seeds']} seeds per arm and the SetDLM arms' pooled "
             f"seed sd of {_f(r['pooled_seed_sd'])}, two arms' means must differ by more than "
@@ -112,6 +120,22 @@ def _header(results: dict) -> list[str]:
             f"of freedom); paired by seed (the arms share their seeds: noise draws and data order), with the levers' "
             f"pooled sd of per-seed differences of {_f(r.get('pooled_pair_sd'))}, by more than "
             f"{_f(r.get('paired_difference_95'))} (t at {r['seeds'] - 1})"]
+
+
+def _knob(k: dict) -> str:
+    return ", ".join(f"{a} = {b}" for a, b in k.items())
+
+
+def _test_table(results: dict) -> list[str]:
+    lines = ["", "### Test split: the settings chosen on dev, decoded once (seed means ± sd)", ""]
+    return lines + _table(
+        ["arm", "method", "chosen as", "W", "tau", "rule", "dev exact match", "test exact match", "tokens/s",
+         "tokens/step", "agreement"],
+        [[p["lever"], p["method"], (p.get("roles") or "reference").replace("+", ", "), _f(p["window"]), _tau(p),
+          p["rule"], _f(next((c["dev_accuracy"] for c in results["chosen"] if (c["arm"], c["method"], c["window"],
+                                c["tau"], c["rule"]) == (p["arm"], p["method"], p["window"], p["tau"], p["rule"])),
+                             None)), _pm(p, "accuracy"), _pm(p, "tokens_per_s", 0), _f(p["tokens_per_step"], 2),
+          _f(p.get("agreement"), 2)] for p in results["test_frontier"]])
 
 
 def _same_chunk(s: dict | None) -> list[str]:
@@ -129,10 +153,12 @@ def _same_chunk(s: dict | None) -> list[str]:
 def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     fr, lines = results["frontier"], [BEGIN, "## Adapting a pretrained AR model (`tools/reproduce.py --adapt`)", "",
                                       "Written by the command below; do not edit by hand (re-run it).", ""]
-    lines += _header(results) + ["", "### Claims", ""]
+    lines += _header(results) + ["", "### Claims (parity and speed: test split, dev-chosen settings; tau: dev)", ""]
     lines += _table(["claim", "measured", "holds"], [[c["claim"], c["value"], "yes" if c["holds"] else "**no**"]
                                                      for c in results["claims"]])
-    lines += ["", "### Levers (SetDLM, seed means ± sd; every lever alone against the baseline recipe)", ""]
+    lines += _test_table(results)
+    lines += ["", "### Levers (dev split; SetDLM, seed means ± sd; every lever alone against the baseline recipe)",
+              ""]
     lines += _table(["arm", "lever", "where the idea comes from", "best exact match", "at", "tokens/s",
                      "tokens/step", "vs baseline (paired 95%)", "AR mode (leftmost, tau 1e6)",
                      "fastest within 3 points of the AR fine-tune", "val loss (EMA)", "vs baseline (paired 95%)"],
@@ -145,7 +171,7 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
     lines += ["", "Exact match is at each arm's most accurate setting (seed means); the differences are paired by "
               "seed. Validation loss: the any-order NLL per token of the held-out conversations (an upper bound), EMA "
               "weights; the self-distilled arm validates on the teacher's answers, so its loss is not comparable."]
-    lines += ["", "### tau against exact match (SetDLM, W = D: the collapse and the commit rules)", ""]
+    lines += ["", "### tau against exact match (dev split; SetDLM, W = D: the collapse and the commit rules)", ""]
     lines += _table(["arm", "W", "commit rule", "lowest tau", "exact match there", "at tau 1e6", "gap"],
                     [[c["lever"], c["window"], c["rule"], _f(c["low_tau"], 1), _f(c["accuracy_low"]),
                       _f(c["accuracy_1e6"]), f"{c['gap']:+.3f}"] for c in collapse_rows(fr)])
@@ -158,7 +184,7 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                                    _pm(r, "final_val_loss", 4), _pm(r, "final_val_loss_ema", 4),
                                    _f(r["train_seconds"], 0)] for r in agg])
     full = {a for a, _ in _full_arms(results)} | {"pretrained"}
-    lines += ["", "### Every setting of the arms with every method (seed means ± sd)", ""]
+    lines += ["", "### Every setting of the arms with every method (dev split; seed means ± sd)", ""]
     lines += _table(["arm", "method", "seeds", "W", "tau", "rule", "exact match", "step accuracy", "tokens/s",
                      "tokens/step", "forwards", "ms/forward", "rows/forward", "agreement"],
                     [[p["lever"], p["method"], p["seeds"], _f(p["window"]), _tau(p), p["rule"], _pm(p, "accuracy"),

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from experiments.adapt import claims as C
-from experiments.adapt.data import eval_problems
+from experiments.adapt import data as D
 from experiments.adapt.evaluate import resolution, settings, t95
 from experiments.adapt.levers import Lever
 from experiments.adapt.recipe import AdaptConfig
@@ -92,9 +92,48 @@ def test_settings_per_method():
     assert {x["window"] for x in s} == {4, 8} and len(s) == 8
 
 
-def test_held_out_problems_avoid_the_training_questions_and_repeat_none():
-    task = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
-    rows = eval_problems(40, 3, task, exclude={"q1"})
-    assert len(rows) == 40 and len({r["question"] for r in rows}) == 40
-    assert [r["question"] for r in rows[:4]] == ["q0", "q2", "q3", "q4"] and "q1" not in {r["question"] for r in rows}
-    assert eval_problems(40, 3, task, exclude={"q1"}) == rows                  # deterministic
+def test_held_out_problems_are_split_by_computation_and_avoid_the_corpus():
+    dev, dropped = D.heldout("dev", 40, D.KNOB, 3, None)
+    test, _ = D.heldout("test", 60, D.KNOB, 3, None)
+    chats = D.conversations(300, D.KNOB, 3)
+    keys = {c["key"] for c in chats}
+    assert len(dev) == 40 and len(test) == 60 and dropped == 0
+    assert not keys & {r["key"] for r in dev + test} and not {r["key"] for r in dev} & {r["key"] for r in test}
+    assert D.check(chats, dev, test)["leaks"] == 0
+    again, dropped = D.heldout("dev", 40, D.KNOB, 3, {dev[0]["key"], dev[5]["key"]})   # the corpus holds two
+    assert dropped == 2 and again[:4] == dev[1:5] and again[4:38] == dev[6:] and len(again) == 40
+    assert all(D.canonical_of(r["solution"]) == r["key"] for r in dev)        # the corpus parser finds the key
+    assert D.heldout("dev", 40, D.KNOB, 3, None)[0] == dev                     # deterministic
+
+
+def test_a_test_solution_in_the_training_text_is_caught():
+    import copy
+
+    from setdiff_mega.tasks import TaskError
+
+    dev, _ = D.heldout("dev", 8, D.KNOB, 3, None)
+    test, _ = D.heldout("test", 8, D.KNOB, 3, None)
+    chats = copy.deepcopy(D.conversations(20, D.KNOB, 3))
+    chats[4]["messages"][1]["content"] = "Some text. " + test[2]["solution"] + " more"
+    with pytest.raises(TaskError, match="a test string occurs in the training data"):
+        D.check(chats, dev, test)
+
+
+def test_settings_are_chosen_on_dev_and_claims_read_their_own_role_on_test():
+    from experiments.adapt import heldout as H
+
+    dev = [_p("baseline", "ar", 0.80, 300, D=None), _p("baseline", "bd3lm", 0.80, 600, tau=0.9, block_size=4)]
+    for tau, acc, tps in ((0.5, 0.60, 4.0), (0.7, 0.78, 3.0), (0.9, 0.81, 2.0), (1e6, 0.82, 1.0)):
+        dev.append({**_p("baseline", "setdlm", acc, 0, tau=tau, window=4, D=4, rule="leftmost"),
+                    "tokens_per_step": tps})
+    chosen = {c["tau"]: c["roles"] for c in H.choose(dev) if c["method"] == "setdlm"}
+    assert chosen == {1e6: ["best", "ar_mode"], 0.7: ["parity"], 0.9: ["at_bd3lm"]}
+    test = [{**_p("baseline", "ar", 0.80, 300), "roles": "best"},
+            {**_p("baseline", "bd3lm", 0.70, 600, tau=0.9), "roles": "best"},
+            {**_p("baseline", "setdlm", 0.70, 900, tau=0.7, window=4), "roles": "parity"},    # misses on test
+            {**_p("baseline", "setdlm", 0.79, 700, tau=0.9, window=4), "roles": "at_bd3lm"},
+            {**_p("baseline", "setdlm", 0.82, 250, tau=1e6, window=4), "roles": "best+ar_mode"}]
+    claims = H.test_claims(test, AdaptConfig(levers=[], recipe=None))
+    parity, speed = claims
+    assert not parity["holds"] and "no SetDLM setting within" in parity["value"]   # the best is not used instead
+    assert speed["speedup"] == pytest.approx(700 / 600) and not speed["holds"]    # BD3LM's best, its own role
