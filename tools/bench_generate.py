@@ -162,6 +162,11 @@ def speculative_report(args, model, tok, objective, prompts, base, out: Path) ->
         print(f"{n:22s} batch-1 {r['tokens_per_s_batch1']:8.1f} tok/s  batch-8 {r.get('tokens_per_s_batch8', 0):8.1f} "
               f"tok/s  {r['tokens_per_forward']:.2f} tok/forward  equal to AR mode on "
               f"{r['prompts_equal_to_ar_mode']}/{report['prompts']} prompts", file=sys.stderr)
+        if "draft_acceptance_by_position" in r:
+            rates = " ".join(f"k={k}: {'-' if a['rate'] is None else format(a['rate'], '.2f')}"
+                             for k, a in r["draft_acceptance_by_position"].items())
+            print(f"{'':22s} draft acceptance by window position {rates}; forwards with drafts "
+                  f"{r['forwards_with_drafts']:.2f}", file=sys.stderr)
     print(f"wrote {out / 'speculative.json'}, {out / 'speculative_acceptance.png'}", file=sys.stderr)
 
 

@@ -4,10 +4,13 @@ Per row b the chunk holds P_b pending tokens (committed, K/V not cached yet) the
 positions to predict, or a BD3LM block); both are packed [B, P] / [B, A] with validity masks. Visibility:
 
     pending a  -> cached tokens + pending b with b <= a, or in the same group (BD3LM: one block)
-    query      -> cached tokens + every pending token + itself (+ ``query_mask`` among queries)
+    query      -> cached tokens + every pending token (or those ``query_pending`` [B, A, P] names: the
+                  grouped queries of self-speculation, method.md 16) + itself (+ ``query_mask`` among queries)
 
 Before the forward the :class:`~setdiff_mega.decoding.context.Ledger` evicts so that
-``cached + P_b + A_b <= budget``; after it, :meth:`ChunkRunner.persist` makes the pending tokens
+``cached + P_b + A_b <= budget`` (or ``cached + span_b <= budget`` for a caller that says how many chunk
+entries any one row of its chunk attends to: self-speculation's queries see each other never, so
+``span_b = P_b + 1``); after it, :meth:`ChunkRunner.persist` makes the pending tokens
 cached (their K/V are written; the queries' are dropped: method.md P12).
 
 ``use_cache=True``: keys = [KVCache slots ; chunk], mask [B, T, C + T]. With ``static_chunk=(P, A)`` the
@@ -35,6 +38,13 @@ def _pad(idx, ok, width: int, group=None):
     z = idx.new_zeros(idx.shape[0], extra)
     return (torch.cat([idx, z], 1), torch.cat([ok, z.bool()], 1),
             None if group is None else torch.cat([group, z - 1], 1))
+
+
+def _pad_visible(qp, A: int, P: int):
+    """A query-to-pending mask [B, a, p] padded with False to [B, A, P] (static chunk widths)."""
+    out = qp.new_zeros(qp.shape[0], A, P)
+    out[:, :qp.shape[1], :qp.shape[2]] = qp
+    return out
 
 
 class ChunkRunner:
@@ -65,7 +75,7 @@ class ChunkRunner:
         if self.cache is not None:
             self.cache.reset_row(b)
 
-    def _chunk(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask):
+    def _chunk(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask, query_pending=None):
         B, P = pend_idx.shape
         A = q_idx.shape[1]
         T = P + A
@@ -78,8 +88,10 @@ class ChunkRunner:
         ok = torch.cat([pend_ok, q_ok], 1)
         layout, eye = self._layout(P, A, dev)
         allowed = layout                               # the common chunk: no groups, no query mask
-        if pend_group is not None or query_mask is not None:
+        if pend_group is not None or query_mask is not None or query_pending is not None:
             allowed = layout.expand(B, T, T).clone()
+            if P and A and query_pending is not None:   # self-speculation: each query group sees its prefix
+                allowed[:, P:, :P] = query_pending
             if P and pend_group is not None:          # BD3LM: a block's pending tokens see each other
                 allowed[:, :P, :P] |= pend_group[:, :, None] == pend_group[:, None, :]
             if A and query_mask is not None:
@@ -99,13 +111,18 @@ class ChunkRunner:
         return self._layouts[key]
 
     def run(self, pend_idx, pend_ok, q_idx, q_ok, q_tokens=None, pend_group=None, query_mask=None,
-            logits_rows: str = "queries"):
+            logits_rows: str = "queries", query_pending=None, span=None):
         """One forward, as a generator (:mod:`.calls`: it yields its :class:`~.calls.Call` and is sent the
         logits; ``logits = yield from runner.run(...)``); returns logits [B, A, V] for the queries
-        (``logits_rows="all"``: [B, P + A, V]), None for an uncached forward with nothing to predict."""
+        (``logits_rows="all"``: [B, P + A, V]), None for an uncached forward with nothing to predict.
+        ``query_pending`` [B, A, P] bool: the pending entries each query sees (default: all); ``span`` [B]: the
+        chunk entries any one row attends to, what the context budget must hold (default: P_b + A_b)."""
         f = self.forwards
         self.forwards += 1
-        keep = self.ledger.evict_for(pend_ok.sum(1) + q_ok.sum(1), f, pend_idx.shape[1] + q_idx.shape[1])
+        if span is None:
+            keep = self.ledger.evict_for(pend_ok.sum(1) + q_ok.sum(1), f, pend_idx.shape[1] + q_idx.shape[1])
+        else:
+            keep = self.ledger.evict_for(span, f, pend_idx.shape[1] + 1)
         if keep is not None and self.cache is not None:
             self.cache.keep(keep[:, :self.cache.capacity])
         self._pending = (pend_idx, pend_ok, pend_group, f)
@@ -119,7 +136,10 @@ class ChunkRunner:
                                  device=query_mask.device)
                 qm[..., :A, :A] = query_mask
                 query_mask = qm
-        tok, posi, ok, allowed = self._chunk(pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask)
+            if query_pending is not None:
+                query_pending = _pad_visible(query_pending, q_idx.shape[1], pend_idx.shape[1])
+        tok, posi, ok, allowed = self._chunk(pend_idx, pend_ok, q_idx, q_ok, q_tokens, pend_group, query_mask,
+                                             query_pending)
         start = 0 if logits_rows == "all" else pend_idx.shape[1]
         if self.cache is not None:
             out = yield from self._cached_forward(tok, posi, allowed, ok, start, pend_ok)

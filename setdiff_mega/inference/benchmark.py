@@ -281,7 +281,7 @@ def speculative_comparison(model, tokenizer, method: str, prompts: list, base: G
     shared machine hit every setting); tokens/s = generated tokens / wall time (prefill included), the median over
     repeats. Speculative statistics come from the batch-1 decodes: tokens per forward = generated tokens / decode
     forwards (prefill excluded), the histogram of tokens committed per (row, forward), drafts verified / accepted by
-    their distance k from the exact token."""
+    their distance k from the exact token, the fraction of (row, forward) pairs that verified drafts."""
     ids = [encode_request(tokenizer, p) for p in prompts]
     greedy = replace(base, temperature=0.0)
     settings = {"ar_mode": replace(greedy, window=1, tau=2.0, commit_rule="leftmost")}
@@ -318,6 +318,9 @@ def speculative_comparison(model, tokenizer, method: str, prompts: list, base: G
             row["draft_acceptance_by_position"] = {k: {"verified": verified[k], "accepted": accepted[k],
                                                        "rate": accepted[k] / verified[k] if verified[k] else None}
                                                    for k in range(1, settings[n].window)}
+            # one query group per possible accepted prefix (method.md 16): a forward lacks drafts only at a row's
+            # first decode step or where the window is cut (context budget, end of the generation)
+            row["forwards_with_drafts"] = (verified[1] if len(verified) > 1 else 0) / max(1, len(counts))
         rows[n] = row
     best_thr = max((n for n in names if n.startswith("threshold")), key=lambda n: rows[n]["tokens_per_s_batch1"])
     best_spec = max((n for n in names if n.startswith("speculative")), key=lambda n: rows[n]["tokens_per_s_batch1"])

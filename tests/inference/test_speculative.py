@@ -108,6 +108,10 @@ def test_a_scripted_model_accepts_and_rejects_the_drafts_it_must():
     drafts = got.speculation["drafts"][0]
     first_bad = [d for d in drafts if d["rejected"] is not None]
     assert first_bad and first_bad[0]["rejected"] == 9 and first_bad[0]["correction"] == 7
+    # one query group per accepted prefix: the forward after a rejection verifies the kept group's drafts
+    assert [d["step"] for d in drafts] == list(range(1, len(drafts) + 1))
+    after = drafts[drafts.index(first_bad[0]) + 1]
+    assert after["positions"] == [10, 11, 12] and after["tokens"] == [7, 7, 7]      # drafted after d_8 = 7 only
     assert got.nfe < want.nfe and max(got.history[i][0] for i in range(len(got.history))) == 4
     t = traces("setdlm", Canvas.from_prompts(prompt, MASK, PAD, 14), got, GenerationConfig(window=4))[0]
     assert t.drafts == drafts and t.replay()[-1] == t.tokens
@@ -133,8 +137,30 @@ def test_sampled_speculation_is_distributed_as_ar_modes_samples():
     counts = torch.zeros(8, V)
     for toks in out.tokens:
         counts[torch.arange(8), torch.tensor(toks)] += 1
+    logits = (table[2:10] / T).index_fill(-1, torch.tensor([MASK]), float("-inf"))    # x_p reads table[p - 1]
+    p = torch.softmax(logits, -1)
+    assert (counts - n * p).abs().le(4.5 * (n * p * (1 - p)).sqrt() + 1e-6).all()
     per_forward = out.tokens_per_step
     assert sum(per_forward) / n > 1.2
+
+
+def test_each_query_group_sees_the_exact_token_and_the_drafts_of_its_prefix():
+    """The grouped chunk (method.md 16) of a row with e at 3 and drafts at 4, 5, 6 (W = 4, positions 4..12 masked):
+    group j starts at the live position of index j; its first column only in the last group (the bonus, read from
+    d_3's clean row); group j sees e and d_1..d_j."""
+    cfg = GenerationConfig(window=4, speculative=True, max_new_tokens=10, stop_at_eos=False)
+    session = SetDLMSampler(Spec(ScriptedModel(torch.zeros(16, 61))), MASK, PAD, EOS, cfg).session(
+        Canvas.from_prompts([[1, 2, 4]], MASK, PAD, 10))
+    pend_idx = torch.tensor([[3, 4, 5, 6]])
+    is_draft = torch.tensor([[False, True, True, True]])
+    live = torch.zeros(1, 13, dtype=torch.bool)
+    live[0, 4:] = True
+    q_idx, q_ok, group, bonus, visible = session._groups(pend_idx, torch.ones_like(is_draft), is_draft, live)
+    cols = [[int(q) for q, o, g in zip(q_idx[0], q_ok[0], group[0]) if o and g == j] for j in range(4)]
+    assert cols == [[5, 6, 7], [6, 7, 8], [7, 8, 9], [7, 8, 9, 10]]
+    assert q_idx[0][bonus[0]].tolist() == [7]
+    seen = [visible[0][q_ok[0] & (group[0] == j)] for j in range(4)]
+    assert [v.tolist() == [[True] * (j + 1) + [False] * (3 - j)] * len(v) for j, v in enumerate(seen)] == [True] * 4
 
 
 @torch.no_grad()
@@ -144,8 +170,11 @@ def test_rows_of_a_batch_accept_different_lengths(rand_model):
     batch = [[1, 2, 4], [1, 2, 4, 5, 6, 8, 9]]
     rows[12] = [(3, 5.0)]                                           # the second row's drafts cross it earlier
     model = Spec(ScriptedModel(peaked(rows, 61)))
-    got = _run(model, batch, window=3, speculative=True, max_new_tokens=10)
+    got = _run(model, batch, window=3, speculative=True, max_new_tokens=10, record=True)
     assert got.tokens == _ar(model, batch, max_new_tokens=10).tokens
+    logs = got.speculation["drafts"]                                 # every forward after a row's first has drafts
+    assert all([d["step"] for d in log] == list(range(1, len(log) + 1)) for log in logs)
+    assert any(d["rejected"] is not None for log in logs for d in log)
     assert len({tuple(h) for h in got.history if h[0] and h[1]} - {(3, 3)}) > 0     # different lengths in a step
 
 
