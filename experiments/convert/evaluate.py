@@ -71,10 +71,11 @@ def accuracy(loaded: tuple, records: list[dict], setting: dict, max_new_tokens: 
             "tokens_per_step": sum(o["committed"] for o in out) / steps, "correct": "".join("01"[c] for c in correct)}
 
 
-def nll(run_dir: Path, name: str = "kjv", batch: int = 8) -> dict:
-    """NLL per token of the held-out text ``name`` (module docstring)."""
+def nll(run_dir: Path, name: str = "kjv", limit: int | None = None, batch: int = 8) -> dict:
+    """NLL per token of the held-out text ``name`` (its first ``limit`` documents; None: all; module
+    docstring)."""
     model, objective, tok, cfg = load_model(run_dir)
-    res = text_nll(model, objective, tok, heldout.documents(name), NLL_L, 1, 0, batch)
+    res = text_nll(model, objective, tok, heldout.documents(name)[:limit], NLL_L, 1, 0, batch)
     rec = methods.get(cfg.objective.name)
     return {"nll_per_token": res["nll_per_token"], "tokens": res["tokens"], "estimator": rec.likelihood,
             "heldout": name, "L": NLL_L}

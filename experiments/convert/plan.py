@@ -122,9 +122,14 @@ class ConvertConfig:
     speed_limit: int = 32               # test problems timed at batch 1 per chosen setting
     decode_weights: str = "fp32-packed"
     heldout: str = "kjv"
+    nll_limit: int | None = None        # held-out documents scored (None: all 30 chapters)
     only: list | None = None            # task names
     only_methods: list | None = None    # method tags (ar, bd3lm_S4, setdlm_D4)
     only_seeds: list | None = None
+
+    @property
+    def nll_split(self) -> str:
+        return self.heldout + (f"[:{self.nll_limit}]" if self.nll_limit else "")
 
     def selected(self) -> list[TaskPlan]:
         return [t for t in self.tasks if not self.only or t.task in self.only]
@@ -149,7 +154,7 @@ def toy_config(out_dir: str, parent: str, points: str) -> ConvertConfig:
     tasks = [TaskPlan("multiplication", ({"digits": 2, "digits_b": 2}, {"digits": 3, "digits_b": 2}), start=0,
                       seq_length=64, steps=4, max_new_tokens=12, answer_tokens=7, num_train=200, num_dev=8, num_test=8)]
     return ConvertConfig(out_dir=out_dir, parent=parent, points=points, tasks=tasks, seeds=[0], taus=(0.9,),
-                         eval_batch=8, speed_limit=2, heldout="kjv",
+                         eval_batch=8, speed_limit=2, nll_limit=2,
                          overrides=["train.micro_batch_size=4", "train.eval_interval=2", "train.eval_iters=1",
                                     "train.save_interval=0", "train.warmup_steps=1", "data.split=90,10,0"])
 

@@ -133,8 +133,8 @@ def write_assets(results: dict, assets: Path) -> dict:
     cal = [{"task": t["task"], **x} for t in results["tasks"] for x in t["calibration"]["tried"]]
     files = {"convert_dev.csv": flat([p for t in results["tasks"] for p in t["dev"]]),
              "convert_test.csv": flat([p for t in results["tasks"] for p in t["test"]]), "convert_rows.csv": rows,
-             "convert_nll.csv": nll_rows(results), "convert_training.csv": [p for t in results["tasks"]
-                                                                            for p in t["train"]],
+             "convert_nll.csv": nll_rows(results), "convert_training.csv": flat([p for t in results["tasks"]
+                                                                                 for p in t["train"]]),
              "convert_calibration.csv": cal, "convert_claims.csv": cl, "convert_missing.csv": results["missing"]}
     for name, data in files.items():
         write_csv(data, assets / name)

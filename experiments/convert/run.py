@@ -47,7 +47,7 @@ class Context:
     parent_sha: str = ""
     log: object = print
     missing: list = field(default_factory=list)
-    models: dict = field(default_factory=dict)        # (arm, task, knob, seed) -> run dir
+    models: dict = field(default_factory=dict)        # (arm, task, knob, seed) -> run dir; ("splits", ...) -> data
 
     def ensure_parent(self) -> Path:
         if self.parent is None:
@@ -95,10 +95,10 @@ class Child:
         k = (self.arm.name, self.tp.task, self.tag, self.seed)
         if k not in self.ctx.models:
             cc = self.ctx.cc
-            d = D.prepare(Path(cc.out_dir), self.tp, self.knob, cc.data_seed, TR.parent_tokenizer(self.ctx.parent),
-                          self.ctx.log)
-            rec = TR.train_child(cc, self.arm, self.tp, self.knob, self.seed, d, self.ctx.parent,
-                                 self.ctx.parent_sha, self.ctx.log)
+            parent = self.ctx.ensure_parent()
+            d = D.prepare(Path(cc.out_dir), self.tp, self.knob, cc.data_seed, TR.parent_tokenizer(parent), self.ctx.log)
+            rec = TR.train_child(cc, self.arm, self.tp, self.knob, self.seed, d, parent, self.ctx.parent_sha,
+                                 self.ctx.log)
             self.ctx.store.put(self._key("train"), rec["value"])
             self.ctx.models[k] = Path(rec["dir"])
         return self.ctx.models[k]
@@ -122,13 +122,15 @@ class Child:
     def train_point(self) -> dict | None:
         return self.point("train", "", None, lambda: (self.model(), self.ctx.store.get(self._key("train")))[1])
 
-    def accuracy(self, split: str, setting: dict, records: list[dict]) -> dict | None:
+    def accuracy(self, split: str, setting: dict, splits) -> dict | None:
+        """``splits``: a function returning the dataset's splits (prepared only when a point is computed)."""
         cc = self.ctx.cc
-        return self.point("accuracy", split, setting,
-                          lambda: E.accuracy(self.loaded(), records, setting, self.tp.max_new_tokens, cc.eval_batch))
+        return self.point("accuracy", split, setting, lambda: E.accuracy(
+            self.loaded(), splits()[split], setting, self.tp.max_new_tokens, cc.eval_batch))
 
     def nll(self) -> dict | None:
-        return self.point("nll", self.ctx.cc.heldout, None, lambda: E.nll(self.model(), self.ctx.cc.heldout))
+        cc = self.ctx.cc
+        return self.point("nll", cc.nll_split, None, lambda: E.nll(self.model(), cc.heldout, cc.nll_limit))
 
 
 class Parent(Child):
@@ -164,21 +166,28 @@ def calibrate(ctx: Context, tp: P.TaskPlan, compute: bool) -> dict:
             return {**step, "rung": step["chosen"], "knob": tp.ladder[step["chosen"]], "tried": tried}
         knob = tp.ladder[step["next"]]
         child = Child(ctx, ar, tp, knob, cc.seeds[0], compute)
-        splits = _splits(ctx, tp, knob) if compute else None
-        p = child.accuracy("dev", P.settings(causal, cc.taus, cc.rules)[0], splits["dev"] if splits else [])
+        p = child.accuracy("dev", P.settings(causal, cc.taus, cc.rules)[0], _lazy_splits(ctx, tp, knob))
         if p is None:
             return {"knob": None, "why": "calibration not run yet", "tried": tried}
         ctx.log(f"calibration {tp.task} {knob_tag(knob)}: AR dev exact match {p['accuracy']:.3f}")
         tried.append({"rung": step["next"], "knob": knob_tag(knob), "accuracy": p["accuracy"]})
 
 
-def _splits(ctx: Context, tp: P.TaskPlan, knob: dict) -> dict:
-    """The dataset of ``knob`` (written if needed), the leak check and the length check run on it."""
-    tok_path = TR.parent_tokenizer(ctx.ensure_parent())
-    d = D.prepare(Path(ctx.cc.out_dir), tp, knob, ctx.cc.data_seed, tok_path, ctx.log)
-    splits = D.load_splits(d)
-    splits["lengths"] = D.check_lengths(splits, Tokenizer.from_file(tok_path), tp)
-    return splits
+def _lazy_splits(ctx: Context, tp: P.TaskPlan, knob: dict):
+    """A function returning the dataset of ``knob``, written on first use (and only then: a study whose points
+    are all stored imports no parent and draws no data), with the leak check and the length check run on it."""
+    key = ("splits", tp.task, knob_tag(knob))
+
+    def get() -> dict:
+        if key not in ctx.models:
+            tok_path = TR.parent_tokenizer(ctx.ensure_parent())
+            d = D.prepare(Path(ctx.cc.out_dir), tp, knob, ctx.cc.data_seed, tok_path, ctx.log)
+            splits = D.load_splits(d)
+            splits["lengths"] = D.check_lengths(splits, Tokenizer.from_file(tok_path), tp)
+            ctx.models[key] = splits
+        return ctx.models[key]
+    get.ready = lambda: key in ctx.models
+    return get
 
 
 def run_task(ctx: Context, tp: P.TaskPlan, compute: bool, timings: bool) -> dict:
@@ -190,45 +199,45 @@ def run_task(ctx: Context, tp: P.TaskPlan, compute: bool, timings: bool) -> dict
     if cal["knob"] is None:
         return res
     knob = cal["knob"]
-    splits = _splits(ctx, tp, knob) if compute else {"dev": [], "test": []}
-    res["check"], res["lengths"] = splits.get("check"), splits.get("lengths")
+    splits = _lazy_splits(ctx, tp, knob)
     children = [Child(ctx, a, tp, knob, s, compute and _selected(cc, a, s)) for a in _full_plan(cc) for s in a.seeds]
     for ch in children:
         res["train"].append(ch.train_point())
         for s in P.settings(ch.arm.method, cc.taus, cc.rules):
-            res["dev"].append(ch.accuracy("dev", s, splits["dev"]))
+            res["dev"].append(ch.accuracy("dev", s, splits))
         res["nll"].append(ch.nll())
     res["dev"] = [p for p in res["dev"] if p]
     chosen = E.roles(res["dev"])
     res["roles"] = {arm: {r: E.setting_name(s) for r, s in v.items()} for (_, arm), v in chosen.items()}
     for ch in children:
         for s in E.chosen_settings(chosen.get((tp.task, ch.arm.name), {})):
-            res["test"].append(ch.accuracy("test", s, splits["test"]))
+            res["test"].append(ch.accuracy("test", s, splits))
     parent = Parent(ctx, tp, knob, compute)
     res["nll"].append(parent.nll())
-    res["test"].append(parent.accuracy("test", P.settings(P.METHODS[0], cc.taus, cc.rules)[0], splits["test"]))
+    res["test"].append(parent.accuracy("test", P.settings(P.METHODS[0], cc.taus, cc.rules)[0], splits))
     for k in ("train", "test", "nll"):
         res[k] = [p for p in res[k] if p]
+    if splits.ready():
+        res["check"], res["lengths"] = splits()["check"], splits()["lengths"]
     if timings:
-        res["timings"] = time_arms(ctx, tp, knob, chosen, children)
+        res["timings"] = time_arms(ctx, tp, chosen, children, splits)
     res["wall_s"] = time.perf_counter() - t0
     return res
 
 
-def time_arms(ctx: Context, tp: P.TaskPlan, knob: dict, chosen: dict, children: list[Child]) -> list[dict]:
+def time_arms(ctx: Context, tp: P.TaskPlan, chosen: dict, children: list[Child], splits) -> list[dict]:
     """Batch-1 timings of each arm's chosen settings on its first seed's model (only models on this machine, or
     trained now when points are being computed)."""
     cc, out = ctx.cc, []
-    records = D.read_records(D.task_dir(Path(cc.out_dir), tp, knob) / "test.jsonl")[:cc.speed_limit]
     for arm in _full_plan(cc):
         ch = next(c for c in children if c.arm.name == arm.name)
         if not ch.compute and ch.on_disk() is None:
             ctx.log(f"  not timed: {tp.task} {arm.name} (its model is not on this machine)")
             continue
-        for role, s in chosen.get((tp.task, arm.name), {}).items():
-            sp = E.speed(ch.loaded(), records, s, tp.max_new_tokens)
-            out.append({**ch.meta(), "role": role, "setting": E.setting_name(s), **sp})
-            ctx.log(f"  timed {tp.task} {arm.name} {role} ({E.setting_name(s)}): {sp['tokens_per_s']:.1f} tok/s")
+        for s in E.chosen_settings(chosen.get((tp.task, arm.name), {})):
+            sp = E.speed(ch.loaded(), splits()["test"][:cc.speed_limit], s, tp.max_new_tokens)
+            out.append({**ch.meta(), "setting": E.setting_name(s), **sp})
+            ctx.log(f"  timed {tp.task} {arm.name} ({E.setting_name(s)}): {sp['tokens_per_s']:.1f} tok/s")
     return out
 
 

@@ -215,3 +215,30 @@ def test_the_report_lists_missing_points_and_keeps_the_rest_of_the_file(tmp_path
     assert text.count(R.BEGIN) == 1 and "hand-written analysis" in text
     assert "setdlm_D4/base: accuracy (dev), seeds 1: not run yet" in text
     assert "abc (code c1): 3 points" in text and "**not run yet**" in text
+
+
+def test_a_run_that_may_compute_nothing_lists_every_missing_point_and_touches_nothing(tmp_path):
+    from experiments.convert import run as RUN
+
+    parent = tmp_path / "parent.gguf"
+    parent.write_bytes(b"not read: only hashed")
+    cc = P.ConvertConfig(out_dir=str(tmp_path / "out"), parent=str(parent), points=str(tmp_path / "points"))
+    cc.tasks = cc.tasks[:1]
+    res = RUN.run(cc, compute=False, timings=False, log=lambda *a: None)
+    assert res["tasks"][0]["knob"] is None and res["tasks"][0]["calibration"]["why"] == "calibration not run yet"
+    assert [(m["arm"], m["point"], m["split"]) for m in res["missing"]] == [("ar/base", "accuracy", "dev")]
+    ctx = RUN.Context(cc, RUN.store_of(cc), parent_sha=res["parent_sha"])     # the calibration's point, stored
+    tp = cc.tasks[0]
+    ar = RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 0, False)
+    ctx.store.put(ar._key("accuracy", "dev", P.settings({"objective": "ar"}, cc.taus, cc.rules)[0]),
+                  {"accuracy": 0.5, "n": 256, "tokens_per_step": 1.0, "correct": ""})
+    res = RUN.run(cc, compute=False, timings=False, log=lambda *a: None)
+    t = res["tasks"][0]
+    assert t["knob"] == "steps2-max_value50" and t["calibration"]["tried"][0]["accuracy"] == 0.5
+    assert [p["arm"] for p in t["dev"]] == ["ar/base"]
+    kinds = [(m["arm"], m["point"]) for m in res["missing"]]
+    # AR: dev of seeds 1 and 2, and test of every seed (its role is chosen on the one dev mean there is)
+    assert kinds.count(("ar/base", "accuracy")) == 2 + 3 and kinds.count(("setdlm_D4/base", "accuracy")) == 3 * 8
+    assert kinds.count(("parent", "nll")) == 1 and kinds.count(("setdlm_D4/ar_weight_1", "train")) == 1
+    assert len(kinds) == 11 + 18 + 30 + 10 + 2
+    assert not (tmp_path / "out").exists()                                  # no import, no data, no model
