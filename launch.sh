@@ -13,8 +13,8 @@
 #   --master-addr A      rendezvous host (node 0)            [MASTER_ADDR, default 127.0.0.1]
 #   --master-port P      rendezvous port                     [MASTER_PORT, default 29500]
 #   --max-restarts N     restart the job in place after a crash or a detected hang, resuming   [MAX_RESTARTS,
-#                        from the newest complete checkpoint, up to N times (README "Fault    default 0]
-#                        tolerance"; setdiff_mega/resilience/supervisor.py)
+#                        from the newest complete checkpoint, up to N times (docs/guide/      default 0]
+#                        multinode.md; setdiff_mega/resilience/supervisor.py)
 #   --dry-run            print the command without running it
 #
 # Examples:

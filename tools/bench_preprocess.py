@@ -3,7 +3,7 @@
 
 The baseline (a) is written here after Megatron-LM's tools/preprocess_data.py; it is not that script
 (which no installed package ships), so the ratio is a proxy. The measured comparison with the real
-script (byte-identical output with --no-bos, 1.9x at 2 workers) is quoted in the README.
+script (byte-identical output with --no-bos, 1.9x at 2 workers) is in docs/results.md.
 
     python tools/bench_preprocess.py [--docs 60000] [--workers 2] [--out-dir runs/bench_preprocess]
 

@@ -5,7 +5,7 @@
     python tools/generate.py --checkpoint runs/tiny_cpu --infill-prefix "A." --infill-suffix "C." --span 12
     python tools/generate.py --checkpoint runs/tiny_cpu --file prompts.jsonl --out results.jsonl
     echo "Once upon" | python tools/generate.py --checkpoint runs/tiny_cpu --file -
-    python tools/generate.py --checkpoint runs/tiny_cpu --demo data/embedded/tasks    # the README's samples
+    python tools/generate.py --checkpoint runs/tiny_cpu --demo data/embedded/tasks    # the demo's samples
     python tools/generate.py --checkpoint exported/tiny_setdlm --prompt "Once"   # a Hugging Face export
     python tools/generate.py --checkpoint runs/tiny_cpu --prompt "" --preset owt --max-new-tokens 300
     python tools/generate.py --checkpoint runs/ar_chat --distill sft.jsonl --out distilled.jsonl   # self-distill
@@ -17,7 +17,7 @@ Prompts: --prompt (repeatable), --file (.txt: one prompt per line; .jsonl: {"pro
 {"prefix", "suffix", "span"} per line; '-' reads lines from stdin). A prompt may contain <|mask|>
 tokens to infill. Output: text on stdout, or JSONL (--out) with text, tokens/s, NFE, tokens/step.
 
-Decoding flags (setdiff_mega/inference/options.py; the README's table gives the reference's names):
+Decoding flags (setdiff_mega/inference/options.py; docs/guide/decoding.md gives the reference's names):
 --preset gsm8k|cnndm|owt|infill applies the paper's protocol for that evaluation, explicit flags win.
 With --demo the unconditional sample follows the OWT protocol (BOS prompt, nucleus 0.95, repetition
 penalty 1.05, one token per step, no EOS / low-confidence stop before max_new_tokens / 3 tokens).

@@ -6,8 +6,8 @@
 
     python tools/lm_eval_harness.py --model_args checkpoint=runs/tiny_cpu,preset=gsm8k,tau=0.9 --tasks gsm8k_local ...
 
-``--model setdiff`` is implied. Decoding options go in ``--model_args`` with GenerationConfig's names (the
-README's decoding table). Needs the optional extra: ``pip install -e '.[eval]'``.
+``--model setdiff`` is implied. Decoding options go in ``--model_args`` with GenerationConfig's names
+(docs/guide/decoding.md). Needs the optional extra: ``pip install -e '.[eval]'``.
 """
 import sys
 

@@ -4,7 +4,7 @@
     python tools/serve.py --checkpoint runs/tiny_cpu --port 8000 --max-batch 8
 
 Endpoints: POST /v1/completions, /v1/chat/completions, /v1/infill; GET /v1/models, /health, /metrics.
-See setdiff_mega/serve.py and the README's "Serving" section.
+See setdiff_mega/serve.py and docs/guide/serving.md.
 """
 from setdiff_mega.serve import cli
 

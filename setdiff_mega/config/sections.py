@@ -160,7 +160,7 @@ class ParallelConfig:
 
 @dataclass
 class FaultConfig:
-    """Hang detection, restarts and straggler reports (setdiff_mega/resilience; README "Fault tolerance")."""
+    """Hang detection, restarts and straggler reports (setdiff_mega/resilience; docs/guide/multinode.md)."""
     watchdog: bool = True                        # a heartbeat per rank, watched by a process outside the trainer
     hang_timeout: float = 0.0                    # seconds without progress that count as a hang (0: derived)
     hang_factor: float = 5.0                     # derived timeout = factor x the longest measured step / save /

@@ -1,6 +1,6 @@
 """The set-diffusion core: schedules, orders, masks and objectives (pure torch, no parallelism).
 
-Public API (stable names, listed in the README):
+Public API (stable names, listed in docs/guide/api.md):
 
 * schedules: :class:`StaggeredSchedule` (``create``, ``alpha``, ``alpha_prime``,
   ``first_hitting_times``), :class:`LinearSchedule`

@@ -18,7 +18,7 @@ starts with BOS and is cut from the left so that c + y fits the model's length L
 * ``generate_until(c, {until, max_gen_toks})``: the model's own sampler (SetDLM sets, AR tokens, BD3LM
   blocks), cut at the first stop string. Decoding options come from ``model_args`` with the names of
   :class:`~setdiff_mega.inference.GenerationConfig` (``preset=gsm8k``, ``tau=0.9``, ``stop_regex=...``,
-  ``repetition_penalty=1.2``, ``length_penalty=80:1.1``, ...; the README's decoding table); the context
+  ``repetition_penalty=1.2``, ``length_penalty=80:1.1``, ...; docs/guide/decoding.md); the context
   keeps its last L - 1 tokens and generation may run past L. ``engine=auto`` (the default) decodes with the
   plain-PyTorch twin of an unsharded model (identical tokens, faster); scores always use the native model.
 

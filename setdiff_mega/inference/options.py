@@ -68,7 +68,7 @@ def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int = 6
                         "format whichever is named; a sharded one through megatron-core (native)")
     g.add_argument("--decode-weights", choices=FORMATS, default="fp32",
                    help="how the plain forward reads the weights: fp32 (exact), fp32-packed (oneDNN, CPU), bf16, "
-                        "int8 (torchao weight-only); README 'Decoding speed'")
+                        "int8 (torchao weight-only); docs/guide/generation.md")
     p.set_defaults(_max_new_tokens_default=max_new_tokens)
 
 

@@ -45,7 +45,7 @@ def write_config(grid: SweepGrid, run: Run) -> Path:
     return d / "config.yaml"
 
 
-CLUSTER_RESTARTS = 2    # emitted cluster lines restart a crashed or hung run in place (README "Fault tolerance")
+CLUSTER_RESTARTS = 2    # emitted cluster lines restart a crashed or hung run in place (docs/guide/multinode.md)
 
 
 def command(grid: SweepGrid, run: Run, launcher: bool = False) -> list[str]:
