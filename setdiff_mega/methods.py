@@ -22,7 +22,8 @@ compares objective names:
 The built-in methods register themselves in their own modules (``setdiff_mega/diffusion/{ar,mdlm,bd3lm,
 setdlm}.py``, imported by the ``setdiff_mega.diffusion`` package). Adding an objective = one module with
 its Objective, its Options (and its sampler) + one :func:`register` call; see "How to add an objective" in
-``docs/architecture.md``. This module imports nothing of the project.
+``docs/architecture.md``. This module imports nothing of the project but ``decoding/trace.py`` (standard library
+only), which :func:`register` tells about each record.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import ClassVar
+
+from setdiff_mega.decoding import trace
 
 
 class MethodError(ValueError):
@@ -138,11 +141,13 @@ def register(method: Method) -> Method:
     """Add (or replace) a method; returns it. Config validation, the factory, the samplers, FLOPs and the
     evaluation see it at once."""
     _REGISTRY[method.name] = method
+    trace.describe(method)                  # the decoding trace knows the record by its name (block or window)
     return method
 
 
 def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
+    trace.forget(name)
 
 
 def get(name: str) -> Method:

@@ -88,7 +88,7 @@ def hf_config(cfg, tok, padded_vocab: int) -> dict:
         "rotary_percent": mc.rotary_percent, "max_position_embeddings": mc.max_position_embeddings,
         "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad, "mask_token_id": tok.mask,
         "torch_dtype": "float32",
-        "method": {"objective": oc.name, "causal": oc.method.causal,
+        "method": {"objective": oc.name, "causal": oc.method.causal, "block": oc.method.block,
                    "sampler": oc.method.sampler.rpartition(":")[2], **oc.options.export_record(),
                    "mask_token_id": tok.mask, "bos_token_id": tok.bos, "eos_token_id": tok.eos,
                    "pad_token_id": tok.pad, "seq_length": cfg.data.seq_length},

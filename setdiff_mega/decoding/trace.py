@@ -16,7 +16,10 @@ For one row of a decode, with G generated tokens in canvas order:
                      the first position of its block, for AR the position itself
 
 ``window`` is derived from the other fields for SetDLM and AR (the leftmost position still masked at step s is
-the smallest position committed at a step >= s) and from ``block_size`` for the block methods.
+the smallest position committed at a step >= s) and from ``block_size`` for the block methods: those whose
+registry record (``setdiff_mega.methods.Method``) says ``block``. :func:`traces` takes the record, or any object
+with ``name`` and ``block`` (the export builds one from its config.json), or a registered method's name
+(:func:`describe`, called by the registry for every record it holds: this module names no method).
 :meth:`DecodeTrace.replay` rebuilds the canvas after every step from the commits alone; the trace is exact when
 its last frame holds the generated tokens and every frame equals the sampler's recorded canvas (tests).
 """
@@ -71,10 +74,29 @@ class DecodeTrace:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-def window_starts(positions: list[int], steps: list[int], method: str, block_size: int | None,
+_RECORDS: dict = {}                 # name -> registry record, filled by setdiff_mega.methods.register
+
+
+def describe(record) -> None:
+    """Make a method's record (``name``, ``block``) known by its name (the registry does, for every record)."""
+    _RECORDS[record.name] = record
+
+
+def forget(name: str) -> None:
+    _RECORDS.pop(name, None)
+
+
+def _record(method):
+    """(name, decodes in blocks) of a record or a registered name (an unknown name: not in blocks)."""
+    rec = method if hasattr(method, "block") else _RECORDS.get(method)
+    return getattr(rec, "name", method), bool(getattr(rec, "block", False))
+
+
+def window_starts(positions: list[int], steps: list[int], method, block_size: int | None,
                   start: int) -> list[int]:
-    """Each token's window / block start (module docstring); ``start``: the generation region's first position."""
-    if method in ("bd3lm", "mdlm") and block_size:
+    """Each token's window / block start (module docstring); ``start``: the generation region's first position;
+    ``method``: its record or registered name (:func:`traces`)."""
+    if _record(method)[1] and block_size:
         return [start + (p - start) // block_size * block_size for p in positions]
     first: dict[int, int] = {}                       # step -> leftmost position committed at a step >= it
     low = None
@@ -85,17 +107,19 @@ def window_starts(positions: list[int], steps: list[int], method: str, block_siz
     return [first[s] for s in steps]
 
 
-def traces(method: str, canvas, out, cfg) -> list[DecodeTrace]:
+def traces(method, canvas, out, cfg) -> list[DecodeTrace]:
     """One trace per row of a recorded decode (``cfg.record``): canvas [B, N] (the decode's input) and its
-    GenerationOutput."""
+    GenerationOutput; ``method``: the registry record, an object with ``name`` and ``block``, or a registered
+    name (module docstring)."""
     result = []
+    name = _record(method)[0]
     drafts = getattr(out, "speculation", {}).get("drafts") or [[] for _ in out.tokens]
     for b in range(len(out.tokens)):
         positions = [int(p) for p in out.positions[b]]
         start = positions[0] if positions else 0
         prompt = [int(t) for t, v in zip(canvas.tokens[b].tolist(), canvas.valid[b].tolist()) if v]
         result.append(DecodeTrace(
-            method=method, prompt=prompt, positions=list(positions), tokens=list(out.tokens[b]),
+            method=name, prompt=prompt, positions=list(positions), tokens=list(out.tokens[b]),
             steps=[int(s) for s in out.commit_steps[b]], confidences=[float(c) for c in out.confidences[b]],
             window=window_starts(positions, out.commit_steps[b], method, cfg.block_size, start), drafts=drafts[b],
             options={k: getattr(cfg, k) for k in ("window", "tau", "commit_k", "commit_rule", "block_size",
@@ -104,4 +128,4 @@ def traces(method: str, canvas, out, cfg) -> list[DecodeTrace]:
     return result
 
 
-__all__ = ["DecodeTrace", "traces", "window_starts", "MASK_FRAME"]
+__all__ = ["DecodeTrace", "traces", "window_starts", "describe", "forget", "MASK_FRAME"]

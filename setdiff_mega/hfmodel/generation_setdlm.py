@@ -23,9 +23,10 @@ row is continued for ``max_new_tokens`` positions. The options are the sampler's
 ``top_p``, ``stop_strings`` ...; ``do_sample=False`` means greedy; ``decode_weights`` = fp32 | fp32-packed |
 bf16 | int8 says how the forward reads the weights, :mod:`.linears`); their defaults come from the export's
 ``generation_config.json`` (the method's: W = D, block size, the training length L). The sampler is the
-one ``config.method["sampler"]`` names. Output: :class:`SetDLMGenerateOutput` with ``sequences`` [B, N]
-(each row's whole decoded canvas, prompt included, right-padded with PAD), ``generated`` (the new tokens
-per row), ``nfe``, ``steps``, ``tokens_per_step``.
+one ``config.method["sampler"]`` names (:func:`sampler_of`), the method (its name, whether it decodes in blocks:
+the trace's windows) is ``config.method``'s ``objective`` and ``block``, both written at export from the registry
+record. Output: :class:`SetDLMGenerateOutput` with ``sequences`` [B, N] (each row's whole decoded canvas, prompt
+included, right-padded with PAD), ``generated`` (the new tokens per row), ``nfe``, ``steps``, ``tokens_per_step``.
 """
 from __future__ import annotations
 
@@ -49,8 +50,6 @@ from .decode_step import forward as decode_forward
 from .linears import cache_dtype
 from .linears import check as check_format
 
-SAMPLERS = {c.__name__: c for c in (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)}
-METHOD_OF = {"SetDLMSampler": "setdlm", "ARSampler": "ar", "BD3LMSampler": "bd3lm", "MDLMSampler": "mdlm"}
 GENERATION_FILE = "generation_config.json"
 EXPORTED = {name: o for name, o in schema_options(GenerationConfig).items() if o.export}   # generate() takes
 
@@ -198,6 +197,31 @@ def options(model, kwargs: dict) -> GenerationConfig:
     return _overrides(model, kwargs).validate()
 
 
+@dataclass(frozen=True)
+class ExportedMethod:
+    """What the decoding trace asks of the export's method (decoding/trace.py), from config.json's ``method``
+    (written at export from the registry record: ``objective``, ``block``)."""
+    name: str
+    block: bool
+
+    @classmethod
+    def of(cls, m: dict) -> "ExportedMethod":
+        return cls(str(m.get("objective")), bool(m.get("block", False)))
+
+
+SHIPPED = (SetDLMSampler, ARSampler, BD3LMSampler, MDLMSampler)      # the samplers every export carries
+
+
+def sampler_of(m: dict):
+    """The sampler class config.json's ``method.sampler`` names (the registry record's, written at export)."""
+    found = [c for c in SHIPPED if c.__name__ == m.get("sampler")]
+    if not found:
+        raise ValueError(f"config.json 'method.sampler' is {m.get('sampler')!r}; this code decodes "
+                         f"{', '.join(c.__name__ for c in SHIPPED)}: re-export the checkpoint with "
+                         f"tools/convert_checkpoint.py to-hf")
+    return found[0]
+
+
 def _rows(input_ids, attention_mask, bos_id: int) -> list:
     ids = torch.as_tensor(input_ids)
     if ids.dim() == 1:
@@ -219,10 +243,7 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
     kwargs = dict(kwargs)
     decode_weights = kwargs.pop("decode_weights", "fp32")
     cfg = _overrides(model, kwargs)
-    name = m.get("sampler")
-    if name not in SAMPLERS:
-        raise ValueError(f"config.json 'method.sampler' is {name!r}; this code decodes {sorted(SAMPLERS)}: "
-                         f"re-export the checkpoint with tools/convert_checkpoint.py to-hf")
+    sampler_class = sampler_of(m)
     mask_id, pad_id, eos_id, bos_id = m["mask_token_id"], c.pad_token_id, c.eos_token_id, c.bos_token_id
     rows = _rows(input_ids, attention_mask, bos_id)
     dm = DecodeModel(model, cfg.context_length, decode_weights)
@@ -231,7 +252,7 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
         cfg = replace(cfg, context_length=dm.training_length)
     cfg = cfg.validate()                                      # once: the sampler's own check is then free
     view = None if tokenizer is None else TokenizerView(tokenizer)
-    sampler = SAMPLERS[name](dm, mask_id, pad_id, eos_id, cfg, tokenizer=view)
+    sampler = sampler_class(dm, mask_id, pad_id, eos_id, cfg, tokenizer=view)
     device = next(model.parameters()).device
     canvas = Canvas.from_prompts(rows, mask_id, pad_id, cfg.max_new_tokens, device=device)
     out = sampler.generate(canvas)
@@ -241,7 +262,7 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
         seqs[b, :len(s)] = torch.tensor(s, dtype=torch.long)
     if not return_dict_in_generate:
         return seqs
-    trace = [asdict(t) for t in traces(METHOD_OF[name], canvas, out, cfg)] if cfg.record else None
+    trace = [asdict(t) for t in traces(ExportedMethod.of(m), canvas, out, cfg)] if cfg.record else None
     return SetDLMGenerateOutput(sequences=seqs, generated=out.tokens, nfe=out.nfe, steps=out.steps,
                                 tokens_per_step=out.tokens_per_step, trace=trace)
 
@@ -257,4 +278,4 @@ def infill(model, prefix_ids, suffix_ids, span: int, **kwargs) -> SetDLMGenerate
 
 
 __all__ = ["generate", "infill", "defaults", "read_defaults", "options", "DecodeModel", "TokenizerView",
-           "SetDLMGenerateOutput", "SAMPLERS", "GENERATION_FILE"]
+           "SetDLMGenerateOutput", "ExportedMethod", "sampler_of", "SHIPPED", "GENERATION_FILE"]

@@ -163,9 +163,42 @@ def test_the_standalone_code_imports_only_torch_transformers_and_the_standard_li
             assert set(tops) <= ok, f"{f.name} imports {tops}"
 
 
+def _name_tables(tree, names: set) -> list:
+    """(line, names) of every dict keyed by, comparison with, or table of ``names``: a tuple / list / set of two
+    or more of them, a dict with two or more as keys or as values (a comparison's literal counts by its members:
+    ``method in ("bd3lm", "mdlm")``)."""
+    found = {}
+    for node in ast.walk(tree):
+        keys, tables = [], []
+        if isinstance(node, ast.Compare):
+            keys = [e for k in [node.left, *node.comparators]
+                    for e in (k.elts if isinstance(k, (ast.Tuple, ast.List, ast.Set)) else [k])]
+        elif isinstance(node, ast.Dict):
+            keys, tables = node.keys, [node.keys, node.values]
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            tables = [node.elts]
+        named = [[e.value for e in t if isinstance(e, ast.Constant) and e.value in names] for t in tables]
+        hit = [k.value for k in keys if isinstance(k, ast.Constant) and k.value in names]
+        about = ast.unparse(node)           # a name of one of the registries' things, not a homonym
+        if any(len(t) >= 2 for t in named):
+            found[node.lineno] = max(named, key=len)
+        elif hit and any(w in about for w in ("objective", "backend", "method", "name")):
+            found[node.lineno] = hit
+    return sorted(found.items())
+
+
+def test_the_name_table_check_catches_dicts_comparisons_and_literal_tables():
+    names = {"ar", "mdlm", "bd3lm", "setdlm"}
+    src = ("if method in ('bd3lm', 'mdlm'):\n    pass\nMETHOD_OF = {'ARSampler': 'ar', 'MDLMSampler': 'mdlm'}\n"
+           "SAMPLERS = {'ar': 1, 'setdlm': 2}\nBLOCKS = ['bd3lm', 'mdlm']\nok = objective.name == 'ar'\n"
+           "fine = ('ar', 'x')\nalso_fine = {'car': 1}\n")
+    assert [line for line, _ in _name_tables(ast.parse(src), names)] == [1, 3, 4, 5, 6]
+
+
 def test_modules_stay_small_and_no_name_keyed_tables_outside_the_registries():
     """Issue 29's limits: no module over 400 lines, no function over 80, and no dict or comparison keyed by an
-    objective or attention-backend name outside the registries and the methods' own modules."""
+    objective or attention-backend name (nor a tuple / list / set of them) outside the registries and the
+    methods' own modules."""
     from setdiff_mega import backends, methods
 
     names = set(methods.names()) | set(backends.names())
@@ -177,16 +210,10 @@ def test_modules_stay_small_and_no_name_keyed_tables_outside_the_registries():
         rel = str(f.relative_to(ROOT))
         src = f.read_text()
         assert len(src.splitlines()) <= 400, f"{rel} has {len(src.splitlines())} lines"
-        for node in ast.walk(ast.parse(src)):
+        tree = ast.parse(src)
+        for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 assert node.end_lineno - node.lineno < 80, f"{rel}:{node.lineno} {node.name} is over 80 lines"
-            keys = []
-            if isinstance(node, ast.Compare):
-                keys = [node.left, *node.comparators]
-            elif isinstance(node, ast.Dict):
-                keys = node.keys
-            hit = [k.value for k in keys if isinstance(k, ast.Constant) and k.value in names]
-            about = ast.unparse(node)           # a name of one of the registries' things, not a homonym
-            if hit and rel not in owners and any(w in about for w in ("objective", "backend", "method", "name")):
-                offenders.append(f"{rel}:{node.lineno} {hit}")
+        if rel not in owners:
+            offenders += [f"{rel}:{line} {hit}" for line, hit in _name_tables(tree, names)]
     assert offenders == []
