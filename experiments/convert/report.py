@@ -13,7 +13,9 @@ and setting, error bars of +- one seed sd; tokens per step on the x axis while n
   its batch-1 tokens/s;
 * the paper's speed claim: SetDLM (role ``parity_bd3lm``) within 3 points of BD3LM's best at >= 1.5x its tokens/s.
 
-Each is ``holds`` / ``missed`` / ``not run yet`` (a point or timing is missing), with the difference of the means,
+Each is ``holds`` / ``missed`` / ``not run yet`` (a point or timing is missing; ``not applicable`` when the AR
+fine-tune's test exact match is outside the calibration band: a saturated task cannot tell the methods apart;
+fewer than 3 seeds are stated), with the difference of the means,
 the speed ratio and the **smallest resolvable difference**: the larger of ``2 sd / sqrt(k)`` (sd: the two arms'
 pooled seed sd, k seeds) and the binomial sd ``sqrt(p (1 - p) / n)`` of one n-problem accuracy.
 """
@@ -29,8 +31,10 @@ from experiments.provenance import computed_at
 from setdiff_mega.eval.sweep.report import write_csv
 
 from .evaluate import PARITY, setting_name
+from .plan import BAND
 
 BEGIN, END = "<!-- convert:begin -->", "<!-- convert:end -->"
+_GGUF = " (every tensor of the GGUF file dequantised to fp32: the parent is the dequantised model)"
 PARENT_NLL = 3.1909          # docs/results.md "Converting SmolLM2-135M: the parent" (the AR import, kjv, L = 256)
 CLAIMS = (("parity_ar", "causal", "best", 2.0, "SetDLM within 3 points of the AR fine-tune at >= 2x its tokens/s"),
           ("parity_bd3lm", "block", "best", 1.5, "SetDLM at BD3LM's best exact match at >= 1.5x its tokens/s"))
@@ -73,7 +77,18 @@ def resolvable(a: dict, b: dict) -> float:
     return max(seed, math.sqrt(max(p * (1 - p), 0.0) / max(min(a["n"], b["n"]), 1)))
 
 
-def claims(task_rows: list[dict], task: str) -> list[dict]:
+def _status(c: dict, ratio: float, ar: dict | None, seeds: int, band: tuple) -> str:
+    """holds / missed; "not run yet (timings)"; "not applicable" when the AR fine-tune's test exact match is
+    outside the band (a saturated or floored task tells the methods apart no more); the seeds when fewer than 3."""
+    if ar is not None and not band[0] <= ar["accuracy"] <= band[1]:
+        return f"not applicable (AR test exact match {ar['accuracy']:.3f} outside [{band[0]}, {band[1]}])"
+    if c["speed_ratio"] is None:
+        return "not run yet (timings)"
+    ok = c["difference"] >= -PARITY and c["speed_ratio"] >= ratio
+    return ("holds" if ok else "missed") + ("" if seeds >= 3 else f" ({seeds} seed{'s' * (seeds > 1)} of 3)")
+
+
+def claims(task_rows: list[dict], task: str, band: tuple = BAND) -> list[dict]:
     """Both claims on one task's test rows (module docstring)."""
     out = []
     for role, against, their, ratio, text in CLAIMS:
@@ -84,13 +99,11 @@ def claims(task_rows: list[dict], task: str) -> list[dict]:
             out.append(c)
             continue
         c.update(setdlm=mine["accuracy"], baseline=ref["accuracy"], difference=mine["accuracy"] - ref["accuracy"],
+                 setdlm_sd=mine["sd"], baseline_sd=ref["sd"],
                  resolvable=resolvable(mine, ref), setting=mine["setting"], baseline_setting=ref["setting"])
-        if mine["tokens_per_s"] is None or ref["tokens_per_s"] is None:
-            c["status"] = "not run yet (timings)"
-        else:
+        if mine["tokens_per_s"] is not None and ref["tokens_per_s"] is not None:
             c["speed_ratio"] = mine["tokens_per_s"] / ref["tokens_per_s"]
-            ok = c["difference"] >= -PARITY and c["speed_ratio"] >= ratio
-            c["status"] = "holds" if ok else "missed"
+        c["status"] = _status(c, ratio, _role_row(task_rows, "causal", "best"), min(mine["seeds"], ref["seeds"]), band)
         out.append(c)
     return out
 
@@ -147,6 +160,10 @@ def _f(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _pm(x, sd) -> str:
+    return _f(x) + ("" if x is None or sd is None else f" +- {sd:.3f}")
+
+
 def _missing_lines(missing: list[dict]) -> list[str]:
     by: dict = {}
     for m in missing:
@@ -178,13 +195,15 @@ def report_lines(results: dict, assets: dict, m: dict, rel: str) -> list[str]:
              f"* Command: `{m['command']}`", f"* Commit: {m['commit']} (the report); points from "
              f"{computed_at(pts) if pts else 'no points yet'}",
              f"* Machine (timings): {m['machine']}; wall time {m['wall_s'] / 60:.1f} min",
-             f"* Parent: `{results['parent']}` (sha256 {results['parent_sha'][:12]}...), dequantised to fp32, "
-             f"imported once as AR; every child fine-tuned from it",
+             f"* Parent: `{results['parent']}` (sha256 {results['parent_sha'][:12]}...), imported once as AR"
+             f"{_GGUF if str(results['parent']).endswith('.gguf') else ''}; every child fine-tuned from it",
              f"* Planned budget: {b['total_s'] / 3600:.1f} h (+ calibration up to "
              f"{b['calibration_worst_s'] / 3600:.1f} h); the longest arm with one seed "
              f"{b['longest_arm_s'] / 60:.1f} min", "", "### Claims (test split)", ""]
-    lines += _table(["task", "claim", "SetDLM", "baseline", "difference", "resolvable", "speed ratio", "status"],
-                    [[c["task"], c["claim"], _f(c["setdlm"]), _f(c["baseline"]),
+    lines += _table(["task", "claim", "SetDLM (mean +- sd)", "baseline", "difference", "resolvable", "speed ratio",
+                     "status"],
+                    [[c["task"], c["claim"], _pm(c["setdlm"], c.get("setdlm_sd")),
+                      _pm(c["baseline"], c.get("baseline_sd")),
                       "-" if c["difference"] is None else f"{c['difference']:+.3f}", _f(c["resolvable"]),
                       _f(c["speed_ratio"], 2), f"**{c['status']}**"] for c in assets["claims"]])
     lines += [""]

@@ -192,6 +192,10 @@ def test_claims_hold_miss_or_wait_for_their_points():
     assert [c["status"] for c in R.claims(rows[:1], "t")] == ["not run yet", "not run yet"]
     rows[2]["tokens_per_s"], rows[2]["accuracy"] = 25.0, 0.55                         # 5 points below AR
     assert R.claims(rows, "t")[0]["status"] == "missed"
+    rows[2]["accuracy"], rows[2]["seeds"] = 0.6, 1
+    assert R.claims(rows, "t")[0]["status"] == "holds (1 seed of 3)"
+    rows[0]["accuracy"] = rows[2]["accuracy"] = 0.99                                  # a saturated task
+    assert R.claims(rows, "t")[0]["status"].startswith("not applicable (AR test exact match 0.990 outside")
 
 
 def test_the_report_lists_missing_points_and_keeps_the_rest_of_the_file(tmp_path):
