@@ -163,6 +163,40 @@ def test_each_query_group_sees_the_exact_token_and_the_drafts_of_its_prefix():
     assert [v.tolist() == [[True] * (j + 1) + [False] * (3 - j)] * len(v) for j, v in enumerate(seen)] == [True] * 4
 
 
+def _forward(model, runner, *args, **kw):
+    """One ``runner.run`` forward driven by hand: its logits."""
+    from setdiff_mega.decoding.calls import forward
+
+    gen = runner.run(*args, **kw)
+    try:
+        gen.send(forward(model, next(gen)))
+    except StopIteration as stop:
+        return stop.value
+
+
+@torch.no_grad()
+def test_the_query_to_pending_mask_is_what_each_query_attends(rand_model):
+    """ChunkRunner's ``query_pending``: queries that see only e (of pending e, d_1) get the logits of the same
+    queries in a chunk without d_1; a static chunk (padded widths) gives the unpadded chunk's logits."""
+    from setdiff_mega.decoding.runner import ChunkRunner
+
+    tokens = torch.tensor([[1, 5, 9, 14, 22, MASK, MASK, MASK]])
+
+    def queries(pend, query_pending=None, static=None):
+        runner = ChunkRunner(rand_model, tokens, MASK, PAD, True, None, static_chunk=static)
+        pre = torch.arange(3)[None]
+        _forward(rand_model, runner, pre, pre >= 0, pre[:, :0], pre[:, :0] >= 0)          # the prompt's prefill
+        runner.persist()
+        p_idx, q_idx = torch.tensor([pend]), torch.tensor([[5, 6]])
+        return _forward(rand_model, runner, p_idx, p_idx >= 0, q_idx, q_idx >= 0, query_pending=query_pending)
+
+    sees_e = torch.tensor([[[True, False], [True, False]]])
+    alone = queries([3])
+    assert torch.allclose(queries([3, 4], sees_e), alone, atol=1e-5)
+    assert not torch.allclose(queries([3, 4]), alone, atol=1e-3)                  # seeing d_1 changes them
+    assert torch.allclose(queries([3, 4], sees_e, static=(4, 4)), alone, atol=1e-5)
+
+
 @torch.no_grad()
 def test_rows_of_a_batch_accept_different_lengths(rand_model):
     rows = [[(7, 5.0)]] * 40
