@@ -333,3 +333,24 @@ def test_a_server_request_names_the_option_and_is_checked_before_it_queues(spec_
     assert config_of({"speculative": True, "temperature": 0}, d).speculative
     with pytest.raises(RequestError, match="repetition_penalty"):
         config_of({"speculative": True, "repetition_penalty": 1.3}, d)
+
+
+def test_the_bench_reports_acceptance_by_window_position_and_forwards_with_drafts(spec_export, tmp_path):
+    """tools/bench_generate.py --speculative-only's report (setdiff_mega/inference/benchmark.py) on the export
+    fixture's checkpoint: AR mode's tokens, acceptance lengths, draft acceptance by window position, the fraction of
+    forwards that verified drafts, and the PNG."""
+    from setdiff_mega.inference import benchmark
+
+    exp, tok = spec_export
+    model, objective, _, _ = exp["spec"]
+    base = GenerationConfig(max_new_tokens=12, stop_at_eos=False)
+    report = benchmark.speculative_comparison(model, tok, objective.name, ["Question: what is 3 plus", "Once upon"],
+                                              base, windows=(4,), thresholds=((4, 0.9),), batches=(1, 2), repeats=1)
+    row = report["settings"]["speculative_W4"]
+    assert row["identical_to_ar_mode"] and row["prompts_equal_to_ar_mode"] == 2
+    assert sorted(row["draft_acceptance_by_position"]) == [1, 2, 3]
+    forwards = sum(row["acceptance_lengths"].values())                  # (row, forward) pairs that committed
+    assert forwards > 0 and row["forwards_with_drafts"] == row["draft_acceptance_by_position"][1]["verified"] / forwards
+    assert 0 < row["forwards_with_drafts"] <= 1       # not all: L = 24, drafts are cut near the context budget
+    benchmark.plot_acceptance(report, tmp_path / "acceptance.png")
+    assert (tmp_path / "acceptance.png").stat().st_size > 0
