@@ -8,7 +8,7 @@ Request defaults: the checkpoint's decoding defaults (``--preset`` and the decod
 ``tools/generate.py`` on top); every request may override them (:mod:`setdiff_mega.serving.protocol`).
 
 Two processes: this one (uvicorn: parsing, the OpenAI responses, SSE) and the engine it spawns
-(:mod:`setdiff_mega.serving.engine`: the model and the scheduler loop), joined by a pipe, so the HTTP side's
+(:mod:`setdiff_mega.serving.engine_process`: the model and the scheduler loop), joined by a pipe, so the HTTP side's
 Python never holds the GIL the decode loop needs. ``--threads`` are the engine's.
 
 Exposure: the server listens on ``--host`` (loopback by default) and nowhere else (the engine's single-rank process
@@ -98,7 +98,7 @@ def build(args):
     from setdiff_mega.inference.options import config_from_args
     from setdiff_mega.serving.app import Server
     from setdiff_mega.serving.client import EngineClient
-    from setdiff_mega.serving.engine import serving_threads
+    from setdiff_mega.serving.engine_process import serving_threads
     from setdiff_mega.serving.metrics import HttpMetrics
     from setdiff_mega.serving.protocol import ServerDefaults
 

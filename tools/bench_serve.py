@@ -44,7 +44,7 @@ from setdiff_mega.serving.bench import (
     table,
     workload,
 )
-from setdiff_mega.serving.engine import serving_threads
+from setdiff_mega.serving.engine_process import serving_threads
 
 
 def parser() -> argparse.ArgumentParser:

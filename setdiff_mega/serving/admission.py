@@ -1,4 +1,14 @@
-"""Who takes the batch's free rows: fair turns, and a light client's row share beside a flood (issue 57).
+"""The admission policy: which waiting jobs may start, and when a job is refused or expires; no decoding here
+(:mod:`.execution` runs what is admitted, :mod:`.scheduler` joins the two in one loop).
+
+    submit     jobs join the queue, all or none (:class:`~.messages.QueueFull` beyond ``max_queue``, or when the
+               loop is closing or dead)
+    expire     queued jobs past their deadline fail (504); running ones are flagged cancelled (their decode
+               retires them before the next step)
+    take       the jobs that start now: the clients in turn (:class:`~.bounded.FairQueue`), none beyond its row
+               share (:class:`RowShares`, below)
+
+Who takes the batch's free rows: fair turns, and a light client's row share beside a flood (issue 57).
 
 The queue (:class:`~.bounded.FairQueue`) gives the next free row to the next client in turn. That alone left a
 light client's request decoding in a batch the flood had filled: on CPU a decode step's cost grows with its rows
@@ -36,6 +46,7 @@ import math
 import time
 
 from .bounded import FairQueue
+from .messages import QueueFull
 
 LINGER_S = 0.1                   # seconds a client whose last job left still counts as active (module docstring)
 
@@ -83,4 +94,56 @@ class RowShares:
         return jobs
 
 
-__all__ = ["RowShares", "LINGER_S"]
+class Admission:
+    """The queue and the policy over it (module docstring); the caller holds the scheduler's lock."""
+
+    def __init__(self, max_batch: int, max_queue: int, row_share: int | None = None):
+        if max_batch < 1 or max_queue < 1:
+            raise ValueError(f"max_batch ({max_batch}) and max_queue ({max_queue}) must be >= 1")
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.queue = FairQueue()         # waiting jobs, one FIFO per client, taken round-robin
+        self.shares = RowShares(max_batch, row_share)
+
+    def submit(self, jobs: list, refusal: str | None = None) -> None:
+        """Queue ``jobs``, all or none (``refusal``: why nothing may be queued now, e.g. shutting down)."""
+        if refusal is not None:
+            raise QueueFull(refusal)
+        if len(self.queue) + len(jobs) > self.max_queue:
+            raise QueueFull(f"the queue is full ({len(self.queue)} waiting, limit {self.max_queue}); retry later")
+        self.queue.extend(jobs)
+
+    def withdraw(self, job, reason: str) -> bool:
+        """Take ``job`` out of the queue, ended with ``reason`` (False: it is not queued)."""
+        if job not in self.queue:
+            return False
+        self.queue.remove(job)
+        job.reason = reason
+        job.finish(None)
+        return True
+
+    def expire(self, running) -> None:
+        now = time.monotonic()
+        for job in [j for j in self.queue if j.deadline is not None and now > j.deadline]:
+            self.queue.remove(job)
+            job.fail(504, f"the request timed out after {job.timeout:g} s in the queue")
+        for job in running:
+            if job.deadline is not None and now > job.deadline and job.reason is None and not job.done:
+                job.reason = "timeout"
+                job.cancelled = True
+
+    def take(self, running: dict) -> list:
+        """The queued jobs that start now beside ``running`` (key -> job), their start time set."""
+        jobs = self.shares.take(self.queue, running.values(), self.max_batch - len(running))
+        now = time.monotonic()
+        for job in jobs:
+            job.started = now
+        return jobs
+
+    def close(self) -> None:
+        """Every queued job fails (503)."""
+        for job in list(self.queue):
+            job.fail(503, "the server is shutting down")
+        self.queue.clear()
+
+
+__all__ = ["Admission", "RowShares", "LINGER_S"]

@@ -1,4 +1,4 @@
-"""The HTTP side: an ASGI (Starlette) application speaking the OpenAI API over the :class:`~.scheduler.Scheduler`.
+"""The HTTP side: an ASGI (Starlette) application speaking the OpenAI API over the engine process's scheduler.
 
     GET  /                       the playground (playground.html: a prompt, the options, the canvas filling in
                                  as the trace streams; static, no build step, no request but to this server)
@@ -12,12 +12,12 @@
     POST /v1/chat/completions    OpenAI chat completions (the checkpoint's chat template)
     POST /v1/infill              the diffusion endpoint: {prefix, suffix, span} -> the span's text
 
-This process parses and answers; the model and the decode loop are in the engine process (:mod:`.engine`, reached
-through :class:`~.client.EngineClient`). A request is parsed and checked (:mod:`.protocol`; 400 with one line),
-queued as ``n`` jobs per prompt (429 when the queue is full, 503 when the engine is gone) and answered when its jobs
-are done, or streamed as server-sent events (``data: {chunk}`` per text delta (the deltas waiting when the stream
-writes merged per choice, :mod:`.outbox`), with ``"trace": true`` a chunk per decode step whose choice holds the
-step's commits (``trace``), the finish reason, the usage with ``stream_options.include_usage``, then ``data:
+This process parses and answers; the model and the decode loop are in the engine process (:mod:`.engine_process`,
+reached through :class:`~.client.EngineClient`). A request is parsed and checked (:mod:`.protocol`; 400 with one
+line), queued as ``n`` jobs per prompt (429 when the queue is full, 503 when the engine is gone) and answered when
+its jobs are done, or streamed as server-sent events (``data: {chunk}`` per text delta (the deltas waiting when the
+stream writes merged per choice, :mod:`.outbox`), with ``"trace": true`` a chunk per decode step whose choice holds
+the step's commits (``trace``), the finish reason, the usage with ``stream_options.include_usage``, then ``data:
 [DONE]``). A client that disconnects cancels its jobs (non-streaming requests poll for it every 0.1 s); a job past
 the server's timeout ends with 504 (or an error event). Errors have OpenAI's shape: {"error": {"message", "type",
 "code"}}.
@@ -48,11 +48,9 @@ from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.errors import DataError, RequestError
 
 from .bounded import LRU, client_id
-from .client import EngineGone, NeverFits
-from .engine import JobSpec
+from .messages import EngineGone, JobSpec, NeverFits, QueueFull
 from .outbox import coalesce
 from .protocol import parse
-from .scheduler import QueueFull
 
 DISCONNECT_POLL = 0.1      # seconds between checks that a non-streaming client is still there
 DEADLINE_SLACK = 10.0      # seconds past the server's timeout after which the HTTP side answers 504 by itself

@@ -1,6 +1,6 @@
-"""The HTTP side's handle on the engine process (:mod:`.engine`): start it, queue jobs, route their events.
+"""The HTTP side's handle on the engine process (:mod:`.engine_process`): start it, queue jobs, route their events.
 
-    EngineClient(args).start()  -> info    spawn the engine, wait for ``ready`` (its ``fatal`` raised here)
+    EngineClient(args).start()  -> info    spawn the engine, wait for ``Ready`` (its ``Fatal`` raised here)
     client.attach(loop)                    read the engine's pipe on this event loop (``add_reader``: no thread)
     client.submit(specs, queue, who) -> [Ticket]   queue jobs; job i's events arrive in ``queue`` as (i, event,
                                            payload); NeverFits (HTTP 400) when the request alone is over a
@@ -11,8 +11,9 @@
     await client.ask("metrics")            the engine's answer (its reader thread answers between steps)
     client.close()                         ``close`` the engine, wait for it (then kill it), idempotent
 
-Messages to the engine go through a sender thread (its queue unbounded): the event loop never blocks on a full
-pipe, so it always reads the engine's events, and the two processes cannot wait on each other's writes.
+Messages (typed: :mod:`.messages`) to the engine go through a sender thread (its queue unbounded): the event loop
+never blocks on a full pipe, so it always reads the engine's events, and the two processes cannot wait on each
+other's writes.
 
 The queue bound is kept here, so a refusal is known before a response starts (a stream's status is sent
 first): with ``inflight`` jobs submitted and not ended (their end event read), the engine runs min(inflight,
@@ -36,23 +37,11 @@ import multiprocessing
 import queue as queues
 import threading
 
+from .messages import Answer, Ask, Cancel, Close, Died, EngineGone, Events, Fatal, Fault, NeverFits, QueueFull, Submit
 from .pulse import Pulse
-from .scheduler import QueueFull
 from .watchdog import Watchdog
 
 READ_BATCH = 64                 # messages read per wake-up of the event loop (others wait for the next)
-
-
-class EngineGone(RuntimeError):
-    """The engine process is not running (HTTP 503)."""
-
-
-class NeverFits(ValueError):
-    """A request of more jobs than one client may ever have in flight (HTTP 400: it can never be admitted)."""
-
-    def __init__(self, jobs: int, limit: int, capacity: int):
-        super().__init__(f"{jobs} jobs, more than the {limit} one client may have in flight")
-        self.jobs, self.limit, self.capacity = jobs, limit, capacity
 
 
 class Ticket:
@@ -83,7 +72,7 @@ class EngineClient(Watchdog):
         self._keys, self._ask_ids = itertools.count(), itertools.count()
         self.closing = False
         self.lost: str | None = None      # why the engine is gone (set once its pipe ended unexpectedly)
-        self.died: str | None = None      # the loop's own last words ("died" message)
+        self.died: str | None = None      # the loop's own last words (its Died message)
         self.down: str | None = None      # why the engine is unavailable while it is being replaced
         self.fatal: str | None = None     # why the server gives up (on_fatal was called)
         self.on_fatal = None              # called once with that reason (the server stops: exit status 3)
@@ -96,13 +85,13 @@ class EngineClient(Watchdog):
 
     # -- life -------------------------------------------------------------------------------------------------
     def start(self) -> dict:
-        """Spawn the engine and wait until it loaded the model: its ``ready`` info."""
+        """Spawn the engine and wait until it loaded the model: its ``Ready`` info."""
         atexit.register(self.close)       # before multiprocessing's own exit hook joins the child
         return self._spawn()
 
     def _spawn(self) -> dict:
-        """A new engine process (its pipe, its pulse, its sender thread), loaded: its ``ready`` info."""
-        from .engine import main
+        """A new engine process (its pipe, its pulse, its sender thread), loaded: its ``Ready`` info."""
+        from .engine_process import main
 
         ctx = multiprocessing.get_context("spawn")
         pulse = Pulse.shared(ctx)
@@ -122,15 +111,15 @@ class EngineClient(Watchdog):
             proc.join(timeout=5)
             raise RuntimeError(f"the decoding engine exited with status {proc.exitcode} while loading the model "
                                f"(its messages are above)")
-        if message[0] == "fatal":
+        if isinstance(message, Fatal):
             proc.join(timeout=10)
-            raise (ValueError if message[1] else RuntimeError)(message[2])
+            raise (ValueError if message.user else RuntimeError)(message.message)
         self._gen += 1
         self.pulse, self.outgoing, self.died, self.lost = pulse, queues.SimpleQueue(), None, None
         self._sender = threading.Thread(target=self._send_loop, args=(conn, self.outgoing, self._gen),
                                         name="setdiff-engine-sender", daemon=True)
         self._sender.start()
-        return message[1]
+        return message.info
 
     def _send_loop(self, conn, outgoing, gen: int) -> None:
         while (message := outgoing.get()) is not None:
@@ -158,8 +147,7 @@ class EngineClient(Watchdog):
         """/health's body: ``status`` ok or unavailable (with its ``reason``), the loop's vital signs
         (:meth:`~.pulse.Pulse.read`), the engine's restarts so far."""
         reason = self.unavailable
-        out = {"status": "ok" if reason is None else "unavailable", **self.pulse.read(), "engine_restarts":
-               self.restarts}
+        out = {"status": "unavailable" if reason else "ok", **self.pulse.read(), "engine_restarts": self.restarts}
         if reason is not None:
             out["reason"] = reason
         return out
@@ -187,7 +175,7 @@ class EngineClient(Watchdog):
                 pass
         self._detach()
         if self._sender is not None:
-            self.outgoing.put(("close",))
+            self.outgoing.put(Close())
             self.outgoing.put(None)
             self._sender.join(timeout=timeout)
         else:                                     # interrupted while loading: the pipe's end stops the engine
@@ -215,11 +203,11 @@ class EngineClient(Watchdog):
         self.outgoing.put(message)
 
     def fault(self, kind: str) -> None:
-        """A test's fault for the engine's loop (honoured only when ``args.fault_injection``: :mod:`.engine`)."""
-        self._send(("fault", kind))
+        """A test's fault for the engine's loop (honoured only with ``args.fault_injection``)."""
+        self._send(Fault(kind))
 
     def submit(self, specs: list, queue, client: str = "") -> list:
-        """Queue ``specs`` (:class:`~.engine.JobSpec` without keys: given here) of ``client``, all or none; spec
+        """Queue ``specs`` (:class:`~.messages.JobSpec` without keys: given here) of ``client``, all or none; spec
         i's events go to ``queue`` as (i, event, payload)."""
         if not self.alive:
             raise EngineGone(self.unavailable or "the server is shutting down")
@@ -241,7 +229,7 @@ class EngineClient(Watchdog):
             self.routes[spec.key] = (queue, i, ticket)
             tickets.append(ticket)
         self.per_client[client] = mine + n
-        self._send(("submit", specs))
+        self._send(Submit(specs))
         return tickets
 
     def _ended(self, ticket: Ticket) -> None:
@@ -254,7 +242,7 @@ class EngineClient(Watchdog):
 
     def cancel(self, ticket: Ticket, reason: str = "cancelled") -> None:
         if not ticket.done and self.alive:
-            self._send(("cancel", ticket.key, reason))
+            self._send(Cancel(ticket.key, reason))
 
     async def ask(self, what: str, timeout: float = 30.0):
         """The engine's answer to ``what`` (``health``, ``metrics``)."""
@@ -263,7 +251,7 @@ class EngineClient(Watchdog):
         i = next(self._ask_ids)
         future = self.asks[i] = asyncio.get_running_loop().create_future()
         try:
-            self._send(("ask", i, what))
+            self._send(Ask(i, what))
             return await asyncio.wait_for(future, timeout)
         finally:
             self.asks.pop(i, None)
@@ -287,8 +275,8 @@ class EngineClient(Watchdog):
             self._lost(self._gen)
 
     def _dispatch(self, message) -> None:
-        if message[0] == "events":
-            for key, event, payload in message[1]:
+        if isinstance(message, Events):
+            for key, event, payload in message.events:
                 route = self.routes.get(key)
                 if route is None:
                     continue
@@ -297,12 +285,12 @@ class EngineClient(Watchdog):
                     self._ended(ticket)
                     del self.routes[key]
                 queue.put_nowait((i, event, payload))
-        elif message[0] == "died":
-            self.died = message[1]
-        elif message[0] == "answer":
-            future = self.asks.get(message[1])
+        elif isinstance(message, Died):
+            self.died = message.message
+        elif isinstance(message, Answer):
+            future = self.asks.get(message.ask_id)
             if future is not None and not future.done():
-                future.set_result(message[2])
+                future.set_result(message.value)
 
     def _lost(self, gen: int | None = None) -> None:
         """The engine's pipe ended: every job in flight fails, every question fails (at once; the watchdog then
@@ -316,4 +304,4 @@ class EngineClient(Watchdog):
         self._fail_routes(503, f"{self.lost}; retry the request")
 
 
-__all__ = ["EngineClient", "EngineGone", "NeverFits", "Ticket"]
+__all__ = ["EngineClient", "EngineGone", "NeverFits", "QueueFull", "Ticket"]

@@ -1,6 +1,6 @@
 """Events from the scheduler to the HTTP side, batched per step, and stream chunks coalesced per write.
 
-The scheduler's thread (in the engine process, :mod:`.engine`) produces a job's events (``delta``, ``trace``,
+The scheduler's thread (in the engine process, :mod:`.engine_process`) produces a job's events (``delta``, ``trace``,
 ``done``, ``error``; :mod:`.job`); each request's handler on the HTTP process's event loop consumes them from its
 ``asyncio.Queue`` (:mod:`.client` routes them by job key). Handing each event over alone costs a pipe message
 (pickling in the decode loop, a wake-up of the event loop) and, for a streaming request, one SSE chunk through

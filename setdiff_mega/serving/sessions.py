@@ -62,6 +62,7 @@ class Decode:
                                          device=device)
             self.slots[0] = job
         self.shared = shared
+        self.width = canvas.tokens.shape[1]         # canvas positions per row (the KV budget's unit: .kvbudget)
         self.session = sampler.session(canvas)
 
     def has_room(self) -> bool:

@@ -31,7 +31,7 @@ class Engine:
     through /health."""
 
     def __init__(self, url, args):
-        from setdiff_mega.serving.engine import load_model
+        from setdiff_mega.serving.engine_process import load_model
 
         self.url = url
         self.model, self.method, _, _ = load_model(args)
@@ -432,7 +432,7 @@ def test_the_server_leaves_the_http_side_a_core_unless_told():
     """``--threads``: given, as given (>= 1); by default the cores this process may use minus one, at least 1."""
     import os
 
-    from setdiff_mega.serving.engine import serving_threads
+    from setdiff_mega.serving.engine_process import serving_threads
 
     assert serving_threads(3) == 3
     assert serving_threads(None) == max(1, len(os.sched_getaffinity(0)) - 1)

@@ -400,7 +400,7 @@ def test_the_server_exits_non_zero_when_no_engine_restart_is_left(trained_run):
 def test_greedy_tokens_through_the_fair_queue_equal_batch_one(hostile):
     """Fair admission changes who goes first, never what a job decodes."""
     from setdiff_mega.inference import generate
-    from setdiff_mega.serving.engine import load_model
+    from setdiff_mega.serving.engine_process import load_model
 
     srv, url = hostile
     prompts = ["Question: 1 +", "Once upon", "Tom has"]

@@ -11,8 +11,10 @@ from setdiff_mega.decoding.base import Canvas, GenerationConfig
 from setdiff_mega.decoding.cache import KVCache
 from setdiff_mega.decoding.calls import Call, fused_forward
 from setdiff_mega.inference.api import build_sampler
+from setdiff_mega.serving.execution import Execution
 from setdiff_mega.serving.job import Job
-from setdiff_mega.serving.scheduler import QueueFull, Scheduler
+from setdiff_mega.serving.messages import QueueFull
+from setdiff_mega.serving.scheduler import Scheduler
 from tests.serving_helpers import BOS, EOS, MASK, PAD, Tok
 
 PROMPTS = [[BOS, 1, 2, 3, 4, 5], [BOS, 9], [BOS, 11, 12], [BOS, 1, 2, MASK, MASK, MASK, MASK, 7, 8, EOS],
@@ -184,13 +186,13 @@ def test_shared_decodes_are_as_wide_as_their_requests_need(rand_model, monkeypat
     assert (size(10, 6), size(40, 24), size(40, 25), size(100, 100), size(300, 8)) == (64, 64, 128, 256, 256)
     cfgs = [GenerationConfig(max_new_tokens=n, stop_at_eos=False, window=4, tau=0.5) for n in (6, 70, 8, 80)]
     widths = []
-    real = Scheduler._decode
+    real = Execution._decode
 
     def spy(self, job, key, solo=False):
         d = real(self, job, key, solo)
         widths.append(d.session.canvas.tokens.shape[1])
         return d
-    monkeypatch.setattr(Scheduler, "_decode", spy)
+    monkeypatch.setattr(Execution, "_decode", spy)
     jobs, events, _ = _serve(rand_model, "setdlm", cfgs, PROMPTS[:4], max_batch=4)
     assert sorted(set(widths)) == [64, 128]
     for i, (p, c) in enumerate(zip(PROMPTS, cfgs)):
@@ -201,16 +203,17 @@ def test_shared_decodes_are_as_wide_as_their_requests_need(rand_model, monkeypat
 def test_a_shared_decode_left_without_jobs_is_reused_and_the_resting_ones_are_bounded(rand_model, monkeypatch):
     """One request at a time: every request after the first decodes in the first one's decode (its KV cache is
     not allocated again); requests of other options each rest a decode, the newest IDLE_DECODES of them."""
-    import setdiff_mega.serving.scheduler as scheduler
+    import setdiff_mega.serving.execution as execution
+    import setdiff_mega.serving.kvbudget as kvbudget
 
     made = []
 
-    class Counted(scheduler.Decode):
+    class Counted(execution.Decode):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             made.append(self)
-    monkeypatch.setattr(scheduler, "Decode", Counted)
-    monkeypatch.setattr(scheduler, "IDLE_DECODES", 2)
+    monkeypatch.setattr(execution, "Decode", Counted)
+    monkeypatch.setattr(kvbudget, "IDLE_DECODES", 2)
     base = GenerationConfig(max_new_tokens=5, stop_at_eos=False, window=4, tau=0.5)
     sch = Scheduler(rand_model, Tok(), "setdlm", max_batch=2).start()
     try:
@@ -235,12 +238,12 @@ def test_a_job_alone_decodes_in_a_one_row_decode_and_later_ones_share_a_full_one
     """A job alone takes a one-row shared decode (one request at a time costs a step what ``generate`` at batch 1
     costs); jobs that come while it runs share a ``max_batch``-row decode, fused with it in one forward (attention
     per decode through its own cache: calls.RowCaches), and every job decodes what it decodes alone."""
+    import setdiff_mega.serving.execution as execution
     import setdiff_mega.serving.forwards as forwards
-    import setdiff_mega.serving.scheduler as scheduler
 
     made, fused = [], []
 
-    class Counted(scheduler.Decode):
+    class Counted(execution.Decode):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             made.append(self)
@@ -249,7 +252,7 @@ def test_a_job_alone_decodes_in_a_one_row_decode_and_later_ones_share_a_full_one
         fused.append(len(calls))
         return real(model, calls, pad)
     real = forwards.fused_forward
-    monkeypatch.setattr(scheduler, "Decode", Counted)
+    monkeypatch.setattr(execution, "Decode", Counted)
     monkeypatch.setattr(forwards, "fused_forward", counted)
     first = GenerationConfig(max_new_tokens=40, stop_at_eos=False, window=4, tau=1.5)     # one token per step
     later = replace(first, max_new_tokens=6)

@@ -1,4 +1,4 @@
-"""The engine: the process that owns the model and the scheduler loop; the HTTP side talks to it over one pipe.
+"""The engine process: it owns the model and the scheduler loop; the HTTP side talks to it over one pipe.
 
 The HTTP process (uvicorn, :mod:`.app`) parses requests and writes SSE chunks; all of that is Python, and in one
 process it shares the GIL with the decode loop, whose every torch operator must take the GIL back when it returns
@@ -6,30 +6,16 @@ process it shares the GIL with the decode loop, whose every torch operator must 
 process of its own (as vLLM's engine core and API server), started by :class:`~.client.EngineClient` with
 ``multiprocessing``'s spawn, connected by a ``Pipe`` (a socket pair: no listening socket, nothing to authenticate).
 
-Messages (pickled by :class:`multiprocessing.connection.Connection`), HTTP side -> engine:
-
-    ("submit", [JobSpec, ...])      queue jobs (the HTTP side already bounded the queue: 429 there)
-    ("cancel", key, reason)         stop a job (client gone, timeout); unknown keys (already ended) are ignored
-    ("ask", ask_id, what)           what: "health" -> {"running", "queued", "loop", ...}; "metrics" -> Prometheus text
-    ("fault", kind)                 a test's fault for the loop ("die", "stall"; :meth:`Scheduler._inject`), honoured
-                                    only when the server was built with ``args.fault_injection`` (no flag sets it)
-    ("close",)                      queued jobs fail (503), running ones are cancelled, the engine exits
-
-engine -> HTTP side:
-
-    ("ready", info)                 loaded: {"config", "tokenizer", "method", "max_batch"} (what the HTTP side
-                                    parses requests with; the model itself stays here)
-    ("fatal", user, message)        loading failed (one line; the HTTP side raises it: ValueError for a user's
-                                    error such as a missing checkpoint, RuntimeError otherwise)
-    ("events", [(key, event, payload), ...])   a step's events (:mod:`.outbox`), or one emitted off the loop
-    ("died", message)               the scheduler's loop ended on an error (one line; its jobs already failed)
-    ("answer", ask_id, value)
+Messages: the typed ones of :mod:`.messages` (pickled by :class:`multiprocessing.connection.Connection`):
+:class:`~.messages.Submit`, :class:`~.messages.Cancel`, :class:`~.messages.Ask`, :class:`~.messages.Fault` and
+:class:`~.messages.Close` in; :class:`~.messages.Ready` or :class:`~.messages.Fatal` (loading), then
+:class:`~.messages.Events`, :class:`~.messages.Died` and :class:`~.messages.Answer` out.
 
 Threads here: the scheduler's loop (the only one that touches the model) and the main thread, blocked in the
 pipe's ``recv`` (no GIL held) but for the few microseconds a message takes. Sends from both are serialized by a
 lock. The engine ignores SIGINT and SIGTERM (a terminal's Ctrl-C, systemd's stop reach the whole process group):
-the HTTP side drains its requests and then sends ``close``; if the HTTP process dies, the pipe's end of file
-stops the engine.
+the HTTP side drains its requests and then sends :class:`~.messages.Close`; if the HTTP process dies, the pipe's end
+of file stops the engine.
 
 The loop's vital signs are also in shared memory (:class:`~.pulse.Pulse`, made by the HTTP side and handed to
 :func:`main`): the HTTP side reads them without a message (/health, its watchdog: :mod:`.client`). An event that
@@ -40,26 +26,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from dataclasses import dataclass
 
 from .job import Job
+from .messages import Answer, Ask, Cancel, Close, Died, Events, Fatal, Fault, QueueFull, Ready, Submit
 from .metrics import Metrics
 from .outbox import Outbox
 from .pulse import Pulse
-from .scheduler import QueueFull, Scheduler
-
-
-@dataclass
-class JobSpec:
-    """A job as the HTTP side sends it (:class:`~.job.Job` is built here, with the engine's tokenizer)."""
-    key: int
-    ids: list
-    config: object                    # GenerationConfig
-    stops: tuple = ()
-    timeout: float | None = None
-    trace: bool = False
-    arrival: float = 0.0              # time.monotonic() at the HTTP side (one clock for both processes)
-    client: str = ""                  # who sent it (.bounded.client_id: fair admission)
+from .scheduler import Scheduler
 
 
 def load_model(args):
@@ -97,23 +70,23 @@ class EngineCore:
             if event in ("done", "error"):
                 self.jobs.pop(key, None)
         try:
-            self.send(("events", batch))
+            self.send(Events(batch))
         except (OSError, EOFError):
             raise
         except Exception:                 # noqa: BLE001 (an event that cannot be pickled: nothing was written)
             for key, event, payload in batch:
                 try:
-                    self.send(("events", [(key, event, payload)]))
+                    self.send(Events([(key, event, payload)]))
                 except (OSError, EOFError):
                     raise
                 except Exception as e:    # noqa: BLE001 (that job fails in one line; the others went over)
                     self.jobs.pop(key, None)
-                    self.send(("events", [(key, "error", (500, f"an event of this request could not be sent "
-                                                                f"({type(e).__name__}: {e})"[:300]))]))
+                    self.send(Events([(key, "error", (500, f"an event of this request could not be sent "
+                                                         f"({type(e).__name__}: {e})"[:300]))]))
 
     def _died(self, message: str) -> None:
         try:
-            self.send(("died", message))
+            self.send(Died(message))
         except (OSError, EOFError):
             pass
 
@@ -126,11 +99,10 @@ class EngineCore:
         raise ValueError(f"unknown question {what!r}")
 
     def handle(self, message) -> bool:
-        """One message from the HTTP side; False for ``close``."""
-        kind = message[0]
-        if kind == "submit":
+        """One message from the HTTP side (:mod:`.messages`); False for :class:`~.messages.Close`."""
+        if isinstance(message, Submit):
             jobs = [Job(s.ids, s.config, self.outbox.emitter(s.key), s.stops, s.timeout, self.scheduler.tokenizer,
-                        key=s.key, arrival=s.arrival, trace=s.trace, client=s.client) for s in message[1]]
+                        key=s.key, arrival=s.arrival, trace=s.trace, client=s.client) for s in message.specs]
             self.jobs.update((job.key, job) for job in jobs)
             try:
                 self.scheduler.submit(jobs)
@@ -138,15 +110,15 @@ class EngineCore:
                 status = 503 if self.scheduler.closing or self.scheduler.error else 429
                 for job in jobs:
                     job.fail(status, str(e))
-        elif kind == "cancel":
-            job = self.jobs.get(message[1])
+        elif isinstance(message, Cancel):
+            job = self.jobs.get(message.key)
             if job is not None:
-                self.scheduler.cancel(job, message[2])
-        elif kind == "ask":
-            self.send(("answer", message[1], self._answer(message[2])))
-        elif kind == "fault" and self.faults:
-            self.scheduler.fault = message[1]
-        elif kind == "close":
+                self.scheduler.cancel(job, message.reason)
+        elif isinstance(message, Ask):
+            self.send(Answer(message.ask_id, self._answer(message.what)))
+        elif isinstance(message, Fault) and self.faults:
+            self.scheduler.fault = message.kind
+        elif isinstance(message, Close):
             return False
         return True
 
@@ -177,13 +149,13 @@ def serving_threads(requested: int | None) -> int:
     return max(1, cores - 1)
 
 
-def _fatal(e: BaseException) -> tuple:
-    """("fatal", user error?, one line) for a failure to load."""
+def _fatal(e: BaseException) -> Fatal:
+    """The :class:`~.messages.Fatal` message (user error?, one line) for a failure to load."""
     from setdiff_mega.errors import USER_ERRORS
 
     user = isinstance(e, (*USER_ERRORS, FileNotFoundError, KeyError, ValueError))   # what the CLIs print as one line
     text = str(e.args[0] if isinstance(e, KeyError) and e.args else e) if user else f"{type(e).__name__}: {e}"
-    return ("fatal", user, " ".join(text.split()))
+    return Fatal(user, " ".join(text.split()))
 
 
 def main(conn, args, pulse_array=None) -> None:
@@ -205,7 +177,7 @@ def main(conn, args, pulse_array=None) -> None:
         conn.send(_fatal(e))
         return
     try:
-        conn.send(("ready", {"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch}))
+        conn.send(Ready({"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch}))
     except OSError:                       # the HTTP process stopped while the model loaded
         return
     core = EngineCore(scheduler, conn, metrics, max(0.0, args.stream_interval), max(0.0, args.stream_chunk_rate),
@@ -213,4 +185,4 @@ def main(conn, args, pulse_array=None) -> None:
     core.run()
 
 
-__all__ = ["EngineCore", "JobSpec", "load_model", "main", "serving_threads"]
+__all__ = ["EngineCore", "load_model", "main", "serving_threads"]
