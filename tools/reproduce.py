@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("--study", action="store_true", help="also train and report the head study (zero vs normal head)")
     p.add_argument("--adapt", action="store_true", help="the AR-to-SetDLM adaptation recipe instead")
     p.add_argument("--no-timing", action="store_true", help="--adapt: train and evaluate the accuracies only (they "
-                   "are reused), no timings and no report: the timings need a machine with nothing else running")
+                   "are reused), no timings and no report: the timings need a machine with nothing else running; "
+                   "--convert: no timings (the report is written, its speed columns empty)")
     p.add_argument("--planning", action="store_true", help="the planning study instead (issue 56)")
     p.add_argument("--only", nargs="+", default=None, help="--planning / --convert: only these tasks")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="--planning / --convert: only these seeds")

@@ -166,3 +166,47 @@ def test_planning_study_toy_trains_every_method_chooses_on_dev_and_reports(tmp_p
     assert orders["AR"][:16] == list(range(16))                                      # left to right
     again = _run(args, timeout=1500)
     assert again.returncode == 0 and "training " not in again.stdout and "drawing" not in again.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3000)  # ~8 minutes on 2 loaded cores: the toy parent's import, four toy fine-tunes, evaluations
+def test_convert_study_toy_calibrates_trains_every_arm_and_a_rerun_without_models_reuses_every_point(tmp_path):
+    """--convert at toy size: a tiny random Llama with a ChatML tokenizer imported as the parent, the calibration
+    on dev, AR / BD3LM / SetDLM and the ar_weight lever fine-tuned from it, dev settings, roles, test, NLL and
+    timings; the committed points let a re-run on a machine without the models train nothing."""
+    import shutil
+
+    from experiments.convert import evaluate as E
+
+    out, report, points = tmp_path / "run", tmp_path / "docs" / "results.md", tmp_path / "points"
+    args = ["tools/reproduce.py", "--convert", "--toy", "--out", str(out), "--report", str(report), "--points",
+            str(points)]
+    r = _run(args, timeout=2400)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    text = report.read_text()
+    for section in ("## Converting SmolLM2-135M into a SetDLM", "### Claims (test split)",
+                    "### multiplication: knob digits2-digits_b2", "Calibration (AR fine-tune", "Leak check:",
+                    "### Held-out NLL", "### Not run yet", "* none", "points from "):
+        assert section in text, section
+    count = {k: len(list((points / k).glob("*.json"))) for k in ("train", "accuracy", "nll")}
+    assert count["train"] == 4 and count["nll"] == 5                       # 4 children; + the parent
+    res = json.loads((out / "convert" / "convert.json").read_text())["tasks"][0]
+    assert [t["knob"] for t in res["calibration"]["tried"]][:1] == ["digits2-digits_b2"]
+    assert len(res["dev"]) == 1 + 1 + 2 + 2                                 # AR greedy, BD3LM tau, SetDLM W x tau
+    assert {p["split"] for p in res["test"]} == {"test"} and set(res["roles"]) >= {"ar/base", "setdlm_D4/base"}
+    assert res["timings"] and all(t["tokens_per_s"] > 0 for t in res["timings"])
+    assets = report.parent / "results" / "convert"
+    assert list(csv.DictReader(open(assets / "convert_rows.csv")))
+    assert (assets / "frontier_multiplication.png").is_file()
+    codes = {json.loads(f.read_text())["provenance"]["code"] for f in points.glob("*/*.json")}
+    for d in ("models", "parent", "data"):                                  # a new machine: only the points are there
+        shutil.rmtree(out / "convert" / d)
+    again = _run([*args, "--no-timing"], timeout=1800)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert {k: len(list((points / k).glob("*.json"))) for k in count} == count
+    now = E.code_fingerprint.__wrapped__()
+    if codes == {now}:                                                      # the code did not change: nothing redone
+        assert "training " not in again.stdout and "importing" not in again.stdout and "drawing" not in again.stdout
+    else:       # an edit of the fingerprinted code between the runs (a shared checkout): every point recomputed
+        assert "training " in again.stdout
+        assert {json.loads(f.read_text())["provenance"]["code"] for f in points.glob("*/*.json")} == {now}
