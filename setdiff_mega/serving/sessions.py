@@ -4,7 +4,7 @@ of steps) with the jobs that occupy its rows.
 * A **shared** decode: ``max_batch`` slot rows of width ``width`` that jobs join and leave between steps. Jobs
   share one when their decoding options agree except ``max_new_tokens``, the seed (each row samples from its
   own stream, seeded by its request; FHT orders excepted, drawn from the session's seed) and the sampling
-  options ``temperature``, ``top_p``, ``repetition_penalty`` (each row's own: the token choice runs once per
+  options ``temperature``, ``top_p``, ``min_p``, ``repetition_penalty`` (each row's own: the token choice runs once per
   group of rows with equal options, :class:`~setdiff_mega.decoding.processors.LogitsPipeline`): a step's
   bookkeeping is then one set of batched tensor operations for all of them, greedy or sampled, and rows
   without work are left out of its forward.
@@ -38,7 +38,8 @@ def session_key(cfg) -> str | None:
     if cfg.record or cfg.static_shapes or not cfg.use_cache:
         return None
     seed = cfg.seed if cfg.fht_cache_order else 0
-    return repr(replace(cfg, max_new_tokens=0, seed=seed, temperature=0.0, top_p=1.0, repetition_penalty=1.0))
+    return repr(replace(cfg, max_new_tokens=0, seed=seed, temperature=0.0, top_p=1.0, min_p=0.0,
+                        repetition_penalty=1.0))
 
 
 class Decode:

@@ -161,12 +161,12 @@ def test_cancel_queue_full_and_a_failing_job_leave_the_others_intact(rand_model)
 
 
 def test_jobs_that_differ_in_sampling_options_share_one_decode(rand_model):
-    """temperature, top_p, repetition penalty and seed are each row's own: five such jobs make one shared decode
+    """temperature, top_p, min_p, repetition penalty and seed are each row's own: five such jobs make one shared decode
     (one session key), and each decodes what it decodes alone."""
     from setdiff_mega.serving.sessions import session_key
 
     own = [dict(), dict(temperature=0.8, top_p=0.9, seed=5), dict(temperature=1.3, repetition_penalty=1.4, seed=7),
-           dict(repetition_penalty=1.2), dict(temperature=0.8, top_p=0.9, seed=11)]
+           dict(repetition_penalty=1.2), dict(temperature=0.8, top_p=0.9, min_p=0.05, seed=11)]
     cfgs = [GenerationConfig(max_new_tokens=6, stop_at_eos=False, window=4, tau=0.5, **o) for o in own]
     assert len({session_key(c) for c in cfgs}) == 1
     assert session_key(replace(cfgs[0], tau=0.7)) != session_key(cfgs[0])
