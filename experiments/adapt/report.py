@@ -9,12 +9,11 @@ the rest of the report file is kept.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
 from experiments.paper import frontier as F
-from experiments.paper.report import _f, _pm, _table, machine_meta, replace_section
+from experiments.paper.report import _f, _pm, _table, asset_links, machine_meta, write_section
 from experiments.provenance import computed_at
 from setdiff_mega.eval.sweep import write_csv
 
@@ -192,15 +191,12 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                       _f(p.get("forwards"), 0), _f(p.get("ms_per_forward"), 2), _f(p.get("rows_per_forward"), 1),
                       _f(p.get("agreement"), 2)] for p in fr if p["arm"] in full])
     lines += ["", "Every lever arm's settings: [adapt_frontier.csv](" + rel + "/adapt_frontier.csv).", "",
-              "Plots: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".png"))
-              + "; tables: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".csv")) + ".",
-              "", END]
+              asset_links(files["names"], rel), "", END]
     return lines
 
 
 def write_report(results: dict, files: dict, path: Path) -> Path:
-    rel = os.path.relpath(files["dir"], Path(path).parent)
-    return replace_section(Path(path), BEGIN, END, "\n".join(report_lines(results, files, rel)))
+    return write_section(report_lines, results, files, path, BEGIN, END)
 
 
 __all__ = ["training_rows", "meta", "write_assets", "write_report", "report_lines", "BEGIN", "END"]

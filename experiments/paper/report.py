@@ -245,16 +245,25 @@ def report_lines(results: dict, files: dict, rel: str) -> list[str]:
                     [[r["method"], r.get("seed"), r["estimator"], _f(r["nll_per_token"], 4),
                       _f(r.get("nll_one_order"), 4),
                       _f(r.get("nll_k_orders"), 4), r["orders"]] for r in results["likelihood"]])
-    lines += ["", "Plots: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".png"))
-              + "; tables: " + ", ".join(f"[{n}]({rel}/{n})" for n in files["names"] if n.endswith(".csv")) + ".",
-              "", END]
-    return lines
+    return lines + ["", asset_links(files["names"], rel), "", END]
+
+
+def asset_links(names: list[str], rel: str) -> str:
+    """"Plots: ...; tables: ..." with a relative link to each PNG and CSV of ``names`` under ``rel``."""
+    return ("Plots: " + ", ".join(f"[{n}]({rel}/{n})" for n in names if n.endswith(".png"))
+            + "; tables: " + ", ".join(f"[{n}]({rel}/{n})" for n in names if n.endswith(".csv")) + ".")
+
+
+def write_section(lines_of, results: dict, files: dict, path: Path, begin: str = BEGIN, end: str = END) -> Path:
+    """Replace (or append) the section between ``begin`` and ``end`` of ``path`` with ``lines_of(results, files,
+    rel)`` (``rel``: the assets folder relative to ``path``'s folder)."""
+    rel = os.path.relpath(files["dir"], Path(path).parent)
+    return replace_section(Path(path), begin, end, "\n".join(lines_of(results, files, rel)))
 
 
 def write_report(results: dict, files: dict, path: Path) -> Path:
     """Replace (or append) the reproduction section of ``path``."""
-    rel = os.path.relpath(files["dir"], Path(path).parent)
-    return replace_section(Path(path), BEGIN, END, "\n".join(report_lines(results, files, rel)))
+    return write_section(report_lines, results, files, path)
 
 
 def replace_section(path: Path, begin: str, end: str, section: str) -> Path:
@@ -270,5 +279,6 @@ def replace_section(path: Path, begin: str, end: str, section: str) -> Path:
     return path
 
 
-__all__ = ["training_rows", "machine_meta", "write_assets", "write_report", "report_lines", "replace_section",
+__all__ = ["training_rows", "machine_meta", "write_assets", "write_report", "write_section", "asset_links",
+           "report_lines", "replace_section",
            "BEGIN", "END"]

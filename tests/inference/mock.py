@@ -60,4 +60,19 @@ def peaked(rows: list[list[tuple[int, float]]], vocab: int, floor: float = -4.0)
     return table
 
 
-__all__ = ["ScriptedModel", "peaked"]
+class Shifted:
+    """A model trained with ``shift_logits`` (the samplers read the attribute); everything else delegated."""
+
+    shift_logits = True
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kw):
+        return self.model(*args, **kw)
+
+
+__all__ = ["ScriptedModel", "peaked", "Shifted"]

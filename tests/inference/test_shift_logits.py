@@ -12,26 +12,13 @@ import torch
 from setdiff_mega.diffusion import build_objective
 from setdiff_mega.inference import BD3LMSampler, Canvas, GenerationConfig, MDLMSampler, SetDLMSampler
 
+from .mock import Shifted
+
 MASK, PAD, EOS = 60, 59, 58
 PROMPTS = {
     "prompt": [[57, 1, 2, 3, 4, 5], [57, 9]],
     "infill": [[57, 1, 2, MASK, MASK, MASK, MASK, MASK, 7, 8, EOS], [57, 3, MASK, MASK, MASK, 4, MASK, MASK, 9, EOS]],
 }
-
-
-class Shifted:
-    """A model trained with ``shift_logits`` (the samplers read the attribute); everything else delegated."""
-
-    shift_logits = True
-
-    def __init__(self, model):
-        self.model = model
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, *args, **kw):
-        return self.model(*args, **kw)
 
 
 def _run(cls, model, prompts, **kw):

@@ -12,25 +12,15 @@ from setdiff_mega.decoding.calls import drive
 from setdiff_mega.decoding.trace import traces
 from setdiff_mega.inference import ARSampler, SetDLMSampler
 
-from .mock import ScriptedModel, peaked
+from .mock import ScriptedModel, Shifted, peaked
 from .test_golden_tokens import PROMPTS as GOLDEN
 from .test_serving_batching import EOS, MASK, PAD, PROMPTS, Tok, _serve
 
 
-class Spec:
+class Spec(Shifted):
     """A model trained with the head shift and the next-token loss (the attributes a load sets)."""
 
-    shift_logits = True
     self_speculative = True
-
-    def __init__(self, model):
-        self.model = model
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, *args, **kw):
-        return self.model(*args, **kw)
 
 
 def _run(model, prompts, **kw):
