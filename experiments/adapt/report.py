@@ -15,6 +15,8 @@ from types import SimpleNamespace
 from experiments.paper import frontier as F
 from experiments.paper.report import _f, _pm, _table, asset_links, machine_meta, write_section
 from experiments.provenance import computed_at
+from setdiff_mega.diffusion.bd3lm import BD3LM
+from setdiff_mega.diffusion.setdlm import SETDLM
 from setdiff_mega.eval.sweep import write_csv
 
 from . import plots as P
@@ -145,7 +147,7 @@ def _same_chunk(s: dict | None) -> list[str]:
                  f"against BD3LM S = {n}, tau 0: {n} pending + {n} query rows every step, batch 1)", ""]
     lines += _table(["sampler", "ms per step", "model forward", "sampler's own work", "steps timed", "chunk widths"],
                     [[m, _f(s[m]["step_ms"], 3), _f(s[m]["forward_ms"], 3), _f(s[m]["sampler_ms"], 3), s[m]["steps"],
-                      ", ".join(map(str, s[m]["chunk"]))] for m in ("setdlm", "bd3lm")])
+                      ", ".join(map(str, s[m]["chunk"]))] for m in (SETDLM.name, BD3LM.name)])
     return lines + ["", f"SetDLM / BD3LM per step: **{s['setdlm_over_bd3lm']:.2f}x**."]
 
 

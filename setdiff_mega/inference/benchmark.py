@@ -185,12 +185,16 @@ def step_breakdown(engines: dict, tokenizer, method: str, prompts: list, cfg: Ge
 
 
 def same_chunk(model, tokenizer, prompts: list, size: int, new_tokens: int, repeats: int = 3,
-               methods_: tuple = ("setdlm", "bd3lm")) -> dict:
+               methods_: tuple | None = None) -> dict:
     """Per decode step (ms) of SetDLM (W = ``size``) and BD3LM (S = ``size``) on the same model and chunk:
     tau = 0 commits every active position, so after the prefill every forward of both is ``size`` pending +
     ``size`` query rows; a step is timed from one step's end to the next (the first, which holds the prefill, is
     left out), its forward inside it, and the rest is the sampler's own work. Methods interleaved per repeat,
     the fastest repeat kept. Returns {method: {step_ms, forward_ms, sampler_ms, steps, chunk}}."""
+    from setdiff_mega.diffusion.bd3lm import BD3LM
+    from setdiff_mega.diffusion.setdlm import SETDLM
+
+    methods_ = methods_ or (SETDLM.name, BD3LM.name)
     out = {m: [] for m in methods_}
     dev = next(model.parameters()).device
     ids = [encode_request(tokenizer, p) for p in prompts]
