@@ -72,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hostile-keys", default="victim,attacker", help="the well-behaved client's and the attackers' "
                    "API keys (a started server gets both)")
     p.add_argument("--flood", type=int, default=8, help="the hostile phase's concurrent flooding connections")
+    p.add_argument("--client-row-share", type=int, default=None,
+                   help="the started server's --client-row-share (default: the server's own rule)")
     p.add_argument("--json", help="write the phases' rows here")
     p.add_argument("--overwrite", action="store_true")
     return p
@@ -146,6 +148,8 @@ def hostile(args, threads: int) -> int:
     proc = None
     if args.checkpoint:
         extra = ["--threads", str(threads), "--decode-weights", args.decode_weights, "--api-key", ",".join(keys)]
+        if args.client_row_share is not None:
+            extra += ["--client-row-share", str(args.client_row_share)]
         proc, url = start_server(args.checkpoint, args.clients, extra)
     else:
         url = args.url.rstrip("/")
