@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     out = claim_output_dir(args.out_dir, [], flag="--out-dir", tool="bench_preprocess", continues=True,
                            owned=either(marked_by("bench_preprocess"), holds_only(
                                ".csv", ".png", ".json", ".jsonl", ".log", ".txt", ".bin", ".idx")))
+    before = set(out.iterdir())                 # the cleanup below removes only what this run wrote
     jsonl = out / "corpus.jsonl"
     docs = embedded_corpus(args.docs // 2, args.docs - args.docs // 2, seed=123)
     write_jsonl([{"text": d["text"]} for d in docs], jsonl)
@@ -108,8 +109,11 @@ def main(argv=None) -> int:
         w.writeheader()
         for r in rows:
             w.writerow({**r, "ratio_vs_standard": round(best["standard"] / r["seconds"], 3), "identical_tokens": same})
-    for f in out.glob("*_?.*"):
-        f.unlink()
+    for r in range(args.repeats):               # the timed datasets this run wrote (not the CSV, corpus, tokenizer)
+        for method in ("standard", "setdiff_mega"):
+            for f in out.glob(f"{method}_{r}.*"):
+                if f not in before:
+                    f.unlink()
     return 0 if same else 1
 
 
