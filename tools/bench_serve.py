@@ -17,10 +17,19 @@ rows.
 
     python tools/bench_serve.py --checkpoint runs/tiny_cpu --hostile --requests 16 --max-tokens 16
 
+    python tools/bench_serve.py --checkpoint runs/tiny_cpu --against 1b0d2a2 --pairs 10
+
+--against REF: paired A/B throughput of this checkout's server against the checkout REF (a directory, or a git
+revision checked out into a temporary worktree that is removed afterwards): both servers up, short rounds in
+alternating order, the mean ratio with its 95 % CI, the smallest difference the design resolves and a verdict
+against --tolerance (setdiff_mega/serving/bench_ab.py).
+
 --hostile runs the hostile phase alone (issue 57; setdiff_mega/serving/bench.py run_hostile): a well-behaved
 client's p50 / p99 latency unloaded and beside attackers (a flood, the regex bomb, 1,024-job requests, distinct
 chat kwargs) under another API key, and the server's resident memory before and after. With --checkpoint the
-server is started with the two keys (--hostile-keys); with --url, the server must accept them.
+server is started with the two keys (--hostile-keys); with --url, the server must accept them. With several
+--client-row-share values (e.g. default,2,1) or --hostile-runs K > 1, one server per value, K runs each in rotated
+order: every run's p99 ratio, the flood's tokens/s (what a smaller share costs it) and the memory growth.
 """
 import argparse
 import asyncio
@@ -44,6 +53,7 @@ from setdiff_mega.serving.bench import (
     table,
     workload,
 )
+from setdiff_mega.serving.bench_ab import ab_table, checkout, hostile_compare_table, run_ab, run_hostile_compare
 from setdiff_mega.serving.engine_process import serving_threads
 
 
@@ -72,8 +82,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hostile-keys", default="victim,attacker", help="the well-behaved client's and the attackers' "
                    "API keys (a started server gets both)")
     p.add_argument("--flood", type=int, default=8, help="the hostile phase's concurrent flooding connections")
-    p.add_argument("--client-row-share", type=int, default=None,
-                   help="the started server's --client-row-share (default: the server's own rule)")
+    p.add_argument("--client-row-share", default=None, help="the started server's --client-row-share; --hostile: "
+                   "a comma-separated list compares several ('default': the server's own rule), e.g. default,2,1")
+    p.add_argument("--hostile-runs", type=int, default=1, help="--hostile: runs per row-share setting (rotated)")
+    p.add_argument("--against", default=None, help="paired A/B throughput against another checkout: a directory "
+                   "or a git revision (module docstring)")
+    p.add_argument("--pairs", type=int, default=10, help="--against: pairs of rounds (A B, then B A, ...)")
+    p.add_argument("--tolerance", type=float, default=0.03, help="--against: the slowdown the verdict allows")
     p.add_argument("--json", help="write the phases' rows here")
     p.add_argument("--overwrite", action="store_true")
     return p
@@ -86,8 +101,14 @@ def main(argv=None) -> int:
     if args.json:
         check_output_file(args.json, [args.checkpoint], flag="--json", overwrite=args.overwrite)
     threads = serving_threads(args.threads)             # the started server's and the in-process baseline's
+    shares = row_shares(args.client_row_share)
+    if (args.against or args.hostile_runs > 1 or len(shares) > 1) and not args.checkpoint:
+        raise ValueError("--against, --hostile-runs and several --client-row-share values start their own servers: "
+                         "pass --checkpoint, not --url")
     if args.hostile:
-        return hostile(args, threads)
+        return hostile(args, threads, shares)
+    if args.against:
+        return against(args, threads)
     bodies = [{"prompt": q, "max_tokens": args.max_tokens, "temperature": 0, "stop_at_eos": False, "stream": True,
                "stream_options": {"include_usage": True}} for q in workload(args.tasks, args.requests)]
     proc = None
@@ -138,18 +159,59 @@ def main(argv=None) -> int:
     return 0
 
 
-def hostile(args, threads: int) -> int:
+def row_shares(text: str | None) -> list:
+    """--client-row-share's values: None for 'default' (the server's rule), else integers >= 1."""
+    if text is None:
+        return [None]
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part in ("default", "auto"):
+            out.append(None)
+        elif part.isdigit() and int(part) >= 1:
+            out.append(int(part))
+        else:
+            raise ValueError(f"--client-row-share takes integers >= 1 or 'default', comma-separated; got {part!r}")
+    return out
+
+
+def against(args, threads: int) -> int:
+    """--against: paired A/B throughput (setdiff_mega/serving/bench_ab.py)."""
+    if args.pairs < 2:
+        raise ValueError(f"--pairs must be >= 2 (a spread needs two pairs), got {args.pairs}")
+    bodies = [{"prompt": q, "max_tokens": args.max_tokens, "temperature": 0, "stop_at_eos": False, "stream": True,
+               "stream_options": {"include_usage": True}} for q in workload(args.tasks, args.requests)]
+    extra = ["--threads", str(threads), "--decode-weights", args.decode_weights]
+    with checkout(args.against) as tree:
+        result = run_ab(args.checkpoint, tree, bodies, args.clients, extra, args.pairs, args.tolerance,
+                        log=lambda m: print(m, file=sys.stderr))
+    print(ab_table(result, args.against))
+    if args.json:
+        write_file_atomic(args.json, json.dumps({**result, "against": args.against, "requests": args.requests,
+                                                 "max_tokens": args.max_tokens}, indent=1))
+    return 0
+
+
+def hostile(args, threads: int, shares: list) -> int:
     """The hostile phase alone (module docstring)."""
     keys = [k.strip() for k in args.hostile_keys.split(",")]
     if len(keys) != 2 or not all(keys):
         raise ValueError(f"--hostile-keys must be two keys separated by a comma, got {args.hostile_keys!r}")
     bodies = [{"prompt": q, "max_tokens": args.max_tokens, "temperature": 0, "stop_at_eos": False}
               for q in workload(args.tasks, args.requests)]
+    extra = ["--threads", str(threads), "--decode-weights", args.decode_weights, "--api-key", ",".join(keys)]
+    if args.hostile_runs > 1 or len(shares) > 1:
+        result = run_hostile_compare(args.checkpoint, shares, bodies, args.clients, extra, max(args.hostile_runs, 1),
+                                     tuple(keys), args.flood, log=lambda m: print(m, file=sys.stderr))
+        print(hostile_compare_table(result))
+        if args.json:
+            write_file_atomic(args.json, json.dumps({**result, "clients": args.clients, "requests": args.requests,
+                                                     "max_tokens": args.max_tokens}, indent=1))
+        return 0
     proc = None
     if args.checkpoint:
-        extra = ["--threads", str(threads), "--decode-weights", args.decode_weights, "--api-key", ",".join(keys)]
-        if args.client_row_share is not None:
-            extra += ["--client-row-share", str(args.client_row_share)]
+        if shares[0] is not None:
+            extra += ["--client-row-share", str(shares[0])]
         proc, url = start_server(args.checkpoint, args.clients, extra)
     else:
         url = args.url.rstrip("/")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import re
 import subprocess
@@ -279,7 +280,9 @@ async def run_hostile(url: str, bodies: list[dict], victim_key: str, attacker_ke
         rss0 = server_rss(pid)
         done = asyncio.Event()
 
-        async def attack(path, body):
+        flood_tokens = [0]
+
+        async def attack(path, body, flooding=False):
             for _ in range(rounds_cap):
                 if done.is_set():
                     return
@@ -289,10 +292,12 @@ async def run_hostile(url: str, bodies: list[dict], victim_key: str, attacker_ke
                 except httpx.HTTPError as e:
                     key = type(e).__name__
                 statuses[key] = statuses.get(key, 0) + 1
+                if flooding and key == "200":
+                    flood_tokens[0] += r.json()["usage"]["completion_tokens"]
                 if key != "200":
                     await asyncio.sleep(0.01)                       # a refused attacker retries at once, nearly
         long_body = {**bodies[0], "max_tokens": max(64, bodies[0].get("max_tokens", 64)), "stop_at_eos": False}
-        attackers = [attack("/v1/completions", long_body) for _ in range(flood)]
+        attackers = [attack("/v1/completions", long_body, flooding=True) for _ in range(flood)]
         attackers.append(attack("/v1/completions", REGEX_BOMB))
         attackers.append(attack("/v1/completions", {"prompt": ["x"] * 64, "n": 16, "max_tokens": 2}))
         kwargs_count = iter(range(rounds_cap))
@@ -306,16 +311,19 @@ async def run_hostile(url: str, bodies: list[dict], victim_key: str, attacker_ke
                 r = await client.post(url + "/v1/chat/completions", json=body, headers=attacker)
                 statuses[f"chat {r.status_code}"] = statuses.get(f"chat {r.status_code}", 0) + 1
         tasks = [asyncio.create_task(a) for a in attackers] + [asyncio.create_task(chat_flood())]
+        t_attack = time.perf_counter()
         await asyncio.sleep(0.5)                                    # the flood queued
         try:
             beside = [await timed(b) for b in bodies]
         finally:
             done.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+        attack_s = time.perf_counter() - t_attack
         rss1 = server_rss(pid)
     row = {"phase": "hostile", "requests": len(bodies), "attackers": statuses,
            "alone_p50_s": percentile(alone, 50), "alone_p99_s": percentile(alone, 99),
-           "beside_p50_s": percentile(beside, 50), "beside_p99_s": percentile(beside, 99)}
+           "beside_p50_s": percentile(beside, 50), "beside_p99_s": percentile(beside, 99),
+           "flood_tokens_per_s": flood_tokens[0] / attack_s, "attack_s": attack_s}
     row["p99_ratio"] = row["beside_p99_s"] / row["alone_p99_s"]
     if rss0 is not None and rss1 is not None:
         row.update(rss_before_mib=rss0, rss_after_mib=rss1, rss_growth_mib=rss1 - rss0)
@@ -329,15 +337,22 @@ def hostile_table(row: dict) -> str:
     if "rss_growth_mib" in row:
         lines.append(f"server resident memory {row['rss_before_mib']:.1f} -> {row['rss_after_mib']:.1f} MiB "
                      f"({row['rss_growth_mib']:+.1f} MiB; target within 50)")
+    if "flood_tokens_per_s" in row:
+        lines.append(f"the flood's {row['flood_tokens_per_s']:.1f} generated tokens/s over the attack's "
+                     f"{row['attack_s']:.1f} s (what the row share costs it)")
     lines.append("attackers' answers: " + ", ".join(f"{k}: {v}" for k, v in sorted(row["attackers"].items())))
     return "\n".join(lines)
 
 
-def start_server(checkpoint: str, max_batch: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    """``tools/serve.py`` on a free loopback port; returns (process, base URL) once it answers /health."""
-    tool = Path(__file__).resolve().parents[2] / "tools" / "serve.py"
-    proc = subprocess.Popen([sys.executable, str(tool), "--checkpoint", checkpoint, "--port", "0", "--max-batch",
-                             str(max_batch), *extra], stderr=subprocess.PIPE, text=True)
+def start_server(checkpoint: str, max_batch: int, extra: list[str], tree: Path | None = None
+                 ) -> tuple[subprocess.Popen, str]:
+    """``tools/serve.py`` on a free loopback port; returns (process, base URL) once it answers /health. ``tree``:
+    another checkout whose ``tools/serve.py`` and package run instead (its root first on PYTHONPATH)."""
+    root = Path(tree) if tree is not None else Path(__file__).resolve().parents[2]
+    env = None if tree is None else {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([sys.executable, str(root / "tools" / "serve.py"), "--checkpoint", checkpoint, "--port",
+                             "0", "--max-batch", str(max_batch), *extra], stderr=subprocess.PIPE, text=True, env=env)
     url = None
     for line in proc.stderr:
         m = re.search(r"on (http://[^/\s]+)/v1", line)

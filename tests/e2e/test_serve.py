@@ -428,6 +428,33 @@ def test_lm_eval_local_completions_generates_through_the_server(server):
     assert got == want
 
 
+def test_bench_serve_against_another_checkout_pairs_the_rounds(trained_run, tmp_path):
+    """``--against DIR``: both servers up, the rounds paired in alternating order, per phase the ratio with its
+    interval and a verdict (the numbers of a shared machine mean little here; the design runs end to end)."""
+    import shutil
+    from pathlib import Path
+
+    save, _ = trained_run
+    root = Path(__file__).resolve().parents[2]
+    other = tmp_path / "other"
+    for part in ("setdiff_mega", "tools"):          # a copy of this checkout: it must import its own package
+        shutil.copytree(root / part, other / part, ignore=shutil.ignore_patterns("__pycache__"))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "math.jsonl").write_text(json.dumps({"question": "2 + 3?", "answer": "5"}) + "\n")
+    (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
+    out = tmp_path / "ab.json"
+    r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--against", other, "--pairs", "2", "--clients", "2",
+                  "--requests", "2", "--max-tokens", "3", "--threads", "1", "--tasks", tasks, "--json", out])
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert len(got["rounds"]["A"]) == len(got["rounds"]["B"]) == 2
+    for phase in ("sequential", "concurrent"):
+        s = got["stats"][phase]
+        assert s["ci_low"] <= s["ratio"] <= s["ci_high"] and s["verdict"] in ("within", "slower", "not resolved")
+    assert "pair 2/2" in r.stderr and "A / B (95 % CI)" in r.stdout
+
+
 def test_the_server_leaves_the_http_side_a_core_unless_told():
     """``--threads``: given, as given (>= 1); by default the cores this process may use minus one, at least 1."""
     import os

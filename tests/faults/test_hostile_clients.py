@@ -442,7 +442,30 @@ def test_bench_serve_hostile_phase_reports_the_well_behaved_clients_latency_and_
     assert row["beside_p99_s"] >= row["beside_p50_s"] > 0 and row["alone_p99_s"] > 0 and row["p99_ratio"] > 0
     assert row["attackers"].get("400", 0) >= 1                     # the 1,024-job requests, refused at once
     assert row["rss_before_mib"] > 0 and "rss_growth_mib" in row
-    assert "beside the attackers" in r.stdout
+    assert row["flood_tokens_per_s"] > 0 and row["attack_s"] > 0    # the flood was served: what a share costs it
+    assert "beside the attackers" in r.stdout and "the flood's" in r.stdout
+
+
+def test_bench_serve_hostile_compares_row_shares_on_servers_side_by_side(trained_run, tmp_path):
+    """Several --client-row-share values: one server each, the runs rotated, every run's row kept per setting."""
+    import json
+
+    from ..e2e.conftest import run_here
+
+    save, _ = trained_run
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "math.jsonl").write_text(json.dumps({"question": "2 + 3?", "answer": "5"}) + "\n")
+    (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
+    out = tmp_path / "compare.json"
+    r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--hostile", "--requests", "2", "--max-tokens", "4",
+                  "--clients", "2", "--flood", "2", "--threads", "1", "--tasks", tasks, "--json", out,
+                  "--client-row-share", "default,1"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert list(got["rows"]) == ["default", "1"] and all(len(v) == 1 for v in got["rows"].values())
+    assert all(s["p99_ratio"]["runs"][0] > 0 and s["flood_tokens_per_s"]["mean"] > 0 for s in got["summary"].values())
+    assert "| default |" in r.stdout and "| 1 |" in r.stdout
 
 
 @pytest.mark.parametrize("stream", [False, True])
