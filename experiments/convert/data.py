@@ -4,7 +4,7 @@ Layout under ``<out>/data/<task>/<knob tag>/`` (:func:`setdiff_mega.data.prepare
 ``tools/prepare_data.py --task T --format chat --tokenizer TOK``)::
 
     train.jsonl / dev.jsonl / test.jsonl   supervised records: prompt = the user turn, response = the assistant's
-                                           answer (arithmetic: the worked solution ending '#### n'; multiplication:
+                                           answer (arithmetic: the worked solution ending '#### n'; addition:
                                            the number only), with the problem's fields for the verifier
     tokenizer.json                         the parent's tokenizer with its chat template
     corpus.*                               the train split rendered with that template (data.format=sft)

@@ -16,18 +16,24 @@ settings each claim uses, chosen on dev.
   exact match) and, for a windowed method, ``parity_bd3lm`` (the most tokens per step within :data:`PARITY` of the
   block method's best). Tokens per step stand in for speed on dev (deterministic; the timings come last).
 
-:func:`code_fingerprint` covers what a point's value depends on: the decoding, model, training, data and task
-code, the likelihood and held-out text, and this package's data / train / evaluate / points modules.
+:func:`.points.code_fingerprints` covers what a point's value depends on, per kind of point, so that a change of the
+decoding code re-decodes the trained children and retrains none:
+
+* ``train`` (the weights): :data:`TRAIN_CODE`, the training, model, objective, data, task, checkpoint (the parent's
+  import and ``init_from``), config and parallel code, and this package's data / train / points modules and the
+  frontier module that writes a child's overrides; the child's run directory is keyed by it too
+  (:func:`.train.run_id`), so a change of it trains new children beside the old ones;
+* ``accuracy``: the train fingerprint and :data:`DECODE_CODE` (the decoding and inference code, the verifiers,
+  this module and the planning study's loader whose options it uses);
+* ``nll``: the train fingerprint and :data:`NLL_CODE` (the likelihood estimators and the held-out text).
 """
 from __future__ import annotations
 
-import functools
 import statistics
 from pathlib import Path
 
 import setdiff_mega.tasks as T
 from experiments.planning import evaluate as PE
-from experiments.provenance import DECODING_CODE, fingerprint
 from setdiff_mega import methods
 from setdiff_mega.checkpoint import load_model
 from setdiff_mega.data.chat import ChatRenderer
@@ -40,13 +46,6 @@ from .plan import kind
 
 PARITY = 0.03
 NLL_L = 256
-CODE = (*DECODING_CODE, "tasks", "eval/likelihood.py", "eval/heldout.py", "diffusion", "model", "training", "data")
-
-
-@functools.lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    here = Path(__file__).parent
-    return fingerprint(CODE, extra=tuple(here / f for f in ("data.py", "train.py", "evaluate.py", "points.py")))
 
 
 def load(run_dir: Path, decode_weights: str) -> tuple:
@@ -149,5 +148,5 @@ def chosen_settings(chosen: dict) -> list[dict]:
     return out
 
 
-__all__ = ["PARITY", "NLL_L", "code_fingerprint", "load", "accuracy", "nll", "speed", "setting_name", "dev_means",
+__all__ = ["PARITY", "NLL_L", "load", "accuracy", "nll", "speed", "setting_name", "dev_means",
            "roles", "chosen_settings", "kind"]

@@ -36,7 +36,7 @@ from . import data as D
 from . import evaluate as E
 from . import plan as P
 from . import train as TR
-from .points import PointStore, point_key
+from .points import PointStore, code_fingerprints, point_key
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Context:
 
 
 def store_of(cc: P.ConvertConfig) -> PointStore:
-    return PointStore(Path(cc.points), E.code_fingerprint(), TR.file_sha(cc.config))
+    return PointStore(Path(cc.points), code_fingerprints(), TR.file_sha(cc.config))
 
 
 def _selected(cc: P.ConvertConfig, arm: P.Arm, seed: int) -> bool:

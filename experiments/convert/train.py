@@ -29,6 +29,7 @@ from setdiff_mega.checkpoint.io import latest_checkpoint
 from setdiff_mega.tasks import knob_tag
 
 from .plan import Arm, ConvertConfig, TaskPlan, kind
+from .points import code_fingerprints
 
 ROOT = Path(__file__).resolve().parents[2]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -96,9 +97,10 @@ def overrides(cc: ConvertConfig, arm: Arm, tp: TaskPlan, data_dir: Path, parent:
 
 def run_id(cc: ConvertConfig, arm: Arm, tp: TaskPlan, knob: dict, parent_sha: str) -> str:
     """A hash of what a child trains with but its seed: the config file, the parent, the method, the task, knob,
-    sizes and steps, the recipe's and the study's overrides."""
+    sizes and steps, the recipe's and the study's overrides, and the training code's fingerprint (new code trains
+    a new child: an old run directory is never reused under a fingerprint it was not trained with)."""
     what = [file_sha(cc.config), parent_sha, arm.method, tp.task, knob, tp.seq_length, tp.steps, tp.num_train,
-            cc.data_seed, list(arm.recipe.overrides), list(cc.overrides)]
+            cc.data_seed, list(arm.recipe.overrides), list(cc.overrides), code_fingerprints()["train"]]
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

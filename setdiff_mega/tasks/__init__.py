@@ -9,6 +9,7 @@ answer for a pretrained LM's chat template).
     sudoku4, sudoku9   Sudoku by number of givens (sudoku.py)
     countdown          every operand once with + - * / to the target; by operands and target range (countdown.py)
     multiplication     answer-only, by digits (multiplication.py)
+    addition           answer-only, the sum a digit longer than the operands, by digits (addition.py)
     pathstar           path-star graph planning, by degree and arm length (pathstar.py)
     arithmetic         multi-step word problems with worked solutions, by steps (arithmetic.py)
 

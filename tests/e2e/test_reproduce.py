@@ -176,7 +176,7 @@ def test_convert_study_toy_calibrates_trains_every_arm_and_a_rerun_without_model
     timings; the committed points let a re-run on a machine without the models train nothing."""
     import shutil
 
-    from experiments.convert import evaluate as E
+    from experiments.convert.points import code_fingerprints
 
     out, report, points = tmp_path / "run", tmp_path / "docs" / "results.md", tmp_path / "points"
     args = ["tools/reproduce.py", "--convert", "--toy", "--out", str(out), "--report", str(report), "--points",
@@ -204,9 +204,8 @@ def test_convert_study_toy_calibrates_trains_every_arm_and_a_rerun_without_model
     again = _run([*args, "--no-timing"], timeout=1800)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert {k: len(list((points / k).glob("*.json"))) for k in count} == count
-    now = E.code_fingerprint.__wrapped__()
-    if codes == {now}:                                                      # the code did not change: nothing redone
+    now = set(code_fingerprints.__wrapped__().values())
+    if codes <= now:                                                        # the code did not change: nothing redone
         assert "training " not in again.stdout and "importing" not in again.stdout and "drawing" not in again.stdout
-    else:       # an edit of the fingerprinted code between the runs (a shared checkout): every point recomputed
-        assert "training " in again.stdout
-        assert {json.loads(f.read_text())["provenance"]["code"] for f in points.glob("*/*.json")} == {now}
+    else:       # an edit of the fingerprinted code between the runs (a shared checkout): those points recomputed
+        assert {json.loads(f.read_text())["provenance"]["code"] for f in points.glob("*/*.json")} <= now

@@ -12,7 +12,17 @@ from experiments.convert import plan as P
 from experiments.convert import report as R
 from experiments.convert import train as TR
 from experiments.convert.data import load_splits
-from experiments.convert.points import PointStore, point_key
+from experiments.convert.plan import ConvertConfig
+from experiments.convert.points import (
+    DECODE_CODE,
+    KINDS,
+    NLL_CODE,
+    TRAIN_CODE,
+    PointStore,
+    code_fingerprints,
+    point_key,
+)
+from experiments.provenance import PACKAGE
 from setdiff_mega import tasks as T
 
 
@@ -102,6 +112,29 @@ def test_point_store_reuses_matching_points_and_recomputes_on_a_new_fingerprint_
     assert [f.name for f in s.path(key).parent.iterdir()] == [s.path(key).name]   # atomic: no temporary left
     with pytest.raises(ValueError, match="point kind"):
         point_key("speed", "a", 0, "t", "k")
+
+
+def test_fingerprints_per_kind_a_decoding_change_invalidates_accuracies_not_trainings(tmp_path):
+    train = point_key("train", "ar/base", 0, "addition", "digits4", train="r1")
+    acc = point_key("accuracy", "ar/base", 0, "addition", "digits4", "dev", {"tau": 1e6}, "r1")
+    old = PointStore(tmp_path / "points", {"train": "t1", "accuracy": "a1", "nll": "n1"}, "k1")
+    old.put(train, {"final_val_loss": 0.5})
+    old.put(acc, {"accuracy": 0.4, "n": 8})
+    new_decode = PointStore(tmp_path / "points", {"train": "t1", "accuracy": "a2", "nll": "n1"}, "k1")
+    assert new_decode.get(train)["final_val_loss"] == 0.5 and new_decode.get(acc) is None
+    assert [r["key"]["kind"] for r in new_decode.current()] == ["train"]
+    fp = code_fingerprints.__wrapped__()
+    assert set(fp) == set(KINDS) and len(set(fp.values())) == 3
+    for rel in (*TRAIN_CODE, *DECODE_CODE, *NLL_CODE):                   # every listed source exists
+        assert (PACKAGE / rel).exists(), rel
+
+
+def test_a_childs_run_directory_is_keyed_by_the_training_code(monkeypatch):
+    cc = ConvertConfig(out_dir="runs/x", points="p")
+    tp, arm = cc.tasks[0], cc.arms()[0]
+    first = TR.run_id(cc, arm, tp, tp.ladder[0], "sha")
+    monkeypatch.setattr(TR, "code_fingerprints", lambda: {"train": "other", "accuracy": "a", "nll": "n"})
+    assert TR.run_id(cc, arm, tp, tp.ladder[0], "sha") != first
 
 
 def test_a_truncated_point_file_is_recomputed(tmp_path):

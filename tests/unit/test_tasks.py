@@ -20,7 +20,8 @@ from setdiff_mega.tasks.base import Problem, TaskError
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOBS = {"sudoku4": {"givens": 6}, "sudoku9": {"givens": 40}, "countdown": {"operands": 4},
-         "multiplication": {"digits": 3}, "pathstar": {"degree": 3, "length": 5}, "arithmetic": {"steps": 3}}
+         "multiplication": {"digits": 3}, "pathstar": {"degree": 3, "length": 5}, "arithmetic": {"steps": 3},
+         "addition": {"digits": 4}}
 
 
 def _draw(name, knob, n, seed=0):
@@ -72,6 +73,12 @@ def test_the_other_knobs_set_size_and_range():
         for p in _draw("multiplication", {"digits": d}, 20):
             assert len(str(p.question["a"])) == len(str(p.question["b"])) == d
             assert len(tasks.get("multiplication").grid_answer(p)) == 2 * d
+    for d in (2, 6):                                # addition: the sum always one digit longer than each operand
+        for p in _draw("addition", {"digits": d}, 50):
+            a, b = p.question["a"], p.question["b"]
+            assert len(str(a)) == len(str(b)) == d and len(p.answer) == d + 1 and int(p.answer) == a + b
+            assert tasks.get("addition").verify(p, f"{a} + {b} = {a + b}") and not tasks.get("addition").verify(
+                p, str(a + b + 1))
     for n, hi in ((3, 50), (5, 1000)):
         for p in _draw("countdown", {"operands": n, "target_min": 10, "target_max": hi}, 20):
             assert len(p.question["operands"]) == n and 10 <= p.question["target"] <= hi
@@ -205,7 +212,7 @@ def test_grid_layout_tokens_are_cells_and_the_answer_starts_where_the_layout_say
     tok = Tokenizer.characters(tasks.CHARACTERS, (tasks.SEP,))
     assert tok.vocab_size == 4 + 1 + len(tasks.CHARACTERS)
     render = ChatRenderer(tok, None)          # what tools/preprocess_data.py --sft does without a chat template
-    for name in ("sudoku4", "sudoku9", "countdown", "multiplication", "pathstar"):
+    for name in ("sudoku4", "sudoku9", "countdown", "multiplication", "pathstar", "addition"):
         task = tasks.get(name)
         knob = task.knob(dict(KNOBS[name], **({"givens": 50} if name == "sudoku9" else {})))
         p = _draw(name, knob, 1)[0]
