@@ -422,6 +422,17 @@ def test_greedy_tokens_through_the_fair_queue_equal_batch_one(hostile):
     assert [got[i] for i in range(3)] == [r["tokens"] for r in ref]
 
 
+def _bench_tasks(tmp_path):
+    """A --tasks directory whose prompts fit the tiny model's context of 32 tokens."""
+    import json
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "math.jsonl").write_text(json.dumps({"question": "2 + 3?", "answer": "5"}) + "\n")
+    (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
+    return tasks
+
+
 def test_bench_serve_hostile_phase_reports_the_well_behaved_clients_latency_and_memory(trained_run, tmp_path):
     """``tools/bench_serve.py --hostile`` (kept tiny here: the numbers of a shared machine mean little; the
     phase runs, the victim is answered, every attacker kind is answered, memory is measured)."""
@@ -430,10 +441,7 @@ def test_bench_serve_hostile_phase_reports_the_well_behaved_clients_latency_and_
     from ..e2e.conftest import run_here
 
     save, _ = trained_run
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "math.jsonl").write_text(json.dumps({"question": "2 + 3?", "answer": "5"}) + "\n")
-    (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
+    tasks = _bench_tasks(tmp_path)
     out = tmp_path / "hostile.json"
     r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--hostile", "--requests", "3", "--max-tokens", "4",
                   "--clients", "2", "--flood", "2", "--threads", "1", "--tasks", tasks, "--json", out])
@@ -453,10 +461,7 @@ def test_bench_serve_hostile_compares_row_shares_on_servers_side_by_side(trained
     from ..e2e.conftest import run_here
 
     save, _ = trained_run
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "math.jsonl").write_text(json.dumps({"question": "2 + 3?", "answer": "5"}) + "\n")
-    (tasks / "stories.jsonl").write_text(json.dumps({"sentences": ["Tom ran.", "He fell.", "He rose."]}) + "\n")
+    tasks = _bench_tasks(tmp_path)
     out = tmp_path / "compare.json"
     r = run_here(["tools/bench_serve.py", "--checkpoint", save, "--hostile", "--requests", "2", "--max-tokens", "4",
                   "--clients", "2", "--flood", "2", "--threads", "1", "--tasks", tasks, "--json", out,
