@@ -133,6 +133,7 @@ def build(args):
     server = Server(engine, tok, defaults, name, HttpMetrics(), timeout=args.request_timeout or None,
                     api_key=args.api_key or None, chat_cache_size=args.chat_cache_size)
     server.method, server.shutdown_grace = info["method"], args.shutdown_grace
+    server.decode_weights = info["decode_weights"]          # auto resolved in the engine (inference/engine.py)
     return server
 
 
@@ -186,7 +187,8 @@ def main(argv=None) -> int:
     server = build(args)
     host, port = sock.getsockname()[:2]
     print(f"serving {server.model_name!r} ({server.method}, context {server.defaults.seq_length}, "
-          f"max batch {args.max_batch}) on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+          f"max batch {args.max_batch}, {server.decode_weights} decode weights) on http://{host}:{port}/v1",
+          file=sys.stderr, flush=True)
     serve(server, sock)
     if server.engine.fatal:
         print(f"server stopped: the decoding engine failed ({server.engine.fatal}); exit status "

@@ -44,7 +44,7 @@ from setdiff_mega.checkpoint import hf, load_model
 from setdiff_mega.cli import run_cli
 from setdiff_mega.diffusion.setdlm import SETDLM
 from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
-from setdiff_mega.hfmodel.linears import FORMATS
+from setdiff_mega.hfmodel.linears import AUTO, CHOICES
 from setdiff_mega.inference import GenerationConfig, benchmark, forward_bench
 from setdiff_mega.inference.benchmark import default_grid, measure, plot_speed_vs_tau
 from setdiff_mega.inference.engine import decoding_model, plain_model
@@ -73,7 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--engine-repeats", type=int, default=3, help="interleaved repeats of the engine comparison")
     p.add_argument("--no-engine-comparison", action="store_true")
     p.add_argument("--no-trace-cost", action="store_true", help="skip the decoding trace's cost (record off / on)")
-    p.add_argument("--decode-weights", choices=FORMATS, default="fp32", help="the grid's decode-weights format")
+    p.add_argument("--decode-weights", choices=CHOICES, default=AUTO, help="the grid's decode-weights format "
+                   "(auto: fp32-packed on a CPU, fp32 on a GPU)")
     p.add_argument("--forward-shapes", default="main,gpt2",
                    help="shapes of the forward-vs-bandwidth measurement (main, gpt2; 'none' skips it)")
     p.add_argument("--forward-repeats", type=int, default=5, help="interleaved rounds of the forward measurement")

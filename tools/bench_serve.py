@@ -40,7 +40,7 @@ import torch
 from tqdm import tqdm
 
 from setdiff_mega.cli import run_cli
-from setdiff_mega.hfmodel.linears import FORMATS
+from setdiff_mega.hfmodel.linears import AUTO, CHOICES, resolve
 from setdiff_mega.outputs import check_output_file, write_file_atomic
 from setdiff_mega.serving.bench import (
     InProcess,
@@ -72,8 +72,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="the started server's torch threads (default: the "
                    "server's, cores minus one), also the in-process baseline's")
-    p.add_argument("--decode-weights", choices=FORMATS, default="fp32", help="the decode weights format of the "
-                   "started server and of the in-process baseline (tools/generate.py's option)")
+    p.add_argument("--decode-weights", choices=CHOICES, default=AUTO, help="the decode weights format of the "
+                   "started server and of the in-process baseline (tools/generate.py's option; auto is resolved here, "
+                   "so every server, --against's included, gets the same format)")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process generate baseline")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (server sequential + concurrent, in-process "
                    "batch 1 + batch B), alternating; each phase reports its median round, the shares the median "
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
     if args.json:
         check_output_file(args.json, [args.checkpoint], flag="--json", overwrite=args.overwrite)
     threads = serving_threads(args.threads)             # the started server's and the in-process baseline's
+    args.decode_weights = resolve(args.decode_weights)  # one format for all (an older --against tree knows no auto)
     shares = row_shares(args.client_row_share)
     if (args.against or args.hostile_runs > 1 or len(shares) > 1) and not args.checkpoint:
         raise ValueError("--against, --hostile-runs and several --client-row-share values start their own servers: "

@@ -36,7 +36,7 @@ from setdiff_mega.checkpoint import load_model
 from setdiff_mega.cli import run_cli
 from setdiff_mega.eval import heldout, likelihood, tasks
 from setdiff_mega.eval.likelihood import split_nll
-from setdiff_mega.inference.engine import decoding_model
+from setdiff_mega.inference.engine import decoding_model, weights_format
 from setdiff_mega.inference.options import (
     add_chat_arguments,
     add_generation_arguments,
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         gc = config_from_args(args, cfg.objective, L)
         report["speed"] = {**heldout.decode_speed(decoder, tok, objective, heldout.prompts(args.heldout, args.speed),
                                                   gc, L),
-                           "decode_weights": args.decode_weights, "engine": args.engine, "config": asdict(gc)}
+                           "decode_weights": weights_format(decoder), "engine": args.engine, "config": asdict(gc)}
     if not args.no_tasks:
         gc = config_from_args(args, cfg.objective, L)
         decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)

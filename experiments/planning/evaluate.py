@@ -42,7 +42,7 @@ def code_fingerprint() -> str:
     return fingerprint((*DECODING_CODE, "tasks"), extra=(Path(__file__),))
 
 
-def load(run_dir: Path, decode_weights: str = "fp32") -> tuple:
+def load(run_dir: Path, decode_weights: str = "auto") -> tuple:
     """(decoding model, objective, tokenizer, config) of a trained run (EMA weights when it kept them)."""
     model, objective, tok, cfg = load_model(run_dir)
     return decoding_model(model, cfg, tok, "auto", decode_weights), objective, tok, cfg

@@ -20,8 +20,9 @@ mask is 1; left or right padding) start with BOS (prepended when missing, as eve
 does); a row holding MASK tokens is an infill request (``[BOS] prefix MASK*m suffix [EOS]``), any other
 row is continued for ``max_new_tokens`` positions. The options are the sampler's
 (:class:`GenerationConfig` fields: ``window``, ``tau``, ``commit_k``, ``block_size``, ``temperature``,
-``top_p``, ``stop_strings`` ...; ``do_sample=False`` means greedy; ``decode_weights`` = fp32 | fp32-packed |
-bf16 | int8 says how the forward reads the weights, :mod:`.linears`); their defaults come from the export's
+``top_p``, ``stop_strings`` ...; ``do_sample=False`` means greedy; ``decode_weights`` = auto | fp32 | fp32-packed |
+bf16 | int8 says how the forward reads the weights, :mod:`.linears`: auto, the default, is fp32-packed on a CPU and
+fp32 on a GPU, ``linears.resolve``; fp32 is the exact path); their other defaults come from the export's
 ``generation_config.json`` (the method's: W = D, block size, the training length L). The sampler is the
 one ``config.method["sampler"]`` names (:func:`sampler_of`), the method (its name, whether it decodes in blocks:
 the trace's windows) is ``config.method``'s ``objective`` and ``block``, both written at export from the registry
@@ -49,6 +50,7 @@ from .decode_step import Prepared
 from .decode_step import forward as decode_forward
 from .linears import cache_dtype
 from .linears import check as check_format
+from .linears import resolve as resolve_format
 
 GENERATION_FILE = "generation_config.json"
 EXPORTED = {name: o for name, o in schema_options(GenerationConfig).items() if o.export}   # generate() takes
@@ -241,7 +243,8 @@ def generate(model, input_ids, attention_mask=None, tokenizer=None, return_dict_
     """Decode a batch with the export's sampler (see the module docstring)."""
     c, m = model.config, model.config.method
     kwargs = dict(kwargs)
-    decode_weights = kwargs.pop("decode_weights", "fp32")
+    p = next(model.parameters())
+    decode_weights = resolve_format(kwargs.pop("decode_weights", "auto"), p.device, p.dtype)
     cfg = _overrides(model, kwargs)
     sampler_class = sampler_of(m)
     mask_id, pad_id, eos_id, bos_id = m["mask_token_id"], c.pad_token_id, c.eos_token_id, c.bos_token_id

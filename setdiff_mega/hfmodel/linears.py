@@ -5,7 +5,7 @@ matrix once per step, so a forward's cost is reading the matrices (bytes) and ho
 few rows it has, not arithmetic. Each product is ``y = x W^T + b`` with x [.., K] float32, W [N, K], b [N],
 y [.., N] float32 in every format; what differs is what is read and which kernel reads it:
 
-    fp32         F.linear over the fused float32 matrices: bit-identical to the model's own forward (default)
+    fp32         F.linear over the fused float32 matrices: bit-identical to the model's own forward
     fp32-packed  the same float32 matrices packed once in panels of 32 output columns for the small-M kernel
                  of :mod:`.cpu_kernels` (one sequential stream of each matrix, up to 12 rows per pass:
                  at T ~ 9 on an AVX-512 CPU about 1.3x oneDNN's prepacked linear and 2.5x MKL's sgemm), or,
@@ -22,9 +22,15 @@ y [.., N] float32 in every format; what differs is what is read and which kernel
     int8         weight-only int8 with one scale per output row through torchao's ``Int8WeightOnlyConfig``
                  (bf16 activations; torchao installed), otherwise as bf16 (bfloat16 KV cache)
 
-Formats other than fp32 are CPU / CUDA options for speed with a stated tolerance (tests pin it); the
-fp32 default is the one the exactness tests hold to. Packing needs oneDNN (x86 CPUs with torch's mkldnn
-build): elsewhere the packed formats run F.linear on the same matrices.
+Formats other than fp32 are CPU / CUDA options for speed with a stated tolerance (tests pin it); fp32 is the
+one the exactness tests hold to (bit-identical to megatron-core). Packing needs oneDNN (x86 CPUs with torch's
+mkldnn build) or the kernels of :mod:`.cpu_kernels`: elsewhere the packed formats run F.linear on the same matrices.
+
+The default everywhere (the ``--decode-weights`` flags, ``decoding_model``, an export's ``generate``) is ``auto``,
+resolved by :func:`resolve` against the device and dtype of the model's weights: fp32-packed for float32 weights on
+a CPU where packing is usable (its greedy tokens equal fp32's on the pinned golden tests,
+tests/inference/test_decode_weights.py; faster there), fp32 otherwise (a GPU decodes on the exact path; bf16 / int8
+only on request). ``fp32`` named explicitly is the megatron-core-exact path.
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ import torch.nn.functional as F
 from .cpu_kernels import library
 
 FORMATS = ("fp32", "fp32-packed", "bf16", "int8")
+AUTO = "auto"
+CHOICES = (AUTO, *FORMATS)            # what a caller may name: a format, or auto (:func:`resolve`)
 
 
 def check(fmt: str) -> str:
@@ -42,14 +50,41 @@ def check(fmt: str) -> str:
     return fmt
 
 
+def check_choice(fmt: str) -> str:
+    """``fmt`` if it is a format or auto, else one line naming the choices."""
+    if fmt not in CHOICES:
+        raise ValueError(f"decode_weights={fmt!r} is unknown; choose one of {', '.join(CHOICES)}")
+    return fmt
+
+
+def resolve(fmt: str, device=None, dtype: torch.dtype = torch.float32) -> str:
+    """The format ``fmt`` names for a model on ``device`` (None: where this process's models are built, a visible
+    CUDA GPU, else the CPU) whose weights are ``dtype``: auto is fp32-packed for float32 weights on a CPU where
+    packing is usable (:func:`packing_usable`), else fp32 (the model's own dtype, e.g. a bfloat16 export's); a
+    format is itself."""
+    if check_choice(fmt) != AUTO:
+        return fmt
+    kind = torch.device(device).type if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    return "fp32-packed" if kind == "cpu" and dtype == torch.float32 and packing_usable() else "fp32"
+
+
+def _onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def packing_usable() -> bool:
+    """Whether fp32-packed packs anything on this CPU: the kernels of :mod:`.cpu_kernels` (built on first use) or,
+    where they cannot be built (one warning), oneDNN's prepacked linear."""
+    return library() is not None or _onednn()
+
+
 def cache_dtype(fmt: str):
     """The KV cache's dtype a format asks for (bfloat16 for bf16 / int8), None: the model's."""
     return torch.bfloat16 if check(fmt) in ("bf16", "int8") else None
 
 
 def _can_pack(w: torch.Tensor) -> bool:
-    return w.device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
-                                                                                       "_reorder_linear_weight")
+    return w.device.type == "cpu" and _onednn()
 
 
 class Product:
@@ -101,4 +136,5 @@ def _int8(weight: torch.Tensor):
     return lin.weight
 
 
-__all__ = ["FORMATS", "Product", "cache_dtype", "check"]
+__all__ = ["AUTO", "CHOICES", "FORMATS", "Product", "cache_dtype", "check", "check_choice", "packing_usable",
+           "resolve"]

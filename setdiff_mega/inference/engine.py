@@ -15,7 +15,10 @@
     auto     the same as native: plain when unsharded, else the megatron-core model
 
 ``tools/generate.py``, ``tools/evaluate.py`` (its decoding tasks; likelihoods stay on the native model),
-``tools/serve.py`` and the lm-eval adapter take ``--engine`` / ``engine=`` and ``--decode-weights``.
+``tools/serve.py`` and the lm-eval adapter take ``--engine`` / ``engine=`` and ``--decode-weights``. The decode
+weights default to ``auto``, resolved here against the model's device by :func:`setdiff_mega.hfmodel.linears.resolve`
+(fp32-packed on a CPU, fp32 on a GPU; a sharded model decodes in fp32); :func:`weights_format` says which one a
+decoding model uses. ``fp32`` named explicitly is the megatron-core-exact path.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 from setdiff_mega.checkpoint import hf
 from setdiff_mega.hfmodel.configuration_setdlm import SetDLMConfig
 from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
-from setdiff_mega.hfmodel.linears import check as check_format
+from setdiff_mega.hfmodel.linears import AUTO, check_choice, resolve
 from setdiff_mega.hfmodel.modeling_setdlm import SetDLMForDiffusionLM
 
 ENGINES = ("auto", "plain", "native")
@@ -49,20 +52,27 @@ def plain_model(model, cfg, tokenizer, decode_weights: str = "fp32"):
     return dm
 
 
-def decoding_model(model, cfg, tokenizer, engine: str = "auto", decode_weights: str = "fp32"):
-    """The plain twin of an unsharded model, or a sharded model itself (see the module docstring)."""
+def decoding_model(model, cfg, tokenizer, engine: str = "auto", decode_weights: str = AUTO):
+    """The plain twin of an unsharded model, or a sharded model itself (see the module docstring); ``auto``
+    decode weights are resolved against the model's device."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} is unknown; choose one of {', '.join(ENGINES)}")
-    check_format(decode_weights)
+    check_choice(decode_weights)
     if not _unsharded(model):
         if engine == "plain":
             raise ValueError("engine 'plain' decodes unsharded models only (TP = PP = 1); use --engine native")
-        if decode_weights != "fp32":
+        if decode_weights not in ("fp32", AUTO):
             raise ValueError(f"--decode-weights {decode_weights} needs the plain engine (an unsharded model, "
                              "TP = PP = 1); a sharded model decodes in fp32")
         return model
+    p = next(model.parameters())
     with torch.no_grad():
-        return plain_model(model, cfg, tokenizer, decode_weights)
+        return plain_model(model, cfg, tokenizer, resolve(decode_weights, p.device, p.dtype))
 
 
-__all__ = ["ENGINES", "decoding_model", "plain_model"]
+def weights_format(model) -> str:
+    """The decode-weights format a :func:`decoding_model` result decodes in (a sharded model: fp32)."""
+    return getattr(model, "decode_weights", "fp32")
+
+
+__all__ = ["ENGINES", "decoding_model", "plain_model", "weights_format"]

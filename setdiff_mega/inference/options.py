@@ -21,7 +21,7 @@ from setdiff_mega import methods
 from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.decoding.base import GenerationConfig
 from setdiff_mega.decoding.config import OPTIONS
-from setdiff_mega.hfmodel.linears import FORMATS
+from setdiff_mega.hfmodel.linears import AUTO, CHOICES
 
 # the paper's protocols (method.md 7); "window_per_D" scales the checkpoint's D
 PRESETS: dict[str, dict] = {
@@ -66,9 +66,11 @@ def add_generation_arguments(p: argparse.ArgumentParser, max_new_tokens: int = 6
     g.add_argument("--engine", choices=("auto", "plain", "native"), default="auto",
                    help="an unsharded model (TP = PP = 1) decodes through the plain-PyTorch forward of the export "
                         "format whichever is named; a sharded one through megatron-core (native)")
-    g.add_argument("--decode-weights", choices=FORMATS, default="fp32",
-                   help="how the plain forward reads the weights: fp32 (exact), fp32-packed (oneDNN, CPU), bf16, "
-                        "int8 (torchao weight-only); docs/guide/generation.md")
+    g.add_argument("--decode-weights", choices=CHOICES, default=AUTO,
+                   help="how the plain forward reads the weights: auto (default: fp32-packed on a CPU, its tokens "
+                        "equal fp32's on the golden tests; fp32 on a GPU), fp32 (exact: megatron-core's forward bit "
+                        "for bit), fp32-packed (packed kernels, CPU), bf16, int8 (torchao weight-only); "
+                        "docs/guide/generation.md")
     p.set_defaults(_max_new_tokens_default=max_new_tokens)
 
 

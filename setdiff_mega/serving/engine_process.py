@@ -163,6 +163,8 @@ def main(conn, args, pulse_array=None) -> None:
     vital signs go to ``pulse_array`` (:class:`~.pulse.Pulse`)."""
     import torch
 
+    from setdiff_mega.inference.engine import weights_format
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -177,7 +179,8 @@ def main(conn, args, pulse_array=None) -> None:
         conn.send(_fatal(e))
         return
     try:
-        conn.send(Ready({"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch}))
+        conn.send(Ready({"config": cfg, "tokenizer": tok, "method": objective.name, "max_batch": args.max_batch,
+                         "decode_weights": weights_format(model)}))
     except OSError:                       # the HTTP process stopped while the model loaded
         return
     core = EngineCore(scheduler, conn, metrics, max(0.0, args.stream_interval), max(0.0, args.stream_chunk_rate),

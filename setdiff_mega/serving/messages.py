@@ -13,8 +13,9 @@ HTTP side -> engine (each pickled by :class:`multiprocessing.connection.Connecti
 
 engine -> HTTP side:
 
-    Ready(info)              loaded: {"config", "tokenizer", "method", "max_batch"} (what the HTTP side parses
-                             requests with; the model itself stays in the engine)
+    Ready(info)              loaded: {"config", "tokenizer", "method", "max_batch", "decode_weights"} (what the HTTP
+                             side parses requests with, and the decode-weights format auto resolved to; the model
+                             itself stays in the engine)
     Fatal(user, message)     loading failed (one line; the HTTP side raises it: ValueError for a user's error such
                              as a missing checkpoint, RuntimeError otherwise)
     Events(events)           a step's events [(key, event, payload), ...] (:mod:`.outbox`), or one emitted off

@@ -1,11 +1,13 @@
 """The decode-weights formats of the plain forward (``setdiff_mega/hfmodel/linears.py``, issue 44).
 
-fp32 (the default) and fp32-packed (the CPU kernels of hfmodel/cpu_kernels.py) must decode exactly the pinned greedy
-tokens of every method (``data/golden_tokens.json``: each prompt alone and the prompts as one batch, so a row's
-tokens do not depend on its batch either); bf16 and int8 are reduced precision: their logits stay within a
-stated tolerance of fp32 and their tokens' agreement with the pinned ones is measured and bounded. The
-benchmark's forward measurement (``setdiff_mega/inference/forward_bench.py``) is checked on the main job's
-shape: its plain fp32 forward is the megatron-core forward bit for bit, and its byte counts add up.
+fp32 (the exact path) and fp32-packed (the CPU kernels of hfmodel/cpu_kernels.py, or oneDNN's prepacked linear where
+they cannot be built) must decode exactly the pinned greedy tokens of every method (``data/golden_tokens.json``: each
+prompt alone and the prompts as one batch, so a row's tokens do not depend on its batch either); bf16 and int8 are
+reduced precision: their logits stay within a stated tolerance of fp32 and their tokens' agreement with the pinned
+ones is measured and bounded. The benchmark's forward measurement (``setdiff_mega/inference/forward_bench.py``) is
+checked on the main job's shape: its plain fp32 forward is the megatron-core forward bit for bit, and its byte counts
+add up. The default, ``auto`` (``linears.resolve``), is fp32-packed on a CPU and fp32 on a GPU, for every flag and
+``decoding_model``.
 """
 import pytest
 import torch
@@ -32,7 +34,7 @@ def twins(mcore):
                              "model.make_vocab_size_divisible_by=8", "data.seq_length=64"])
     tok = SimpleNamespace(vocab_size=61, bos=BOS, eos=EOS, pad=PAD, mask=MASK)
     native = golden_model()
-    return native, {f: plain_model(native, cfg, tok, f) for f in FORMATS}
+    return native, {f: plain_model(native, cfg, tok, f) for f in FORMATS}, cfg, tok
 
 
 def _agreement(got: dict, want: dict) -> float:
@@ -63,7 +65,7 @@ def test_each_format_decodes_the_pinned_tokens_or_within_its_stated_agreement(tw
 def test_a_cached_forwards_logits_stay_within_the_formats_tolerance(twins, fmt):
     from setdiff_mega.decoding.cache import KVCache
 
-    _, plain = twins
+    plain = twins[1]
     layers, groups, d = plain["fp32"].cache_shape()
     g = torch.Generator().manual_seed(0)
     cache = KVCache(layers, 2, groups, d, 20)
@@ -160,3 +162,80 @@ def test_the_padding_of_a_chunk_is_left_out_of_the_products_and_changes_nothing(
         torch.testing.assert_close(packed[real], padded[real], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(caches[1][:, :, valid], caches[0][:, :, valid], atol=1e-5, rtol=1e-5)
     assert not packed[~real].any() and not caches[1][:, :, ~valid].any()
+
+
+def test_auto_resolves_to_fp32_packed_on_a_cpu_and_to_fp32_on_a_gpu(monkeypatch):
+    from setdiff_mega.hfmodel import linears
+
+    assert linears.packing_usable()                     # this CPU packs (the kernels, else oneDNN)
+    assert linears.resolve("auto", "cpu") == linears.resolve("auto", torch.device("cpu")) == "fp32-packed"
+    assert linears.resolve("auto", "cuda") == linears.resolve("auto", torch.device("cuda", 0)) == "fp32"
+    assert linears.resolve("auto", "cpu", torch.bfloat16) == "fp32"  # a bfloat16 model (export): its own dtype
+    for fmt in linears.FORMATS:                         # a named format is itself on any device
+        assert linears.resolve(fmt, "cpu") == linears.resolve(fmt, "cuda") == fmt
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)     # no device named: where models are built
+    assert linears.resolve("auto") == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert linears.resolve("auto") == "fp32-packed"
+    monkeypatch.setattr(linears, "packing_usable", lambda: False)     # a CPU that packs nothing: the exact path
+    assert linears.resolve("auto", "cpu") == "fp32"
+    with pytest.raises(ValueError, match="decode_weights='fp16' is unknown; choose one of auto, fp32, fp32-packed"):
+        linears.resolve("fp16", "cpu")
+
+
+def test_the_default_decoding_model_decodes_the_pinned_tokens_in_fp32_packed_on_a_cpu(twins, monkeypatch):
+    import json
+
+    from setdiff_mega.inference import engine
+
+    native, _, cfg, tok = twins
+    dm = engine.decoding_model(native, cfg, tok)                    # the defaults: engine auto, decode weights auto
+    assert engine.weights_format(dm) == dm.decode_weights == dm.weights().format == "fp32-packed"
+    want = json.loads(GOLDEN.read_text())
+    assert decode_all(dm) == want
+    seen = []                                                       # auto is resolved against the model's device
+    monkeypatch.setattr(engine, "resolve", lambda *a: seen.append(a) or "fp32")
+    assert engine.decoding_model(native, cfg, tok).decode_weights == "fp32"
+    assert seen == [("auto", torch.device("cpu"), torch.float32)]
+    monkeypatch.setattr(engine, "_unsharded", lambda model: False)  # a sharded model: its own fp32 forward
+    assert engine.decoding_model(native, cfg, tok) is native and engine.weights_format(native) == "fp32"
+    with pytest.raises(ValueError, match="fp32-packed needs the plain engine"):
+        engine.decoding_model(native, cfg, tok, "auto", "fp32-packed")
+    with pytest.raises(ValueError, match="choose one of auto, fp32"):
+        engine.decoding_model(native, cfg, tok, "auto", "fp16")
+
+
+def test_without_the_kernels_fp32_packed_uses_onednn_and_still_decodes_the_pinned_tokens(twins, monkeypatch):
+    """Where the kernels cannot be built (no compiler: one warning), auto still picks fp32-packed: oneDNN's prepacked
+    linear and SDPA, whose tokens are the pinned ones too."""
+    import json
+
+    from setdiff_mega.hfmodel import decode_step, linears
+    from setdiff_mega.inference.engine import plain_model
+
+    native, _, cfg, tok = twins
+    monkeypatch.setattr(linears, "library", lambda: None)
+    monkeypatch.setattr(decode_step, "library", lambda: None)
+    assert linears.resolve("auto", "cpu") == "fp32-packed"
+    dm = plain_model(native, cfg, tok, "fp32-packed")
+    w = dm.weights()
+    assert w.attention is None and w.head.panels is None and w.head.packed      # oneDNN's layout, SDPA
+    assert decode_all(dm) == json.loads(GOLDEN.read_text())
+
+
+def test_every_decode_weights_flag_defaults_to_auto():
+    import argparse
+    import runpy
+
+    from setdiff_mega.inference.options import add_generation_arguments
+    from setdiff_mega.serve import parse_args
+
+    p = argparse.ArgumentParser()
+    add_generation_arguments(p)                         # tools/generate.py, evaluate.py, visualize_decode.py
+    assert p.parse_args([]).decode_weights == "auto"
+    assert p.parse_args(["--decode-weights", "fp32"]).decode_weights == "fp32"
+    assert parse_args(["--checkpoint", "x"]).decode_weights == "auto"                   # tools/serve.py
+    bench = runpy.run_path("tools/bench_generate.py", run_name="bench_generate")
+    assert bench["parse_args"](["--checkpoint", "x"]).decode_weights == "auto"
+    serve_bench = runpy.run_path("tools/bench_serve.py", run_name="bench_serve")
+    assert serve_bench["parser"]().parse_args(["--url", "x"]).decode_weights == "auto"

@@ -166,6 +166,7 @@ def test_bf16_export_decodes(exports, tokenizer, tmp_path):
     m = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True, dtype=torch.bfloat16).eval()
     got = m.generate(torch.tensor(_ids(tokenizer, "prompt")[:1]), max_new_tokens=10, stop_at_eos=False)
     assert len(got.generated[0]) == 10
+    assert m._setdiff_prepared.format == "fp32"               # auto: bfloat16 weights decode in their own dtype
 
 
 STANDALONE = """
@@ -176,15 +177,16 @@ import torch
 from transformers import AutoModelForCausalLM
 d, rows = sys.argv[1], json.loads(sys.argv[2])
 model = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True).eval()
-out = model.generate(torch.tensor(rows), max_new_tokens=20, stop_at_eos=False, window=4, tau=0.5)
-packed = model.generate(torch.tensor(rows), max_new_tokens=20, stop_at_eos=False, window=4, tau=0.5,
-                        decode_weights="fp32-packed")
+out = model.generate(torch.tensor(rows), max_new_tokens=20, stop_at_eos=False, window=4, tau=0.5,
+                     decode_weights="fp32")
+packed = model.generate(torch.tensor(rows), max_new_tokens=20, stop_at_eos=False, window=4, tau=0.5)   # auto
+default = model._setdiff_prepared.format
 loaded = sorted(m for m in sys.modules if m.startswith(("setdiff", "megatron")))
 kernels = [m for m in sys.modules if m.endswith(".cpu_kernels")]
 built = [sys.modules[m].library() is not None for m in kernels]
 sources = [str(sys.modules[m].source_path()) for m in kernels]
 print(json.dumps({"tokens": out.generated, "packed": packed.generated, "modules": loaded, "kernels": kernels,
-                  "built": built, "sources": sources}))
+                  "built": built, "sources": sources, "default": default}))
 """
 
 
@@ -201,6 +203,7 @@ def test_export_loads_and_decodes_without_setdiff_mega(exports, tokenizer, tmp_p
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["tokens"] == expected
     assert got["packed"] == expected                          # fp32-packed: the export's own copy of the kernels
+    assert got["default"] == "fp32-packed"                    # generate()'s default, auto, on a CPU
     assert len(got["kernels"]) == 1
     assert got["sources"] == [str(d / "cpu_kernels.cpp")]                  # built from the export's copy
     assert (d / "cpu_kernels.cpp").read_text() == (Path(__file__).parents[2] / "setdiff_mega/hfmodel/cpu_kernels.cpp"
