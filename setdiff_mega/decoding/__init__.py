@@ -6,6 +6,7 @@ directory, because every Hugging Face export carries these files (flattened next
     config       GenerationConfig and BOUNDS, the one table every option is checked against
     base         requests as a batched canvas, DecodeState (EOS rule, progress check), packing
     calls        decoding as step functions: Call, next_calls / advance, drive, fused_forward
+    session      the Sampler and Session bases of every sampler: the typed decode state, admit / retire / output
     cache        batched KV cache storage (per-row lengths, a window of compacted slots + the chunk's scratch)
     context      Ledger: insertion history, crop to cache + chunk <= L, the visibility the cache implies
     runner       ChunkRunner: one [pending ; queries] forward, cached or recomputed

@@ -17,10 +17,10 @@
   longer than the context L is seen through a window of L positions ending at the current block's end
   (or at L), positions absolute.
 
-Each sampler's decode is a session (:mod:`.calls`: a state machine of steps, ``next_calls`` / ``advance``) over
-rows that requests may join (:meth:`_Session.admit`) and leave (:meth:`_Session.retire`) between steps; every
-row's bookkeeping is batched, and rows without work are left out of the forward. ``generate`` drives a session
-whose rows all join before the first step.
+Each sampler's decode is a session (:mod:`.session`, :mod:`.calls`: a state machine of steps, ``next_calls`` /
+``advance``) over rows that requests may join (``admit``) and leave (``retire``) between steps; every row's
+bookkeeping is batched, and rows without work are left out of the forward. ``generate`` drives a session whose
+rows all join before the first step.
 
 AR and BD3LM keep cache + chunk <= L like SetDLM (:mod:`.context`); ``use_cache=False`` gives their
 uncached reference (the whole history recomputed with the visibility the cache implies). A model with
@@ -31,80 +31,23 @@ from __future__ import annotations
 
 import torch
 
-from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
-from .calls import Call, Stepper, drive
-from .processors import LogitsPipeline
-from .runner import ChunkRunner
-from .sampling import commit_mask, resolve_rule
-from .setdlm import context_budget
+from .base import DecodeState, first_true, pack
+from .calls import Call
+from .sampling import commit_mask
+from .session import Sampler, Session
 from .shift import block_rows, view_rows
 
 
-class _Base:
-    session_class = None
+class _Base(Sampler):
+    """The baselines' sampler: a :class:`~.session.Sampler` that has no window to draft with."""
 
-    def __init__(self, model, mask_id: int, pad_id: int, eos_id: int, config: GenerationConfig, tokenizer=None,
-                 order_prior=None):
-        self.model, self.mask_id, self.pad_id, self.eos_id = model, mask_id, pad_id, eos_id
-        self.cfg = config.validate()
+    def _refuse(self) -> None:
         if self.cfg.speculative:
             raise ValueError(f"speculative decoding drafts with a SetDLM's window; {type(self).__name__} has none: "
                              f"decode without speculative")
-        self.tokenizer = tokenizer
-        self.shift = bool(getattr(model, "shift_logits", False))
-        self.rule = resolve_rule(self.cfg.commit_rule, anchored=False)     # "auto": the paper's rule here
-        self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
-
-    def session(self, canvas: Canvas):
-        """A decode of ``canvas`` whose rows may be replaced by new requests between steps."""
-        return self.session_class(self, canvas)
-
-    def generate(self, canvas: Canvas):
-        """Decode every row of ``canvas`` (:func:`~.calls.drive` over a session)."""
-        session = self.session(canvas)
-        drive(self.model, session)
-        return session.output()
 
 
-class _Session(Stepper):
-    """The decode state of one of the baselines (module docstring): the canvas, its :class:`DecodeState`, the
-    token choice, and (cached methods) a :class:`ChunkRunner`; :meth:`_reset` clears a row's method state."""
-
-    cached = True
-
-    def __init__(self, sampler: _Base, canvas: Canvas):
-        self.sampler, self.cfg, self.canvas = sampler, sampler.cfg, canvas
-        self.st = DecodeState(canvas, self.cfg, sampler.eos_id, sampler.mask_id, sampler.tokenizer, sampler.observer)
-        self.choose = LogitsPipeline(self.cfg, sampler.mask_id, sampler.eos_id)
-        self.runner = ChunkRunner(sampler.model, self.st.tokens, sampler.mask_id, sampler.pad_id, self.cfg.use_cache,
-                                  context_budget(sampler.model, self.cfg)) if self.cached else None
-        self.nfe = 0
-
-    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None,
-              options=None) -> None:
-        """Row ``b`` (finished) decodes request ``ids`` from the next step on; the other rows are untouched."""
-        if self.in_step:
-            raise RuntimeError("a row joins between steps, not while a step's call is out")
-        s = self.sampler
-        self.canvas.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
-        self.st.reset_row(b, seed, options)
-        if self.runner is not None:
-            self.runner.reset_row(b)
-        self._reset(b)
-
-    def retire(self, b: int) -> None:
-        """Row ``b`` stops decoding now (a cancelled request); its slot may be admitted again."""
-        self.st.done[b] = True
-
-    def _reset(self, b: int) -> None:
-        pass
-
-    def output(self, rows: slice = slice(None)):
-        r = self.runner
-        return self.st.output(self.nfe if r is None else r.nfe, 0 if r is None else r.evicted, rows=rows)
-
-
-class ARSession(_Session):
+class ARSession(Session):
     """AR decoding: each step feeds every row's pending tokens (its prompt when it joins, else its last token)
     and commits the next position from the last pending row's logits."""
 
@@ -153,7 +96,7 @@ def _completed(st: DecodeState, before: torch.Tensor, block: torch.Tensor) -> to
     return before & ~(st.masked & block).any(1) & ~st.done
 
 
-class BD3LMSession(_Session):
+class BD3LMSession(Session):
     """Block diffusion: every row's current block against the cache, its completed blocks written in the next
     forward (module docstring)."""
 
@@ -192,7 +135,7 @@ class BD3LMSession(_Session):
         x, conf = self.choose(logits, q_idx, st, q_ok)
         act = q_ok & st.masked.gather(1, q_idx)
         before = (live & in_block).any(1) if st.criteria.enabled else None
-        st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.sampler.rule), x, live, conf,
+        st.commit(q_idx, commit_mask(conf, act, cfg.tau, cfg.commit_k, self.rule), x, live, conf,
                   expect=live.any(1))
         st.end_step()
         if before is not None:
@@ -202,7 +145,7 @@ class BD3LMSession(_Session):
         return True
 
 
-class MDLMSession(_Session):
+class MDLMSession(Session):
     """Masked diffusion: every live row's view of the canvas recomputed each step (no cache); rows without work
     are left out of the forward."""
 
@@ -212,8 +155,7 @@ class MDLMSession(_Session):
         super().__init__(sampler, canvas)
         st = self.st
         N = st.tokens.shape[1]
-        budget = context_budget(sampler.model, self.cfg)
-        self.width = N if budget is None else min(N, int(budget))
+        self.width = N if self.budget is None else min(N, int(self.budget))
         self.start = first_true(canvas.generate)
         self.rel = (st.pos[None] - self.start[:, None]).clamp(min=0) // self.cfg.block_size   # block id in region
         self.n_valid = canvas.valid.sum(1)
@@ -265,7 +207,7 @@ class MDLMSession(_Session):
         x, conf = self.choose(logits.gather(1, rel_q[..., None].expand(*q_idx.shape, logits.shape[-1])), q_idx, st,
                               q_ok)
         before = active.any(1) if st.criteria.enabled else None
-        st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, s.rule), x, active, conf, expect=busy)
+        st.commit(q_idx, commit_mask(conf, q_ok, cfg.tau, cfg.commit_k, self.rule), x, active, conf, expect=busy)
         st.end_step()
         if before is not None:
             done_block = _completed(st, before, in_block)

@@ -38,18 +38,12 @@ import zlib
 
 import torch
 
-from .base import Canvas, DecodeState, GenerationConfig, first_true, pack
-from .calls import Stepper, drive
-from .processors import LogitsPipeline
+from .base import Canvas, GenerationConfig, first_true, pack
 from .runner import ChunkRunner
-from .sampling import commit_mask, resolve_rule
+from .sampling import commit_mask
+from .session import Sampler, Session, context_budget
 from .shift import PredecessorRows
 from .speculative import SpeculativeStep, check_model
-
-
-def context_budget(model, cfg: GenerationConfig) -> int | None:
-    """Tokens a forward may see: the configured context length, else the model's training length."""
-    return cfg.context_length or getattr(model, "training_length", None)
 
 
 def row_seed(seed: int, canvas: Canvas, b: int) -> int:
@@ -80,58 +74,23 @@ def first_hitting_times(canvas: Canvas, cfg: GenerationConfig, L: int, prior) ->
     return out
 
 
-class SetDLMSampler:
-    """Decode a :class:`Canvas` with sliding-window sets (see the module docstring).
+class SetDLMSampler(Sampler):
+    """Decode a :class:`Canvas` with sliding-window sets (see the module docstring): a :class:`~.session.Sampler`
+    whose sessions are :class:`SetDLMSession` (with ``speculative``, :class:`SpeculativeSession`).
 
     ``order_prior`` (the checkpoint's SetDLM objective: D, k, b) is needed for ``fht_cache_order``.
     """
 
-    def __init__(self, model, mask_id: int, pad_id: int, eos_id: int, config: GenerationConfig, tokenizer=None,
-                 order_prior=None):
-        self.model, self.mask_id, self.pad_id, self.eos_id = model, mask_id, pad_id, eos_id
-        self.cfg = config.validate()
-        self.tokenizer, self.order_prior = tokenizer, order_prior
-        self.observer = None           # called with the DecodeState after every step (DecodeState.observer)
+    def _refuse(self) -> None:
         if self.cfg.speculative:       # self-speculation (method.md 16): refused at once on a checkpoint without it
-            check_model(model)
+            check_model(self.model)
 
-    def _setup(self, canvas: Canvas, st: DecodeState):
-        cfg = self.cfg
-        budget = context_budget(self.model, cfg)
-        fht = None
-        if cfg.fht_cache_order:
-            if self.order_prior is None or budget is None:
-                raise ValueError("fht_cache_order needs the checkpoint's order prior (D) and training length; "
-                                 "decode through setdiff_mega.inference.generate with the checkpoint's objective")
-            fht = first_hitting_times(canvas, cfg, budget, self.order_prior)
-        by_pos = None if fht is None else ~canvas.infill
-        static = (cfg.window, cfg.window) if cfg.static_shapes else None    # pending <= W commits, W queries
-        runner = ChunkRunner(self.model, st.tokens, self.mask_id, self.pad_id, cfg.use_cache, budget, by_pos,
-                             static_chunk=static)
-        return runner, fht
-
-    def _order(self, sel: torch.Tensor, fht):
-        """Pending tokens packed in cache-write order: ascending position, or descending FHT."""
-        idx, ok, _ = pack(sel)
-        if fht is None or idx.shape[1] == 0:
-            return idx, ok
-        key = torch.where(torch.isfinite(fht.gather(1, idx)), -fht.gather(1, idx), idx.to(torch.float64))
-        order = torch.where(ok, key, torch.full_like(key, float("inf"))).sort(dim=1, stable=True).indices
-        return idx.gather(1, order), ok.gather(1, order)
-
-    def session(self, canvas: Canvas) -> "SetDLMSession":
-        """A decode of ``canvas`` whose rows may be replaced by new requests between steps (:class:`SetDLMSession`;
-        with ``speculative``, :class:`SpeculativeSession`)."""
-        return (SpeculativeSession if self.cfg.speculative else SetDLMSession)(self, canvas)
-
-    def generate(self, canvas: Canvas):
-        """Decode every row of ``canvas`` (:func:`~.calls.drive` over a session)."""
-        session = self.session(canvas)
-        drive(self.model, session)
-        return session.output()
+    @property
+    def session_class(self) -> type:
+        return SpeculativeSession if self.cfg.speculative else SetDLMSession
 
 
-class SetDLMSession(Stepper):
+class SetDLMSession(Session):
     """One batched SetDLM decode, step by step (the module docstring's loop), over rows that requests may join
     and leave between steps: :meth:`admit` rewrites a finished row of the canvas with a new request and resets
     that row's state (decode state, stopping counters, ledger, KV-cache window, FHT times, kept predecessor
@@ -141,14 +100,12 @@ class SetDLMSession(Stepper):
     :meth:`SetDLMSampler.generate` drives a session whose rows all join before the first step, so both give the
     same tokens per row."""
 
+    fht: torch.Tensor | None           # [B, N] float64 first-hitting times (fht_cache_order), else None
+
     def __init__(self, sampler: SetDLMSampler, canvas: Canvas):
-        self.sampler, self.cfg, self.canvas = sampler, sampler.cfg, canvas
-        st = self.st = DecodeState(canvas, self.cfg, sampler.eos_id, sampler.mask_id, sampler.tokenizer,
-                                   sampler.observer)
-        self.runner, self.fht = sampler._setup(canvas, st)
-        self.choose = LogitsPipeline(self.cfg, sampler.mask_id, sampler.eos_id)
-        self.shifted = PredecessorRows() if getattr(sampler.model, "shift_logits", False) else None
-        self.rule = resolve_rule(self.cfg.commit_rule, anchored=self.shifted is not None)
+        super().__init__(sampler, canvas)
+        st = self.st
+        self.shifted = PredecessorRows() if sampler.shift else None
         self.rows = "queries" if self.shifted is None else "all"
         B, N = st.tokens.shape
         self.prefill = torch.zeros(B, N, dtype=torch.bool, device=st.tokens.device)
@@ -157,6 +114,36 @@ class SetDLMSession(Stepper):
         self.row_step = torch.zeros(B, dtype=torch.long, device=st.tokens.device)
         self._joining = self._waiting = False            # host-side: any row prefilling / with uncached suffix
         self._prefill_rows(torch.ones(B, dtype=torch.bool, device=st.tokens.device))
+
+    @property
+    def anchored(self) -> bool:
+        """The commit rule "auto" is the leftmost tokens for a model read with the AR head shift (method.md 15)."""
+        return self.sampler.shift
+
+    def _runner(self) -> ChunkRunner:
+        """The runner, its cache written in ascending position or (``fht_cache_order``) descending first-hitting
+        time (the times drawn here, per request: ``fht``)."""
+        s, cfg, canvas = self.sampler, self.cfg, self.canvas
+        self.fht = None
+        if cfg.fht_cache_order:
+            if s.order_prior is None or self.budget is None:
+                raise ValueError("fht_cache_order needs the checkpoint's order prior (D) and training length; "
+                                 "decode through setdiff_mega.inference.generate with the checkpoint's objective")
+            self.fht = first_hitting_times(canvas, cfg, self.budget, s.order_prior)
+        by_pos = None if self.fht is None else ~canvas.infill
+        static = (cfg.window, cfg.window) if cfg.static_shapes else None    # pending <= W commits, W queries
+        return ChunkRunner(s.model, self.st.tokens, s.mask_id, s.pad_id, cfg.use_cache, self.budget, by_pos,
+                           static_chunk=static)
+
+    def _order(self, sel: torch.Tensor):
+        """Pending tokens packed in cache-write order: ascending position, or descending FHT."""
+        idx, ok, _ = pack(sel)
+        fht = self.fht
+        if fht is None or idx.shape[1] == 0:
+            return idx, ok
+        key = torch.where(torch.isfinite(fht.gather(1, idx)), -fht.gather(1, idx), idx.to(torch.float64))
+        order = torch.where(ok, key, torch.full_like(key, float("inf"))).sort(dim=1, stable=True).indices
+        return idx.gather(1, order), ok.gather(1, order)
 
     def _prefill_rows(self, rows: torch.Tensor) -> None:
         st, cv = self.st, self.canvas
@@ -168,20 +155,15 @@ class SetDLMSession(Stepper):
         self._joining |= bool(prefill.any())
         self._waiting |= bool(self.waiting.any())
 
-    def admit(self, b: int, ids: list[int], max_new_tokens: int, seed: int | None = None,
-              options=None) -> None:
-        """Row ``b`` (finished) decodes request ``ids`` from the next step on (see the class docstring)."""
-        if self.in_step:
-            raise RuntimeError("a row joins between steps, not while a step's call is out")
-        s, cv, st = self.sampler, self.canvas, self.st
-        cv.put_row(b, ids, s.mask_id, s.pad_id, max_new_tokens)
-        n = len(ids) if s.mask_id in ids else len(ids) + max_new_tokens
-        st.reset_row(b, seed, options)
-        self.runner.reset_row(b)
+    def _reset(self, b: int) -> None:
+        """Row ``b`` joined: its FHT times, kept predecessor rows, prefill / pending state and step count start
+        again (the class docstring)."""
+        cv = self.canvas
         if self.fht is not None:
+            n = int(cv.valid[b].sum())                   # the request's positions (Canvas.put_row)
             self.fht[b] = float("-inf")
             row = Canvas(cv.tokens[b:b + 1, :n], cv.generate[b:b + 1, :n], cv.valid[b:b + 1, :n], cv.infill[b:b + 1])
-            self.fht[b, :n] = first_hitting_times(row, self.cfg, context_budget(s.model, self.cfg), s.order_prior)[0]
+            self.fht[b, :n] = first_hitting_times(row, self.cfg, self.budget, self.sampler.order_prior)[0]
             self.runner.ledger.by_position[b] = not bool(cv.infill[b])
         if self.shifted is not None:
             self.shifted.reset_row(b)
@@ -191,14 +173,13 @@ class SetDLMSession(Stepper):
         self._prefill_rows(torch.arange(cv.tokens.shape[0], device=cv.tokens.device) == b)
 
     def retire(self, b: int) -> None:
-        """Row ``b`` stops decoding now (a cancelled request); its slot may be admitted again."""
-        self.st.done[b] = True
+        super().retire(b)
         for t in (self.prefill, self.waiting, self.pending):
             t[b] = False
 
     def _pending(self):
         """The step's pending tokens: the rows' last commits in cache-write order, or a joining row's prefill."""
-        pend_idx, pend_ok = self.sampler._order(self.pending, self.fht)
+        pend_idx, pend_ok = self._order(self.pending)
         rows = self.prefill.any(1) if self._joining else None
         if rows is None or not bool(rows.any()):          # (a joining row may have been retired unstepped)
             self._joining = False
@@ -209,10 +190,6 @@ class SetDLMSession(Stepper):
         idx = torch.where(rows[:, None], pad(pre_idx, 0), pad(pend_idx, 0))
         ok = torch.where(rows[:, None], pad(pre_ok, False), pad(pend_ok, False))
         return idx, ok, rows
-
-    def output(self, rows: slice = slice(None)):
-        """The decoded rows so far (:meth:`~.base.DecodeState.output`)."""
-        return self.st.output(self.runner.nfe, self.runner.evicted, rows=rows)
 
     @torch.no_grad()
     def _step(self):

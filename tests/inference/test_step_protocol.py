@@ -5,10 +5,15 @@ import pytest
 import torch
 
 from setdiff_mega.decoding.base import Canvas, GenerationConfig
+from setdiff_mega.decoding.baselines import ARSession, BD3LMSession, MDLMSession
 from setdiff_mega.decoding.calls import forward
+from setdiff_mega.decoding.runner import ChunkRunner
+from setdiff_mega.decoding.session import Sampler, Session
+from setdiff_mega.decoding.setdlm import SetDLMSession, SpeculativeSession
 from setdiff_mega.inference.api import build_sampler
 
 from .test_serving_batching import MASK, METHODS, PAD, PROMPTS, Tok, _alone, _method
+from .test_speculative import Spec
 
 GREEDY = [(m, kw) for m, kw in METHODS if "temperature" not in kw]
 
@@ -69,6 +74,28 @@ def test_the_protocol_refuses_misuse(rand_model):
         session.admit(0, PROMPTS[1], 4)
     session.advance([forward(rand_model, c) for c in calls])
     assert not session.in_step
+
+
+@pytest.mark.parametrize("method,kw", METHODS + [("setdlm+spec", {"window": 4, "speculative": True})])
+@torch.no_grad()
+def test_every_sampler_and_session_is_of_the_one_family_with_the_typed_state(rand_model, method, kw):
+    """decoding/session.py: every sampler a Sampler, every session a Session holding the shared state; the "joins
+    between steps" guard is the base's, for every method."""
+    model = Spec(rand_model) if method == "setdlm+spec" else rand_model
+    sampler = _sampler(model, method, kw, n=4)
+    session = sampler.session(Canvas.from_prompts([PROMPTS[0]], MASK, PAD, 4))
+    assert isinstance(sampler, Sampler) and isinstance(session, Session) and session.cfg is sampler.cfg
+    assert type(session) is {"ar": ARSession, "bd3lm": BD3LMSession, "mdlm": MDLMSession,
+                             "setdlm+spec": SpeculativeSession}.get(method, SetDLMSession)
+    assert session.st.tokens.shape == session.canvas.tokens.shape
+    assert session.budget == kw.get("context_length", getattr(model, "training_length", None))
+    assert session.rule == ("leftmost" if method == "setdlm+spec" else "confidence")
+    assert session.runner is None if method == "mdlm" else isinstance(session.runner, ChunkRunner)
+    calls = session.next_calls()
+    with pytest.raises(RuntimeError, match="between steps"):
+        session.admit(0, PROMPTS[1], 4)
+    session.advance([forward(model, c) for c in calls])
+    assert session.output().nfe == 1
 
 
 @torch.no_grad()
