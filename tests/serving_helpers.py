@@ -20,6 +20,14 @@ class Tok:
         return chr(65 + int(i) % 26)
 
 
+def wait_done(jobs, timeout: float = 60) -> None:
+    """Until every job is done (a scheduler's jobs), or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not all(j.done for j in jobs):
+        assert time.monotonic() < deadline, "the scheduler got stuck"
+        time.sleep(0.005)
+
+
 def serve_in_thread(srv, serve, join_timeout: float = 60) -> tuple:
     """``serve(srv, sock)`` on a free loopback port in a thread, once /health answers 200: (url, stop(), thread)."""
     sock = socket.socket()

@@ -8,7 +8,9 @@ effect where the logits are processed).
 Bounds: every length and count in [lo, :data:`MAX_TOKENS`] (far beyond any context, far from integer overflow,
 so no window or count can wrap around and stall a decode), floats finite, probabilities in [0, 1], the seed a
 non-negative 64-bit integer; ``None`` where an option is nullable. :meth:`GenerationConfig.validate` checks a
-config once: it remembers the values it passed, so the samplers' own call on an already validated request is free.
+config once: it remembers the values it passed, so the samplers' own call on an already validated request is free
+(and an unvalidated config is checked there: none decodes unchecked); :meth:`GenerationConfig.derive` makes a
+validated request's derived config (changed fields checked alone), so a request is validated once in all.
 """
 from __future__ import annotations
 
@@ -125,17 +127,46 @@ class GenerationConfig:
 
     def validate(self) -> "GenerationConfig":
         """Every field of its kind, inside its bounds and choices (:mod:`.schema`), finite; the cross-field rules;
-        the regular expression valid. Checks once: the values that passed are remembered, and a later call on the
-        same, unchanged config returns at once (a ``replace`` makes a new config, checked again)."""
-        values = tuple(getattr(self, f.name) for f in fields(self))
-        if self.__dict__.get("_validated") != values:
+        the regular expression valid. Checks once: the values that passed are remembered (they travel with the
+        config, also pickled to the server's engine), and a later call on the same, unchanged config returns at
+        once; a config changed since is checked again, and a ``replace`` makes a new, unchecked config (derive one
+        from a validated config with :meth:`derive`)."""
+        if self.__dict__.get("_validated") != self._values():
             self._check()
-            self.__dict__["_validated"] = values
+            self._passed()
         return self
 
+    def derive(self, **changes) -> "GenerationConfig":
+        """``replace(self, **changes)``, validated without checking the whole request again: this config
+        validated (once: free when it was), the changed fields checked (kind, bounds) with the cross-field rules,
+        the result remembered as validated (a request's derived configs: the server's per-sample seeds, a shared
+        decode's ``max_new_tokens``, the model's context length). One-line ValueError for a changed field out of
+        bounds."""
+        self.validate()
+        unknown = [k for k in changes if k not in OPTIONS]
+        if unknown:
+            raise ValueError(f"unknown generation option {unknown[0]!r}; options: {', '.join(OPTIONS)}")
+        out = replace(self, **changes)
+        for name in changes:
+            check(name, OPTIONS[name], changes[name])
+        out._rules()
+        out._passed()
+        return out
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def _passed(self) -> None:
+        self.__dict__["_validated"] = self._values()
+
     def _check(self) -> None:
+        """The whole check (:meth:`validate`): every field, then the cross-field rules."""
         for name, opt in OPTIONS.items():
             check(name, opt, getattr(self, name))
+        self._rules()
+
+    def _rules(self) -> None:
+        """The cross-field rules and the regular expression (each field already of its kind)."""
         if self.stop_repeat == 1:
             raise ValueError(f"stop_repeat={self.stop_repeat} must be 0 or >= 2")
         if self.speculative:

@@ -21,7 +21,7 @@ samplers keep the newest L tokens in view, positions keep growing: :mod:`.contex
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import torch
 
@@ -108,7 +108,7 @@ def generate(model, tokenizer, method, requests: list, config: GenerationConfig,
     check_vocab(model, tokenizer)
     model.eval()
     if config.context_length is None and context is not None:
-        config = replace(config, context_length=int(context))
+        config = config.derive(context_length=int(context))   # validated once: the changed field checked
     ids = [encode_request(tokenizer, r, context=context, chat=chat) for r in requests]
     sampler = build_sampler(method, model, tokenizer, config)
     results = []

@@ -36,7 +36,6 @@ import hmac
 import json
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -188,8 +187,8 @@ class Server:
             self.metrics.request(endpoint, err.status_code)
             return err
         queue, now = asyncio.Queue(), time.monotonic()
-        specs = [JobSpec(-1, ids, replace(parsed.config, seed=parsed.config.seed + j), parsed.stops, self.timeout,
-                         parsed.trace, now) for ids in parsed.prompts for j in range(parsed.n)]
+        specs = [JobSpec(-1, ids, cfg, parsed.stops, self.timeout, parsed.trace, now)
+                 for ids in parsed.prompts for cfg in parsed.samples]
         try:
             jobs = self.engine.submit(specs, queue, client_id(request.scope, self.keys))
         except NeverFits as e:

@@ -74,6 +74,7 @@ class Parsed:
     include_usage: bool
     return_token_ids: bool
     trace: bool = False
+    samples: tuple = ()               # per sample j < n: ``config`` with seed + j (GenerationConfig.derive: validated)
 
 
 def _typed(name: str, value):
@@ -216,9 +217,13 @@ def parse(body, endpoint: str, tok, d: ServerDefaults, chat=None) -> Parsed:
     if not isinstance(trace, bool):
         raise RequestError(f"'trace' must be true or false, got {trace!r}"[:200])
     config = config_of(body, d, key)
+    try:                                          # n samples: seeds seed, seed + 1, ... (each within the bound)
+        samples = tuple(config.derive(seed=config.seed + j) for j in range(n))
+    except ValueError as e:
+        raise RequestError(f"'n' = {n} samples from 'seed' {config.seed}: {e}"[:200]) from None
     prompts = prompts_of(body, tok, d, endpoint, chat)
     return Parsed(prompts, config, n, stream, _stops(body.get("stop")), bool(opts.get("include_usage")),
-                  bool(body.get("return_token_ids", False)), trace)
+                  bool(body.get("return_token_ids", False)), trace, samples)
 
 
 __all__ = ["ServerDefaults", "Parsed", "parse", "config_of", "prompts_of", "DIFFUSION", "SERVED"]

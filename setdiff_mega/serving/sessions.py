@@ -54,7 +54,9 @@ class Decode:
         self.method_name = getattr(method, "name", method)
         self.slots: dict = {}                       # row -> job
         shared = job is None
-        sampler = build_sampler(method, model, tokenizer, replace(config, max_new_tokens=1) if shared else config)
+        # a shared decode's config: its first job's (validated once, by the server), derived (each job's own
+        # max_new_tokens lays out its row at admit)
+        sampler = build_sampler(method, model, tokenizer, config.derive(max_new_tokens=1) if shared else config)
         sampler.observer = self._observe
         if shared:
             canvas = Canvas.empty(rows, width, tokenizer.pad, device=device)

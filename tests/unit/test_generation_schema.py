@@ -1,7 +1,11 @@
 """GenerationConfig's field metadata is the one schema of the generation options (decoding/schema.py): the CLI
 flags, the server's request fields, the export's options and docs/guide/decoding.md's table are generated from it,
-and a request is validated once."""
+and a request is validated once: through the samplers, ``setdiff_mega.inference.generate`` and the server (its
+per-sample seeds and the scheduler's shared-decode config are derived with ``GenerationConfig.derive``: the
+changed fields checked, never the whole request again)."""
 import argparse
+import pickle
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -13,11 +17,14 @@ from setdiff_mega.decoding.base import Canvas, GenerationConfig
 from setdiff_mega.decoding.config import BOUNDS, OPTIONS, REGENERATE
 from setdiff_mega.decoding.setdlm import SetDLMSampler
 from setdiff_mega.errors import RequestError
+from setdiff_mega.inference import generate
 from setdiff_mega.inference.options import FLAGS, add_generation_arguments, config_from_args
+from setdiff_mega.serving.job import Job
 from setdiff_mega.serving.protocol import DIFFUSION, SERVED, SHARED, ServerDefaults, config_of, parse
+from setdiff_mega.serving.scheduler import Scheduler
 
 from ..inference.mock import ScriptedModel, peaked
-from ..serving_helpers import BOS, EOS, MASK, PAD, Tok
+from ..serving_helpers import BOS, EOS, MASK, PAD, Tok, wait_done
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,6 +136,71 @@ def test_a_command_line_config_is_validated_once_and_a_changed_one_again():
         cfg.tau = -1.0                                     # changed after its check: checked (and refused) again
         with pytest.raises(ValueError, match="tau"):
             _decode(cfg)
+    assert len(calls) == 2
+
+
+def _model():
+    return ScriptedModel(peaked([[(5, 3.0)]] * 40, 64), training_length=64)
+
+
+def test_a_request_through_inference_generate_is_validated_once():
+    """A config built by hand gets the model's context length in ``generate`` (a derived config: the changed field
+    checked alone); a command line's config is used as it is."""
+    calls, patch = _counting()
+    with patch:
+        cfg = GenerationConfig(max_new_tokens=4, window=4, stop_at_eos=False).validate()
+        out = generate(_model(), _Tok(), "setdlm", [{"input_ids": [BOS, 3]}], cfg, context=64)
+        assert len(calls) == 1 and out[0]["num_tokens"] == 4
+        cli = config_from_args(_args("--max-new-tokens", "4", "--no-eos-stop"), ObjectiveConfig(name="setdlm", D=4),
+                               64)
+        generate(_model(), _Tok(), "setdlm", [{"input_ids": [BOS, 3]}], cli, context=64)
+    assert len(calls) == 2                                 # one per request
+
+
+def test_a_served_request_its_samples_and_its_shared_decode_are_validated_once():
+    """parse validates the request; its n samples (seeds seed + j, each checked against the seed's bound) and the
+    scheduler's shared-decode config (the first job's with max_new_tokens=1) are derived from it; the configs cross
+    the pipe to the engine pickled, still validated; the samplers check none of them again."""
+    d = ServerDefaults(objective=ObjectiveConfig(name="setdlm", D=4), seq_length=64, base=GenerationConfig())
+    calls, patch = _counting()
+    derived = []
+    real_derive = GenerationConfig.derive
+
+    def counted_derive(self, **changes):
+        derived.append(changes)
+        return real_derive(self, **changes)
+    with patch, mock.patch.object(GenerationConfig, "derive", counted_derive):
+        parsed = parse({"prompt": [BOS, 3], "max_tokens": 4, "n": 2, "seed": 5, "temperature": 1.0,
+                        "stop_at_eos": False}, "completions", _Tok(), d)
+        samples = pickle.loads(pickle.dumps(parsed.samples))   # as JobSpecs cross the pipe to the engine
+        jobs = [Job(parsed.prompts[0], c, lambda *a: None, tokenizer=_Tok()) for c in samples]
+        sch = Scheduler(_model(), _Tok(), "setdlm", max_batch=2).start()
+        try:
+            sch.submit(jobs)
+            wait_done(jobs)
+        finally:
+            sch.close()
+    assert len(calls) == 1
+    assert [c.seed for c in samples] == [5, 6] and [len(j.tokens) for j in jobs] == [4, 4]
+    assert derived == [{"seed": 5}, {"seed": 6}, {"max_new_tokens": 1}]    # the samples, then one shared decode
+    with pytest.raises(RequestError, match="'n' = 2 samples from 'seed' 9223372036854775807: seed="):
+        parse({"prompt": [BOS, 3], "n": 2, "seed": 2 ** 63 - 1}, "completions", _Tok(), d)
+
+
+def test_a_derived_config_checks_its_changed_fields_and_the_rules_alone():
+    calls, patch = _counting()
+    with patch:
+        base = GenerationConfig(window=4)
+        cfg = base.derive(max_new_tokens=1)                # the parent validated first (once)
+        assert len(calls) == 1 and cfg.max_new_tokens == 1 and base.max_new_tokens == 64
+        assert cfg.validate() is cfg and len(calls) == 1   # derived: validated, free for the samplers
+        for bad, why in [({"seed": 2 ** 63}, "seed="), ({"window": 0}, "window="), ({"taux": 1}, "unknown"),
+                         ({"stop_repeat": 1}, "stop_repeat=1"), ({"speculative": True, "min_p": 0.5}, "min_p")]:
+            with pytest.raises(ValueError, match=why):
+                base.derive(**bad)
+        replace(cfg, tau=-1.0)                             # a plain replace is a new, unchecked config
+        with pytest.raises(ValueError, match="tau"):
+            _decode(replace(cfg, tau=-1.0, max_new_tokens=4))
     assert len(calls) == 2
 
 
