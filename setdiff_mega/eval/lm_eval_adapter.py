@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import replace
 
 import torch
 
@@ -136,8 +135,8 @@ class SetDiffLMCore:
         for ctx, kw in requests:
             until = kw.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            gc = replace(self.generation, max_new_tokens=int(kw.get("max_gen_toks", self.max_gen_toks)),
-                         stop_strings=tuple(self.generation.stop_strings) + tuple(until))
+            gc = self.generation.derive(max_new_tokens=int(kw.get("max_gen_toks", self.max_gen_toks)),
+                                        stop_strings=tuple(self.generation.stop_strings) + tuple(until))
             ids = self.context_ids(ctx)
             if len(ids) > self.L:                     # keep the end of a long context (BOS + L - 1 tokens)
                 ids = [self.tok.bos, *ids[-(self.L - 1):]]

@@ -21,7 +21,6 @@ task result also reports tokens/s, NFE (model calls) and tokens per step of the 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -182,7 +181,7 @@ def story_infill(model, tok, method, rows: list[dict], gc, context: int, batch_s
     if left_only:      # continue the prefix for exactly the span's length (what a left-to-right model sees)
         out = []
         for q, span in zip(reqs, spans):
-            g = dataclasses.replace(gc, max_new_tokens=span, stop_at_eos=False)
+            g = gc.derive(max_new_tokens=span, stop_at_eos=False)
             out += generate(model, tok, method, [q], g, context=context, batch_size=1)
             if progress:
                 progress(1)
