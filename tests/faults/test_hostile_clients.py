@@ -284,7 +284,9 @@ def test_one_clients_flood_leaves_another_client_its_turn(hostile):
     srv, url = hostile
     limit, rows = srv.engine.client_limit, srv.engine.max_batch
     assert limit >= 2 * rows
-    flood_body = {"prompt": "Once", "max_tokens": 200, "stop_at_eos": False, "n": 1}
+    # long jobs: a wave of them must outlast the victim's own HTTP latency on a loaded machine (the default decode
+    # weights, fp32-packed on CPU, decode a 200-token wave in ~0.5 s here)
+    flood_body = {"prompt": "Once", "max_tokens": 600, "stop_at_eos": False, "n": 1}
     results, lock = [], threading.Lock()
 
     def attacker():
