@@ -76,6 +76,13 @@ class Parsed:
     trace: bool = False
     samples: tuple = ()               # per sample j < n: ``config`` with seed + j (GenerationConfig.derive: validated)
 
+    def __post_init__(self):
+        """Without ``samples`` (a Parsed built by hand), the n samples derived here: never zero jobs."""
+        if not self.samples:
+            self.samples = tuple(self.config.derive(seed=self.config.seed + j) for j in range(self.n))
+        if len(self.samples) != self.n:
+            raise ValueError(f"Parsed: {len(self.samples)} sample configs for n = {self.n}")
+
 
 def _typed(name: str, value):
     """``value`` checked against the option's kind (decoding/schema.py: ints where floats are asked become floats,
