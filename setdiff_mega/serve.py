@@ -53,9 +53,9 @@ def parse_args(argv=None):
                    "--max-batch); waiting jobs are taken round-robin by client")
     p.add_argument("--client-row-share", type=int, default=None, help="batch rows one client may hold while "
                    "another client has work (a client alone always gets all --max-batch rows; its jobs beyond the "
-                   "share wait in the queue, not refused); default: --max-batch divided by the clients with work, "
-                   "rounded up (half the batch beside one other client), so a light client's request does not "
-                   "decode in a batch a flood filled; --max-batch: no share (docs/guide/serving.md)")
+                   "share wait in the queue, not refused); default: 2 on a CPU (where a step's cost grows with its "
+                   "rows), on a GPU --max-batch divided by the clients with work, rounded up; --max-batch: no share "
+                   "(docs/guide/serving.md)")
     p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without a turn of the decode loop "
                    "(a step that never ends, a frozen engine) after which the engine counts as failed (0: never)")
     p.add_argument("--engine-restarts", type=int, default=3, help="engine failures (its process or decode loop dead, "

@@ -20,8 +20,10 @@ has work, no client holds more than its share of the batch's rows:
               seconds ago
     share   = max_batch                          when at most one client is active (a client alone: the whole
                                                  batch, so one client's throughput is unchanged)
-            = ``row_share``                      when set (``serve.py --client-row-share``; max_batch: no cap)
-            = ceil(max_batch / |active|)         otherwise (the default)
+            = ``row_share``                      when set (``serve.py --client-row-share``; max_batch: no cap;
+                                                 by default :data:`CPU_ROW_SHARE` = 2 on a CPU,
+                                                 :func:`default_row_share`)
+            = ceil(max_batch / |active|)         otherwise (the default on a GPU)
 
 A job of a client already holding ``share`` rows stays queued (it is not refused: the queue bounds are unchanged)
 and goes first among the waiting once its client is under its share again (its turn is kept). Rows are never
@@ -33,6 +35,13 @@ row decodes in a batch of at most max_batch / 2 + its own rows (on the main job'
 half of what an 8-row one does over a 1-row one); with several floods the batch still fills (|active| shares of
 ceil(max_batch / |active|) cover it) in equal parts. The price is the flood's throughput while a light client
 has work, never a lone client's.
+
+Why 2 rows on a CPU by default (issue 57, docs/results.md "The default row share"): there a step's cost grows
+with its rows, so the light client's latency depends on how many rows the flood decodes beside it. Measured on the
+main job (4 rotated runs each, the well-behaved client's p99 beside a flood over its p99 alone): ceil(8 / 2) = 4
+rows x2.33 +- 0.76, 2 rows x1.91 +- 0.64, 1 row x1.67 +- 0.48; the flood kept 984, 702 and 480 tokens/s while the
+light client had work. 2 rows is the default: under the 2x target on average at 71 % of the flood's throughput
+(1 row: 49 %). On a GPU a step's cost barely grows with its rows (weight-bound), so the ceil rule stays.
 
 Why ``linger`` (:data:`LINGER_S`, 0.1 s): a client that sends its next request as soon as the last was answered
 (a closed loop, one request at a time) has no job for the few milliseconds between; without the linger the flood
@@ -49,6 +58,15 @@ from .bounded import FairQueue
 from .messages import QueueFull
 
 LINGER_S = 0.1                   # seconds a client whose last job left still counts as active (module docstring)
+CPU_ROW_SHARE = 2                # rows one client may hold beside others on a CPU by default (module docstring)
+
+
+def default_row_share(row_share: int | None, max_batch: int, device_type: str) -> int | None:
+    """The server's row share: ``row_share`` when given, else :data:`CPU_ROW_SHARE` (at most ``max_batch``) on a
+    CPU and None (the ceil rule) elsewhere (module docstring)."""
+    if row_share is not None:
+        return row_share
+    return min(CPU_ROW_SHARE, max_batch) if device_type == "cpu" else None
 
 
 class RowShares:

@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 
+from .admission import default_row_share
 from .job import Job
 from .messages import Answer, Ask, Cancel, Close, Died, Events, Fatal, Fault, QueueFull, Ready, Submit
 from .metrics import Metrics
@@ -158,6 +159,14 @@ def _fatal(e: BaseException) -> Fatal:
     return Fatal(user, " ".join(text.split()))
 
 
+def _device_type(model) -> str:
+    """The device the model decodes on ("cpu" when it has no parameters to ask)."""
+    try:
+        return next(model.parameters()).device.type
+    except (AttributeError, StopIteration, TypeError):
+        return "cpu"
+
+
 def main(conn, args, pulse_array=None) -> None:
     """The engine process (``multiprocessing`` spawn target): load, say ``ready``, serve the pipe; the loop's
     vital signs go to ``pulse_array`` (:class:`~.pulse.Pulse`)."""
@@ -172,9 +181,10 @@ def main(conn, args, pulse_array=None) -> None:
         model, objective, tok, cfg = load_model(args)
         metrics = Metrics()
         L = cfg.data.seq_length
+        share = default_row_share(getattr(args, "client_row_share", None), args.max_batch, _device_type(model))
         scheduler = Scheduler(model, tok, objective, max_batch=args.max_batch, metrics=metrics,
                               max_queue=args.max_queue + args.max_batch, width=L + args.max_tokens_limit,
-                              pulse=Pulse(pulse_array), row_share=getattr(args, "client_row_share", None))
+                              pulse=Pulse(pulse_array), row_share=share)
     except Exception as e:                # noqa: BLE001 (reported to the HTTP side as one line)
         conn.send(_fatal(e))
         return

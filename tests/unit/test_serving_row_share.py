@@ -142,3 +142,12 @@ def test_the_server_refuses_a_share_outside_the_batch_in_one_line():
     with pytest.raises(ValueError, match=r"--client-row-share must be between 1 and --max-batch \(4\), got 5"):
         build(args)                                     # refused before any engine starts
     assert parse_args(["--checkpoint", "nowhere"]).client_row_share is None
+
+
+def test_the_default_row_share_is_two_rows_on_a_cpu_and_the_ceil_rule_elsewhere():
+    from setdiff_mega.serving.admission import CPU_ROW_SHARE, default_row_share
+
+    assert CPU_ROW_SHARE == 2
+    assert default_row_share(None, 8, "cpu") == 2 and default_row_share(None, 1, "cpu") == 1
+    assert default_row_share(None, 8, "cuda") is None                    # RowShares' ceil(max_batch / clients)
+    assert default_row_share(5, 8, "cpu") == 5 and default_row_share(5, 8, "cuda") == 5     # given: as given
