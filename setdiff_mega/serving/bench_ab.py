@@ -89,7 +89,6 @@ def checkout(ref: str, repo: Path | None = None):
         yield tree
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
         if tmp.exists() and not any(tmp.iterdir()):
             tmp.rmdir()
 
