@@ -323,7 +323,8 @@ async def run_hostile(url: str, bodies: list[dict], victim_key: str, attacker_ke
     row = {"phase": "hostile", "requests": len(bodies), "attackers": statuses,
            "alone_p50_s": percentile(alone, 50), "alone_p99_s": percentile(alone, 99),
            "beside_p50_s": percentile(beside, 50), "beside_p99_s": percentile(beside, 99),
-           "flood_tokens_per_s": flood_tokens[0] / attack_s, "attack_s": attack_s}
+           "flood_tokens_per_s": flood_tokens[0] / attack_s, "attack_s": attack_s, "alone_s": alone,
+           "beside_s": beside}
     row["p99_ratio"] = row["beside_p99_s"] / row["alone_p99_s"]
     if rss0 is not None and rss1 is not None:
         row.update(rss_before_mib=rss0, rss_after_mib=rss1, rss_growth_mib=rss1 - rss0)

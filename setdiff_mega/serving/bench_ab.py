@@ -21,6 +21,20 @@ Hostile comparison (``--hostile --client-row-share auto,2,1 --hostile-runs K``, 
 server per row-share setting, all started at once, and K runs of the hostile phase on each, the settings' order
 rotated every run (so drift spreads over all of them). Per setting: every run's p99 ratio (beside / alone), the
 flood's generated tokens/s (what a smaller share costs the flood) and the memory growth, with mean and sd.
+
+One run's p99 of n = 64 requests is its second-worst latency: one stall of the shared machine decides it (issue 57
+measured x1.49 to x2.85 across four runs of one setting). The verdict therefore pools the K runs' latencies and asks
+the target's own question, "at most 1 % of the well-behaved client's requests beside the attack take more than 2x its
+unloaded p99", as a count:
+
+    reference    = p99 of the pooled unloaded latencies (n K requests)
+    exceedances  = k of the n K pooled latencies beside the attack above 2 x reference
+    95 % CI      = the exact (Clopper-Pearson) binomial interval of k / (n K)
+
+with the pooled p99 ratio beside it, and the verdict ``holds`` when the interval's upper end is at most 1 %,
+``missed`` when its lower end is above 1 %, ``not resolved`` otherwise (one stall is one exceedance, not the
+verdict; more runs narrow the interval: ``holds`` needs n K >= 367 requests with no exceedance, 555 with one,
+720 with two).
 """
 from __future__ import annotations
 
@@ -162,8 +176,28 @@ def share_label(x) -> str:
     return "default" if x is None else str(x)
 
 
+def pooled_p99(rows: list[dict], target: float = 2.0, share: float = 0.01) -> dict:
+    """The pooled p99 ratio of the runs ``rows`` (their ``alone_s`` / ``beside_s`` latencies) and the exceedance
+    count against ``target`` x the pooled unloaded p99, its exact 95 % interval and the verdict (module docstring)."""
+    from scipy import stats
+
+    alone = np.concatenate([np.asarray(r.get("alone_s", []), float) for r in rows]) if rows else np.array([])
+    beside = np.concatenate([np.asarray(r.get("beside_s", []), float) for r in rows]) if rows else np.array([])
+    if not len(alone) or not len(beside) or any(not r.get("alone_s") or not r.get("beside_s") for r in rows):
+        raise ValueError("a pooled p99 needs every run's alone and beside latencies")
+    ref = float(np.percentile(alone, 100 * (1 - share)))
+    k, n = int((beside > target * ref).sum()), len(beside)
+    ci = stats.binomtest(k, n).proportion_ci(0.95, method="exact")
+    verdict = "holds" if ci.high <= share else "missed" if ci.low > share else "not resolved"
+    return {"ratio": float(np.percentile(beside, 100 * (1 - share))) / ref, "reference_s": ref, "exceedances": k,
+            "requests": n, "runs": len(rows), "share_low": float(ci.low), "share_high": float(ci.high),
+            "target": target, "verdict": verdict}
+
+
 def hostile_summary(rows: list[dict]) -> dict:
     out = {}
+    if rows and all("alone_s" in r and "beside_s" in r for r in rows):
+        out["pooled_p99"] = pooled_p99(rows)
     for key in ("p99_ratio", "alone_p99_s", "beside_p99_s", "flood_tokens_per_s", "rss_growth_mib"):
         v = [r[key] for r in rows if key in r]
         if v:
@@ -173,13 +207,17 @@ def hostile_summary(rows: list[dict]) -> dict:
 
 
 def hostile_compare_table(result: dict) -> str:
-    lines = ["| row share | p99 ratio per run | mean +- sd (max) | the flood's tok/s, mean +- sd | memory growth, "
-             "max (MiB) |", "|---|---|---|---:|---:|"]
+    lines = ["| row share | p99 ratio per run | mean +- sd (max) | pooled p99 ratio; requests over 2x the unloaded p99 "
+             "(95 % CI): verdict at 1 % | the "
+             "flood's tok/s, mean +- sd | memory growth, max (MiB) |", "|---|---|---|---|---:|---:|"]
     for label, s in result["summary"].items():
         r, f = s["p99_ratio"], s["flood_tokens_per_s"]
         mem = f"{s['rss_growth_mib']['max']:+.1f}" if "rss_growth_mib" in s else "-"
+        q = s.get("pooled_p99")
+        pooled = (f"x{q['ratio']:.2f}; {q['exceedances']} of {q['requests']} over 2x ({q['share_low']:.1%}-"
+                  f"{q['share_high']:.1%}): {q['verdict']}") if q else "-"
         lines.append(f"| {label} | {', '.join(f'x{v:.2f}' for v in r['runs'])} | x{r['mean']:.2f} +- {r['sd']:.2f} "
-                     f"(x{r['max']:.2f}) | {f['mean']:.1f} +- {f['sd']:.1f} | {mem} |")
+                     f"(x{r['max']:.2f}) | {pooled} | {f['mean']:.1f} +- {f['sd']:.1f} | {mem} |")
     return "\n".join(lines)
 
 
@@ -195,5 +233,5 @@ def ab_table(result: dict, label_b: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["paired_stats", "checkout", "run_ab", "ab_table", "PHASES", "run_hostile_compare", "hostile_summary",
-           "hostile_compare_table", "share_label"]
+__all__ = ["paired_stats", "pooled_p99", "checkout", "run_ab", "ab_table", "PHASES", "run_hostile_compare",
+           "hostile_summary", "hostile_compare_table", "share_label"]

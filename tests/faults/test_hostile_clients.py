@@ -472,7 +472,10 @@ def test_bench_serve_hostile_compares_row_shares_on_servers_side_by_side(trained
     got = json.loads(out.read_text())
     assert list(got["rows"]) == ["default", "1"] and all(len(v) == 1 for v in got["rows"].values())
     assert all(s["p99_ratio"]["runs"][0] > 0 and s["flood_tokens_per_s"]["mean"] > 0 for s in got["summary"].values())
-    assert "| default |" in r.stdout and "| 1 |" in r.stdout
+    assert all(len(v[0]["alone_s"]) == len(v[0]["beside_s"]) == 2 for v in got["rows"].values())   # kept to pool
+    pooled = got["summary"]["default"]["pooled_p99"]                # 2 requests resolve nothing at 1 %
+    assert pooled["requests"] == 2 and pooled["verdict"] in ("not resolved", "missed")
+    assert "| default |" in r.stdout and "| 1 |" in r.stdout and "over 2x" in r.stdout
 
 
 @pytest.mark.parametrize("stream", [False, True])

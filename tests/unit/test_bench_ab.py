@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from setdiff_mega.serving.bench_ab import checkout, hostile_summary, paired_stats
+from setdiff_mega.serving.bench_ab import checkout, hostile_summary, paired_stats, pooled_p99
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from bench_serve import row_shares  # noqa: E402
@@ -46,6 +46,29 @@ def test_hostile_summary_keeps_every_run_and_its_spread():
     s = hostile_summary(rows)
     assert s["p99_ratio"] == {"mean": 2.0, "sd": pytest.approx(math.sqrt(0.5)), "max": 2.5, "runs": [1.5, 2.5]}
     assert s["flood_tokens_per_s"]["mean"] == 90.0 and "rss_growth_mib" not in s
+
+
+def test_the_pooled_p99_is_not_decided_by_one_stall():
+    """Six runs of 64 requests, 0.1 s each alone and 0.15 s beside: one run's single 1 s stall makes that run's p99
+    ratio ~x4; pooled, it is one exceedance of 384 (its exact interval 0.0 %-1.4 %: not resolved), and over 0.3 %
+    of 1,000 requests the target holds. A slow server (every request 3x) misses it."""
+    def runs(n_runs, n=64, stall=True):
+        return [{"alone_s": [0.1] * n, "beside_s": [0.15] * (n - 1) + [1.0 if i == 0 and stall else 0.15]}
+                for i in range(n_runs)]
+    rows = runs(6)
+    one = np.percentile(rows[0]["beside_s"], 99) / np.percentile(rows[0]["alone_s"], 99)
+    assert one > 4
+    q = pooled_p99(rows)
+    assert q["ratio"] == pytest.approx(1.5) and q["exceedances"] == 1 and q["requests"] == 384
+    assert q["share_low"] > 0 and 0.01 < q["share_high"] < 0.015 and q["verdict"] == "not resolved"
+    big = pooled_p99(runs(10, n=100))
+    assert big["exceedances"] == 1 and big["share_high"] <= 0.01 and big["verdict"] == "holds"
+    slow = [{"alone_s": [0.1] * 64, "beside_s": [0.3] * 64} for _ in range(4)]
+    assert pooled_p99(slow)["verdict"] == "missed" and pooled_p99(slow)["exceedances"] == 256
+    assert hostile_summary(rows)["pooled_p99"] == q
+    assert "pooled_p99" not in hostile_summary(rows + [{"p99_ratio": 1.0}])         # a run without latencies
+    with pytest.raises(ValueError, match="alone and beside latencies"):
+        pooled_p99([{"alone_s": [], "beside_s": [0.1]}])
 
 
 def _git(repo, *a):
