@@ -42,6 +42,7 @@ from transformers import AutoModelForCausalLM
 
 from setdiff_mega.checkpoint import hf, load_model
 from setdiff_mega.cli import run_cli
+from setdiff_mega.data.chat import ChatRenderer
 from setdiff_mega.diffusion.setdlm import SETDLM
 from setdiff_mega.hfmodel.generation_setdlm import DecodeModel
 from setdiff_mega.hfmodel.linears import AUTO, CHOICES
@@ -57,7 +58,10 @@ REPORTS = (".csv", ".png", ".json", ".jsonl", ".log", ".txt")     # what an --ou
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default="runs/tiny_cpu")
-    p.add_argument("--tasks", default="data/embedded/tasks/math.jsonl", help="prompts: held-out math questions")
+    p.add_argument("--tasks", default="data/embedded/tasks/math.jsonl",
+                   help="prompts (JSONL): records with 'question' (the held-out math questions, 'Question: ... "
+                        "Answer:'), or with 'prompt' (a task split, e.g. tools/reproduce.py --convert's dev.jsonl; "
+                        "'format': 'chat' renders it with the checkpoint's chat template, as its evaluation does)")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--long-length", type=int, default=512, help="decoded positions for the cache on/off ratio")
@@ -100,11 +104,7 @@ def main(argv=None) -> int:
         return 0
     native, objective, tok, cfg = load_model(args.checkpoint)
     model = decoding_model(native, cfg, tok, args.engine, args.decode_weights)
-    tasks = Path(args.tasks)
-    if not tasks.is_file():
-        raise FileNotFoundError(f"prompt file '{tasks}' does not exist; run tools/prepare_data.py --embedded first")
-    prompts = [f"Question: {json.loads(x)['question']}\nAnswer:" for x in tasks.read_text().splitlines()
-               if x.strip()][: args.num_prompts]
+    prompts = load_prompts(Path(args.tasks), args.num_prompts, tok)
     base = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_at_eos=True,
                             context_length=args.context_length or cfg.data.seq_length)
     if args.speculative_only or getattr(model, "self_speculative", False):
@@ -149,6 +149,31 @@ def main(argv=None) -> int:
     print(json.dumps(speedup))
     print(f"wrote {out / 'bench_generate.csv'}, {out / 'cache_speedup.json'}, {out / 'speed_vs_tau.png'}")
     return 0
+
+
+def load_prompts(path: Path, limit: int, tok) -> list:
+    """The first ``limit`` prompts of a JSONL file (``--tasks``): 'question' records as 'Question: ... Answer:'
+    strings, 'prompt' records as they are, or (``"format": "chat"``) as token ids rendered with the tokenizer's chat
+    template and generation prompt (``{"input_ids": [...]}``, as the study's evaluation encodes them)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file '{path}' does not exist; run tools/prepare_data.py --embedded first")
+    chat, out = None, []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if len(out) == limit:
+            break
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if "question" in rec and "prompt" not in rec:
+            out.append(f"Question: {rec['question']}\nAnswer:")
+        elif "prompt" in rec and rec.get("format") == "chat":
+            chat = chat or ChatRenderer.of(tok)
+            out.append({"input_ids": chat.prompt_ids(rec["prompt"])})
+        elif "prompt" in rec:
+            out.append(rec["prompt"])
+        else:
+            raise ValueError(f"{path}:{n}: a prompt record needs 'question' or 'prompt'")
+    return out
 
 
 def speculative_report(args, model, tok, objective, prompts, base, out: Path) -> None:

@@ -344,3 +344,30 @@ def test_the_bench_reports_acceptance_by_window_position_and_forwards_with_draft
     assert 0 < row["forwards_with_drafts"] <= 1       # not all: L = 24, drafts are cut near the context budget
     benchmark.plot_acceptance(report, tmp_path / "acceptance.png")
     assert (tmp_path / "acceptance.png").stat().st_size > 0
+
+
+def test_the_bench_reads_a_task_split_with_chat_prompts(spec_export, tmp_path):
+    """``tools/bench_generate.py --tasks`` takes a task split (the conversion study's dev.jsonl): chat records are
+    rendered with the checkpoint's chat template as the study's evaluation renders them, plain ones kept as text,
+    'question' records in the math prompt format; a record with neither is refused naming its line."""
+    import copy
+    import json
+    import runpy
+
+    from setdiff_mega.data.chat import ChatRenderer
+
+    _, tok = spec_export
+    tok = copy.deepcopy(tok)
+    tok.chat_template = ("{% for m in messages %}<u>{{ m.content }}</u>{% endfor %}"
+                         "{% if add_generation_prompt %}A:{% endif %}")
+    path = tmp_path / "dev.jsonl"
+    recs = [{"prompt": "What is 1 + 2?", "format": "chat"}, {"prompt": "Once upon"}, {"question": "3 plus 4?"}]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n\n")
+    load = runpy.run_path("tools/bench_generate.py", run_name="bench_generate")["load_prompts"]
+    got = load(path, 8, tok)
+    assert got == [{"input_ids": ChatRenderer.of(tok).prompt_ids("What is 1 + 2?")}, "Once upon",
+                   "Question: 3 plus 4?\nAnswer:"]
+    assert load(path, 1, tok) == got[:1]
+    path.write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(ValueError, match="dev.jsonl:1: a prompt record needs"):
+        load(path, 8, tok)
