@@ -99,7 +99,8 @@ class Child:
             d = D.prepare(Path(cc.out_dir), self.tp, self.knob, cc.data_seed, TR.parent_tokenizer(parent), self.ctx.log)
             rec = TR.train_child(cc, self.arm, self.tp, self.knob, self.seed, d, parent, self.ctx.parent_sha,
                                  self.ctx.log)
-            self.ctx.store.put(self._key("train"), rec["value"])
+            if self.ctx.store.get(self._key("train")) is None:     # a run trained before keeps its point and
+                self.ctx.store.put(self._key("train"), rec["value"])    # the commit it was trained at
             self.ctx.models[k] = Path(rec["dir"])
         return self.ctx.models[k]
 

@@ -279,3 +279,30 @@ def test_a_run_that_may_compute_nothing_lists_every_missing_point_and_touches_no
     assert kinds.count(("parent", "nll")) == 1 and kinds.count(("setdlm_D4/ar_weight_1", "train")) == 1
     assert len(kinds) == 11 + 18 + 30 + 10 + 2
     assert not (tmp_path / "out").exists()                                  # no import, no data, no model
+
+
+def test_a_model_trained_before_keeps_its_training_point_and_commit(tmp_path, monkeypatch):
+    """Loading a child's model again (to decode a new setting) must not re-stamp its training point with the commit
+    of the decoding run: the point names the commit it was trained at; a child without a point gets one."""
+    from experiments.convert import run as RUN
+
+    parent = tmp_path / "parent.gguf"
+    parent.write_bytes(b"not read: only hashed")
+    cc = P.ConvertConfig(out_dir=str(tmp_path / "out"), parent=str(parent), points=str(tmp_path / "points"))
+    ctx = RUN.Context(cc, RUN.store_of(cc), parent=parent, parent_sha="p" * 8)
+    monkeypatch.setattr(RUN.D, "prepare", lambda *a: tmp_path / "data")
+    monkeypatch.setattr(RUN.TR, "parent_tokenizer", lambda p: None)
+    monkeypatch.setattr(RUN.TR, "train_child", lambda *a: {"value": {"val_loss": 0.5}, "dir": str(tmp_path / "run")})
+    tp = cc.tasks[0]
+    child = RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 0, True)
+    stored = {"key": child._key("train"), "value": {"val_loss": 0.5},
+              "provenance": {"code": ctx.store.code_of("train"), "commit": "abc1234", "config": ctx.store.config}}
+    path = ctx.store.path(child._key("train"))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(stored))
+    assert child.model() == tmp_path / "run"
+    assert json.loads(path.read_text())["provenance"]["commit"] == "abc1234"
+    path.unlink()
+    RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 1, True).model()
+    other = RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 1, True)
+    assert ctx.store.get(other._key("train"))["val_loss"] == 0.5           # a new training: its point is stored
