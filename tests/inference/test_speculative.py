@@ -371,3 +371,29 @@ def test_the_bench_reads_a_task_split_with_chat_prompts(spec_export, tmp_path):
     path.write_text(json.dumps({"text": "x"}) + "\n")
     with pytest.raises(ValueError, match="dev.jsonl:1: a prompt record needs"):
         load(path, 8, tok)
+
+
+def test_the_task_evaluations_score_ar_modes_answers(spec_export):
+    """The embedded task evaluations (setdiff_mega/eval/tasks.py: math and arithmetic questions, story infill)
+    decoded speculatively produce AR mode's texts, batched as the evaluation batches them."""
+    from setdiff_mega.eval.tasks import load_task, math_accuracy, story_infill
+    from setdiff_mega.inference.options import generation_config
+
+    exp, tok = spec_export
+    model, objective, cfg, _ = exp["spec"]
+    ctx = 160                                          # past the training length: the budget, as evaluate allows
+
+    def gc(**o):
+        return generation_config(cfg.objective, ctx, overrides={"max_new_tokens": 12, "stop_at_eos": True, **o})
+
+    ar, spec = gc(window=1, tau=2.0), gc(window=4, speculative=True)
+    for name in ("math", "arith"):
+        rows = load_task("data/embedded/tasks", name, limit=6)
+        want = math_accuracy(model, tok, objective, rows, ar, ctx, batch_size=3, keep_texts=True)
+        got = math_accuracy(model, tok, objective, rows, spec, ctx, batch_size=3, keep_texts=True)
+        assert want["n"] == 6 and got["texts"] == want["texts"] and len(set(want["texts"])) > 1
+    ctx = 480                                          # a whole story with this 300-token vocabulary
+    rows = load_task("data/embedded/tasks", "stories", limit=3)
+    want = story_infill(model, tok, objective, rows, gc(window=1, tau=2.0), ctx, batch_size=3)
+    got = story_infill(model, tok, objective, rows, gc(window=4, speculative=True), ctx, batch_size=3)
+    assert want["n"] == 3 and got["examples"] == want["examples"]
