@@ -9,6 +9,10 @@ debugger), else a rank outside every collective (:mod:`.collectives`; its own wo
 wait for it), the one with the fewest completed collectives (it is behind), then the oldest beat; the line
 names it, its host, what it was doing, and how long the detecting rank waited.
 Detection comes within ``timeout + poll`` of the last beat (``poll`` is capped at a quarter of the timeout).
+A pause of the whole job is not a hang: when the watchdog itself did not run for more than half the timeout
+beyond its poll (the process group stopped with SIGSTOP and continued, a suspended VM), the rank's stall is
+counted from the watchdog's return, so the rank gets its full timeout to beat again; a rank stopped alone, its
+watchdog running, is still named and killed.
 Killing the rank ends the step everywhere: its peers' collectives fail at once, or their own watchdogs
 fire within their timeouts.
 
@@ -103,18 +107,25 @@ class Watch:
                 "state": process_state(self.parent)}
 
     def run(self) -> None:
+        watching = last = time.monotonic()    # since when this watchdog has run without a break (module docstring)
+        wait, timeout = self.poll, 0.0
         while True:
+            now = time.monotonic()
+            if timeout > 0 and now - last > wait + timeout / 2:
+                watching = now                # this watchdog did not run either: a pause of the job, not a hang
+            last = now
             rec = read_record(self.buf)
             wait = self.poll
             if rec is not None:
+                timeout = rec["timeout"]
                 mine = self.mine(rec)
                 publish(self.out, self.rank, mine)
-                stalled = time.monotonic() - rec["beat"]
-                if rec["timeout"] > 0 and stalled > rec["timeout"]:
+                stalled = now - max(rec["beat"], watching)
+                if timeout > 0 and stalled > timeout:
                     self.hung(mine, stalled)
                     return
-                if rec["timeout"] > 0:
-                    wait = min(self.poll, rec["timeout"] / 4)
+                if timeout > 0:
+                    wait = min(self.poll, timeout / 4)
             time.sleep(wait)
 
     def hung(self, mine: dict, stalled: float) -> None:

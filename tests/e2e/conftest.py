@@ -27,7 +27,10 @@ def _run(args, **kw):
 
 @functools.cache
 def tool(name: str):
-    """The module of ``tools/<name>.py`` (imported once per session)."""
+    """The module of ``tools/<name>.py`` (imported once per session), with ``tools/`` on the path as running the
+    script puts it (``tools/_checkout.py``: a test run alone found it only after another test had added it)."""
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
     spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

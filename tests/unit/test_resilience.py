@@ -4,6 +4,7 @@ alone), the naming of the hung rank, the straggler statistics, and the restart s
 around a stand-in trainer."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -95,6 +96,11 @@ RANK = textwrap.dedent("""
     for step in range(1, 6):
         with h.phase("step", step, f"train step {step}"):
             time.sleep(0.05)
+    if mode == "long":                            # steps for ~8 s; the watchdog's pid for the test to stop it
+        print("watchdog", h.proc.pid, flush=True)
+        for step in range(6, 166):
+            with h.phase("step", step, f"train step {step}"):
+                time.sleep(0.05)
     if mode == "hang":
         with h.phase("step", 6, "train step 6"):
             print("stalled", time.time(), flush=True)
@@ -122,6 +128,27 @@ def test_a_hung_rank_is_killed_within_twice_its_timeout_and_named(tmp_path):
     assert hang["detected_wall"] - stalled_at <= 2 * hang["timeout"], hang
     assert ended - stalled_at <= 2 * hang["timeout"] + 3.0      # + the killed process's teardown under load
     assert err.count("error: hang: rank 0") == 1, err
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_paused_job_is_not_a_hang_but_a_rank_stopped_alone_is(tmp_path, alone):
+    """SIGSTOP to the rank and its watchdog (a paused process group, a suspended VM) for 3x the 1 s timeout, then
+    SIGCONT: the watchdog counts the stall from its own return, the rank beats again and finishes. The rank stopped
+    alone, its watchdog running: named as stopped and killed, as before."""
+    p = _rank(tmp_path, "long", timeout=1.0)
+    watchdog = int(p.stdout.readline().split()[1])
+    pids = [p.pid] if alone else [p.pid, watchdog]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(3.0)
+    for pid in pids[::-1]:                        # the watchdog first: its rank, mid-step, beats only later
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.5)
+    out, err = p.communicate(timeout=60)
+    if alone:
+        assert p.returncode == -9 and "its process is stopped" in err, (out, err)
+    else:
+        assert p.returncode == 0 and "finished" in out and "error: hang" not in err, (out, err)
 
 
 @pytest.mark.parametrize("mode", ["finish"])
