@@ -163,7 +163,12 @@ def load_prompts(path: Path, limit: int, tok) -> list:
             break
         if not line.strip():
             continue
-        rec = json.loads(line)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{n}: a prompt record is a JSON object with 'question' or 'prompt'")
         if "question" in rec and "prompt" not in rec:
             out.append(f"Question: {rec['question']}\nAnswer:")
         elif "prompt" in rec and rec.get("format") == "chat":

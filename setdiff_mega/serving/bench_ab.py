@@ -208,8 +208,8 @@ def hostile_summary(rows: list[dict]) -> dict:
 
 def hostile_compare_table(result: dict) -> str:
     lines = ["| row share | p99 ratio per run | mean +- sd (max) | pooled p99 ratio; requests over 2x the unloaded p99 "
-             "(95 % CI): verdict at 1 % | the "
-             "flood's tok/s, mean +- sd | memory growth, max (MiB) |", "|---|---|---|---|---:|---:|"]
+             "(95 % CI): verdict at 1 % | the flood's tok/s, mean +- sd | memory growth, max (MiB) |",
+             "|---|---|---|---|---:|---:|"]
     for label, s in result["summary"].items():
         r, f = s["p99_ratio"], s["flood_tokens_per_s"]
         mem = f"{s['rss_growth_mib']['max']:+.1f}" if "rss_growth_mib" in s else "-"

@@ -371,6 +371,9 @@ def test_the_bench_reads_a_task_split_with_chat_prompts(spec_export, tmp_path):
     path.write_text(json.dumps({"text": "x"}) + "\n")
     with pytest.raises(ValueError, match="dev.jsonl:1: a prompt record needs"):
         load(path, 8, tok)
+    path.write_text('{"prompt": "x"}\n{"prompt": \n')
+    with pytest.raises(ValueError, match="dev.jsonl:2: not valid JSON"):
+        load(path, 8, tok)
 
 
 def test_the_task_evaluations_score_ar_modes_answers(spec_export):
