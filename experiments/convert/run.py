@@ -30,6 +30,7 @@ from pathlib import Path
 
 from experiments.paper.frontier import method_label
 from setdiff_mega.data.tokenizer import Tokenizer
+from setdiff_mega.errors import TrainingError
 from setdiff_mega.tasks import knob_tag
 
 from . import data as D
@@ -97,8 +98,14 @@ class Child:
             cc = self.ctx.cc
             parent = self.ctx.ensure_parent()
             d = D.prepare(Path(cc.out_dir), self.tp, self.knob, cc.data_seed, TR.parent_tokenizer(parent), self.ctx.log)
-            rec = TR.train_child(cc, self.arm, self.tp, self.knob, self.seed, d, parent, self.ctx.parent_sha,
-                                 self.ctx.log)
+            try:
+                rec = TR.train_child(cc, self.arm, self.tp, self.knob, self.seed, d, parent, self.ctx.parent_sha,
+                                     self.ctx.log)
+            except RuntimeError as e:             # the trainer's process failed (frontier.train_model): one line
+                if type(e) is not RuntimeError or not str(e).startswith("training "):
+                    raise
+                raise TrainingError(f"{e}; the same command again resumes it from its newest checkpoint (finished "
+                                    f"points are kept)") from None
             if self.ctx.store.get(self._key("train")) is None:     # a run trained before keeps its point and
                 self.ctx.store.put(self._key("train"), rec["value"])    # the commit it was trained at
             self.ctx.models[k] = Path(rec["dir"])

@@ -306,3 +306,22 @@ def test_a_model_trained_before_keeps_its_training_point_and_commit(tmp_path, mo
     RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 1, True).model()
     other = RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 1, True)
     assert ctx.store.get(other._key("train"))["val_loss"] == 0.5           # a new training: its point is stored
+
+
+def test_a_failed_child_training_is_one_line_that_says_how_to_resume(tmp_path, monkeypatch):
+    from experiments.convert import run as RUN
+    from setdiff_mega.errors import TrainingError
+
+    parent = tmp_path / "parent.gguf"
+    parent.write_bytes(b"not read: only hashed")
+    cc = P.ConvertConfig(out_dir=str(tmp_path / "out"), parent=str(parent), points=str(tmp_path / "points"))
+    ctx = RUN.Context(cc, RUN.store_of(cc), parent=parent, parent_sha="p" * 8)
+    monkeypatch.setattr(RUN.D, "prepare", lambda *a: tmp_path / "data")
+    monkeypatch.setattr(RUN.TR, "parent_tokenizer", lambda p: None)
+
+    def killed(*a):
+        raise RuntimeError("training ar_s1 failed (exit -9); see runs/x/train.log")
+    monkeypatch.setattr(RUN.TR, "train_child", killed)
+    tp = cc.tasks[0]
+    with pytest.raises(TrainingError, match=r"exit -9\); see runs/x/train.log; the same command again resumes"):
+        RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 0, True).model()
