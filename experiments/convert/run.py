@@ -101,7 +101,8 @@ class Child:
             try:
                 rec = TR.train_child(cc, self.arm, self.tp, self.knob, self.seed, d, parent, self.ctx.parent_sha,
                                      self.ctx.log)
-            except RuntimeError as e:             # the trainer's process failed (frontier.train_model): one line
+            except RuntimeError as e:     # the trainer's process failed: one line (here, since frontier.py is
+                                          # under the training fingerprint: editing it would retrain every child)
                 if type(e) is not RuntimeError or not str(e).startswith("training "):
                     raise
                 raise TrainingError(f"{e}; the same command again resumes it from its newest checkpoint (finished "

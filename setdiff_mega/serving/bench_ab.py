@@ -181,10 +181,10 @@ def pooled_p99(rows: list[dict], target: float = 2.0, share: float = 0.01) -> di
     count against ``target`` x the pooled unloaded p99, its exact 95 % interval and the verdict (module docstring)."""
     from scipy import stats
 
-    alone = np.concatenate([np.asarray(r.get("alone_s", []), float) for r in rows]) if rows else np.array([])
-    beside = np.concatenate([np.asarray(r.get("beside_s", []), float) for r in rows]) if rows else np.array([])
-    if not len(alone) or not len(beside) or any(not r.get("alone_s") or not r.get("beside_s") for r in rows):
+    if not rows or any(not r.get("alone_s") or not r.get("beside_s") for r in rows):
         raise ValueError("a pooled p99 needs every run's alone and beside latencies")
+    alone = np.concatenate([np.asarray(r["alone_s"], float) for r in rows])
+    beside = np.concatenate([np.asarray(r["beside_s"], float) for r in rows])
     ref = float(np.percentile(alone, 100 * (1 - share)))
     k, n = int((beside > target * ref).sum()), len(beside)
     ci = stats.binomtest(k, n).proportion_ci(0.95, method="exact")

@@ -281,9 +281,9 @@ def test_a_run_that_may_compute_nothing_lists_every_missing_point_and_touches_no
     assert not (tmp_path / "out").exists()                                  # no import, no data, no model
 
 
-def test_a_model_trained_before_keeps_its_training_point_and_commit(tmp_path, monkeypatch):
-    """Loading a child's model again (to decode a new setting) must not re-stamp its training point with the commit
-    of the decoding run: the point names the commit it was trained at; a child without a point gets one."""
+def _child_setup(tmp_path, monkeypatch, train_child):
+    """A study context whose data preparation and parent tokenizer are stubbed and whose ``train_child`` is given:
+    (run module, context, the first arm's child maker for a seed)."""
     from experiments.convert import run as RUN
 
     parent = tmp_path / "parent.gguf"
@@ -292,9 +292,17 @@ def test_a_model_trained_before_keeps_its_training_point_and_commit(tmp_path, mo
     ctx = RUN.Context(cc, RUN.store_of(cc), parent=parent, parent_sha="p" * 8)
     monkeypatch.setattr(RUN.D, "prepare", lambda *a: tmp_path / "data")
     monkeypatch.setattr(RUN.TR, "parent_tokenizer", lambda p: None)
-    monkeypatch.setattr(RUN.TR, "train_child", lambda *a: {"value": {"val_loss": 0.5}, "dir": str(tmp_path / "run")})
+    monkeypatch.setattr(RUN.TR, "train_child", train_child)
     tp = cc.tasks[0]
-    child = RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 0, True)
+    return ctx, lambda seed: RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], seed, True)
+
+
+def test_a_model_trained_before_keeps_its_training_point_and_commit(tmp_path, monkeypatch):
+    """Loading a child's model again (to decode a new setting) must not re-stamp its training point with the commit
+    of the decoding run: the point names the commit it was trained at; a child without a point gets one."""
+    ctx, child_of = _child_setup(tmp_path, monkeypatch,
+                                 lambda *a: {"value": {"val_loss": 0.5}, "dir": str(tmp_path / "run")})
+    child = child_of(0)
     stored = {"key": child._key("train"), "value": {"val_loss": 0.5},
               "provenance": {"code": ctx.store.code_of("train"), "commit": "abc1234", "config": ctx.store.config}}
     path = ctx.store.path(child._key("train"))
@@ -303,25 +311,15 @@ def test_a_model_trained_before_keeps_its_training_point_and_commit(tmp_path, mo
     assert child.model() == tmp_path / "run"
     assert json.loads(path.read_text())["provenance"]["commit"] == "abc1234"
     path.unlink()
-    RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 1, True).model()
-    other = RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 1, True)
-    assert ctx.store.get(other._key("train"))["val_loss"] == 0.5           # a new training: its point is stored
+    child_of(1).model()
+    assert ctx.store.get(child_of(1)._key("train"))["val_loss"] == 0.5     # a new training: its point is stored
 
 
 def test_a_failed_child_training_is_one_line_that_says_how_to_resume(tmp_path, monkeypatch):
-    from experiments.convert import run as RUN
     from setdiff_mega.errors import TrainingError
-
-    parent = tmp_path / "parent.gguf"
-    parent.write_bytes(b"not read: only hashed")
-    cc = P.ConvertConfig(out_dir=str(tmp_path / "out"), parent=str(parent), points=str(tmp_path / "points"))
-    ctx = RUN.Context(cc, RUN.store_of(cc), parent=parent, parent_sha="p" * 8)
-    monkeypatch.setattr(RUN.D, "prepare", lambda *a: tmp_path / "data")
-    monkeypatch.setattr(RUN.TR, "parent_tokenizer", lambda p: None)
 
     def killed(*a):
         raise RuntimeError("training ar_s1 failed (exit -9); see runs/x/train.log")
-    monkeypatch.setattr(RUN.TR, "train_child", killed)
-    tp = cc.tasks[0]
+    _, child_of = _child_setup(tmp_path, monkeypatch, killed)
     with pytest.raises(TrainingError, match=r"exit -9\); see runs/x/train.log; the same command again resumes"):
-        RUN.Child(ctx, cc.arms()[0], tp, tp.ladder[tp.start], 0, True).model()
+        child_of(0).model()
