@@ -376,9 +376,11 @@ def test_the_bench_reads_a_task_split_with_chat_prompts(spec_export, tmp_path):
         load(path, 8, tok)
 
 
-def test_the_task_evaluations_score_ar_modes_answers(spec_export):
+def test_the_task_evaluations_score_ar_modes_answers(spec_export, tmp_path):
     """The embedded task evaluations (setdiff_mega/eval/tasks.py: math and arithmetic questions, story infill)
-    decoded speculatively produce AR mode's texts, batched as the evaluation batches them."""
+    decoded speculatively produce AR mode's texts, batched as the evaluation batches them. The held-out task files
+    are generated here with the fixture's tokenizer (a clean clone has no data/embedded)."""
+    from setdiff_mega.data.prepare import prepare
     from setdiff_mega.eval.tasks import load_task, math_accuracy, story_infill
     from setdiff_mega.inference.options import generation_config
 
@@ -390,13 +392,17 @@ def test_the_task_evaluations_score_ar_modes_answers(spec_export):
         return generation_config(cfg.objective, ctx, overrides={"max_new_tokens": 12, "stop_at_eos": True, **o})
 
     ar, spec = gc(window=1, tau=2.0), gc(window=4, speculative=True)
+    tok.save(tmp_path / "tokenizer.json")
+    prepare(tmp_path / "emb", None, tokenizer_path=str(tmp_path / "tokenizer.json"), num_math=60, num_stories=60,
+            heldout=6, log=lambda *a: None)
+    tasks = tmp_path / "emb" / "tasks"
     for name in ("math", "arith"):
-        rows = load_task("data/embedded/tasks", name, limit=6)
+        rows = load_task(tasks, name, limit=6)
         want = math_accuracy(model, tok, objective, rows, ar, ctx, batch_size=3, keep_texts=True)
         got = math_accuracy(model, tok, objective, rows, spec, ctx, batch_size=3, keep_texts=True)
         assert want["n"] == 6 and got["texts"] == want["texts"] and len(set(want["texts"])) > 1
     ctx = 480                                          # a whole story with this 300-token vocabulary
-    rows = load_task("data/embedded/tasks", "stories", limit=3)
+    rows = load_task(tasks, "stories", limit=3)
     want = story_infill(model, tok, objective, rows, gc(window=1, tau=2.0), ctx, batch_size=3)
     got = story_infill(model, tok, objective, rows, gc(window=4, speculative=True), ctx, batch_size=3)
     assert want["n"] == 3 and got["examples"] == want["examples"]
