@@ -19,13 +19,13 @@ settings each claim uses, chosen on dev.
 :func:`.points.code_fingerprints` covers what a point's value depends on, per kind of point, so that a change of the
 decoding code re-decodes the trained children and retrains none:
 
-* ``train`` (the weights): :data:`TRAIN_CODE`, the training, model, objective, data, task, checkpoint (the parent's
-  import and ``init_from``), config and parallel code, and this package's data / train / points modules and the
+* ``train`` (the weights): :data:`.points.TRAIN_CODE`, the training, model, objective, data, task, checkpoint (the
+  parent's import and ``init_from``), config and parallel code, and this package's data / train / points modules and the
   frontier module that writes a child's overrides; the child's run directory is keyed by it too
   (:func:`.train.run_id`), so a change of it trains new children beside the old ones;
-* ``accuracy``: the train fingerprint and :data:`DECODE_CODE` (the decoding and inference code, the verifiers,
+* ``accuracy``: the train fingerprint and :data:`.points.DECODE_CODE` (the decoding and inference code, the verifiers,
   this module and the planning study's loader whose options it uses);
-* ``nll``: the train fingerprint and :data:`NLL_CODE` (the likelihood estimators and the held-out text).
+* ``nll``: the train fingerprint and :data:`.points.NLL_CODE` (the likelihood estimators and the held-out text).
 """
 from __future__ import annotations
 

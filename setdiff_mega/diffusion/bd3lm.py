@@ -1,10 +1,12 @@
-"""BD3LM: block diffusion over the 2L input [x0 ; x_t]. One t per block of S tokens (every block with
-targets gets at least one MASK); positions [0..L-1] twice; the block-causal two-stream mask (block S); the
-logits of the noisy half; the loss as MDLM's over the noisy half. With ``shift_logits`` (Fast-dLLM v2's
-alignment) the logits cover both halves and target p reads the noisy row of p - 1 inside its block, the
-clean row of p - 1 at a block's first position (which sees the earlier blocks only), its own row at p = 0. Options
-(:class:`BlockDiffusionOptions`): ``block_size`` (S, which identifies a run) and MDLM's; it decodes block
-by block with the finished blocks' K/V cached, by default in blocks of the training size.
+"""BD3LM: block diffusion over the 2L input [x0 ; x_t]. One t per block of S tokens (in training, and always at S =
+1, every block with targets gets at least one MASK: the reference's ``_ensure_no_unmasked_blocks``; not in
+evaluation, where re-masking would put 1/t weights on a mask rate other than t and inflate the NELBO); positions
+[0..L-1] twice; the block-causal two-stream mask (block S); the logits of the noisy half; the loss as MDLM's over
+the noisy half. With ``shift_logits`` (Fast-dLLM v2's alignment) the logits cover both halves and target p reads
+the noisy row of p - 1 inside its block, the clean row of p - 1 at a block's first position (which sees the
+earlier blocks only), its own row at p = 0. Options (:class:`BlockDiffusionOptions`): ``block_size`` (S, which
+identifies a run) and MDLM's; it decodes block by block with the finished blocks' K/V cached, by default in
+blocks of the training size.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ class BlockDiffusionOptions(MaskedDiffusionOptions):
 
 
 class BD3LMObjective(Objective):
-    """Block diffusion over [x0 ; x_t]: one t per block, every block with targets gets >= 1 MASK."""
+    """Block diffusion over [x0 ; x_t]: one t per block; in training every block with targets gets >= 1 MASK."""
 
     name = "bd3lm"
     two_stream = True
@@ -56,13 +58,15 @@ class BD3LMObjective(Objective):
         self.block_size = int(block_size)
         self.schedule = LinearSchedule(eps=t_eps)
 
-    def _noise(self, target, generator):
+    def _noise(self, target, generator, remask: bool = True):
         B, L = target.shape
         S, dev = self.block_size, target.device
         nb = L // S
         t = self.schedule.sample_t((B, nb), generator, dev)
         u = torch.rand(B, L, generator=generator, device=dev)
         masked = (u < t.repeat_interleave(S, dim=1)) & target
+        if not remask:
+            return masked, t
         # Blocks with targets but no MASK: re-mask a random subset of size n ~ U{1..#targets}.
         tb, mb = target.view(B, nb, S), masked.view(B, nb, S)
         ntgt = tb.sum(-1)
@@ -79,7 +83,8 @@ class BD3LMObjective(Objective):
         if L % self.block_size:
             raise ValueError(f"sequence length {L} is not a multiple of block_size {self.block_size}")
         dev = tokens.device
-        masked, t = self._noise(target, generator)
+        # the reference re-masks all-clean blocks when ``self.training or block_size == 1``
+        masked, t = self._noise(target, generator, remask=training or self.block_size == 1)
         xt = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
         mask, pattern = self._mask("two_stream", 2 * L, dev, padding, lambda p: (~p).repeat(1, 2),
                                    self.block_size)
