@@ -14,14 +14,15 @@ and when the next rung is off the ladder or already tried (the band falls betwee
 nearest the band is kept (:func:`calibration_step`, the reason recorded). Band: [0.30, 0.85].
 
 **Arms.** ``<method tag>/<recipe>``: every method of :data:`METHODS` with the base recipe and every seed, plus
-the levers (one override set each, on the lever method, seed 0). Methods are told apart by their registry records
-(``setdiff_mega.methods``: causal, window, block), never by their names.
+the levers (seed 0): one override set each (or a multiple of the steps: the length lever, the cosine schedule
+stretched), on the lever method unless the recipe names its own, on every task unless it names some. Methods are
+told apart by their registry records (``setdiff_mega.methods``: causal, window, block), never by their names.
 
 **Budget.** A training step of 8 x 256 tokens of AR on this 135M model took ``AR_STEP_S`` = 11 s on an idle
 2-core machine (issue 55's measurement); a method costs that times the positions it processes per sample relative
 to AR's at L = 256 (``Method.positions``: the two-stream methods 2L, ~2x):
 
-    train_s(arm, task) = steps(task) * AR_STEP_S * T(method, L(task)) / T(AR, 256)
+    train_s(arm, task) = steps(arm, task) * AR_STEP_S * T(method, L(task)) / T(AR, 256)
 
 Decoding is estimated, not measured: ``FORWARD_S`` seconds per batched forward (batch ``eval_batch``), a
 typical answer of ``answer_tokens`` tokens, one token per forward for AR and for tau = 1e6, ``DIFFUSION_TPF``
@@ -36,7 +37,7 @@ the held-out NLL ``NLL_S`` per AR model (115 sequences of 256 tokens) times the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from experiments.planning.plan import method_key
 from setdiff_mega import diffusion, methods  # noqa: F401  (diffusion: the built-in methods register)
@@ -74,11 +75,24 @@ class Recipe:
     label: str
     overrides: tuple = ()          # training overrides on top of the config file
     lever: bool = False            # a lever: trained on the lever method and the lever seeds only
+    steps_scale: float = 1.0       # the fine-tune's steps times this (the length lever; the schedule stretches)
+    tasks: tuple = ()              # the tasks it runs on (empty: every task)
+    method: tuple = ()             # a lever's method as (field, value) pairs (empty: ConvertConfig.lever_method)
+
+    def steps(self, tp: "TaskPlan") -> int:
+        return max(1, round(tp.steps * self.steps_scale))
 
 
 BASE = Recipe("base", "the study's recipe (configs/convert/smollm2_finetune.yaml, shifted head)")
+_ADDITION = ("addition",)          # the cheap task: the levers beyond the next-token loss run there only
 LEVERS = (Recipe("ar_weight_1", "next-token loss on the clean stream, weight 1", ("objective.ar_weight=1.0",),
-                 lever=True),)
+                 lever=True),
+          Recipe("lr_3e-4", "learning rate 3e-4 cosine to 3e-5 (3x the recipe's)",
+                 ("train.lr=3e-4", "train.min_lr=3e-5"), lever=True, tasks=_ADDITION),
+          Recipe("steps_2x", "twice the fine-tuning steps (the cosine schedule stretched)", lever=True, steps_scale=2.0,
+                 tasks=_ADDITION),
+          Recipe("steps_2x", "twice the fine-tuning steps (the cosine schedule stretched)", lever=True, steps_scale=2.0,
+                 tasks=_ADDITION, method=(("objective", "ar"),)))
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,13 @@ class Arm:
     @property
     def name(self) -> str:
         return f"{method_key(self.method)}/{self.recipe.name}"
+
+    def runs_on(self, task: str) -> bool:
+        return not self.recipe.tasks or task in self.recipe.tasks
+
+    def task_plan(self, tp: TaskPlan) -> TaskPlan:
+        """``tp`` as this arm trains on it (its recipe's steps)."""
+        return tp if self.recipe.steps_scale == 1.0 else replace(tp, steps=self.recipe.steps(tp))
 
 
 def default_tasks() -> list[TaskPlan]:
@@ -140,7 +161,7 @@ class ConvertConfig:
     def arms(self) -> list[Arm]:
         """Every arm of the plan, the filters applied (``only_methods`` / ``only_seeds``)."""
         out = [Arm(dict(m), BASE, tuple(self.seeds)) for m in self.methods]
-        out += [Arm(dict(self.lever_method), r, tuple(self.lever_seeds)) for r in self.levers]
+        out += [Arm(dict(r.method or self.lever_method), r, tuple(self.lever_seeds)) for r in self.levers]
         keep = []
         for a in out:
             if self.only_methods and method_key(a.method) not in self.only_methods:
@@ -215,12 +236,12 @@ def budget(cc: ConvertConfig) -> dict:
     """Estimated seconds per (arm, task, seed) (module docstring), the calibration's worst case and the total."""
     rows = []
     for tp in cc.selected():
-        for arm in cc.arms():
+        for arm in (a for a in cc.arms() if a.runs_on(tp.task)):
             r = positions_ratio(arm.method, tp.seq_length)
             every = settings(arm.method, cc.taus, cc.rules)
             dev = sum(decode_s(tp, s, tp.num_dev, cc.eval_batch) for s in every)
             test = ROLES[kind(arm.method)] * max(decode_s(tp, s, tp.num_test, cc.eval_batch) for s in every)
-            train, nll = tp.steps * AR_STEP_S * r, NLL_S * r
+            train, nll = arm.task_plan(tp).steps * AR_STEP_S * r, NLL_S * r
             for seed in arm.seeds:
                 rows.append({"arm": arm.name, "task": tp.task, "seed": seed, "train_s": train, "dev_s": dev,
                              "test_s": test, "nll_s": nll, "total_s": train + dev + test + nll})
@@ -244,7 +265,9 @@ def describe(cc: ConvertConfig) -> list[str]:
                      f"{tp.num_train} train / {tp.num_dev} dev / {tp.num_test} test problems")
     for arm in cc.arms():
         over = " ".join(arm.recipe.overrides) or "-"
-        lines.append(f"arm {arm.name}: seeds {', '.join(map(str, arm.seeds))}; overrides {over}; "
+        scope = f"; {arm.recipe.steps_scale:g}x steps" if arm.recipe.steps_scale != 1.0 else ""
+        scope += f"; tasks {', '.join(arm.recipe.tasks)} only" if arm.recipe.tasks else ""
+        lines.append(f"arm {arm.name}: seeds {', '.join(map(str, arm.seeds))}; overrides {over}{scope}; "
                      f"{len(settings(arm.method, cc.taus, cc.rules))} dev settings")
     for r in b["rows"]:
         lines.append(f"  {r['task']:<15} {r['arm']:<24} s{r['seed']}: train {r['train_s'] / 60:5.1f} min, dev "

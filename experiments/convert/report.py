@@ -4,8 +4,9 @@
 Files under ``assets``: ``convert_dev.csv`` (every dev point), ``convert_test.csv`` (the test points of the chosen
 settings), ``convert_rows.csv`` (test seed means per task, arm and setting, with the batch-1 timings),
 ``convert_nll.csv``, ``convert_training.csv``, ``convert_calibration.csv``, ``convert_claims.csv``,
-``convert_missing.csv`` and ``frontier_<task>.png`` (test exact match against batch-1 tokens/s, one marker per arm
-and setting, error bars of +- one seed sd; tokens per step on the x axis while no timing exists).
+``convert_levers.csv`` (:func:`lever_rows`), ``convert_missing.csv`` and ``frontier_<task>.png`` (test exact
+match against batch-1 tokens/s, one marker per arm and setting, error bars of +- one seed sd; tokens per step on
+the x axis while no timing exists).
 
 **Claims** (:func:`claims`), per task, on the test seed means of the settings chosen on dev:
 
@@ -108,6 +109,25 @@ def claims(task_rows: list[dict], task: str, band: tuple = BAND) -> list[dict]:
     return out
 
 
+def lever_rows(res: dict, rows: list[dict]) -> list[dict]:
+    """Each lever arm of one task against its own method's base recipe **on the same seed** (the levers' seed)
+    and against the AR fine-tune's best (3-seed mean), every arm at its ``best`` setting chosen on dev (test)."""
+    best = {arm: roles.get("best") for arm, roles in res["roles"].items()}
+    point = {(p["arm"], p["seed"]): p for p in res["test"] if setting_name(p["setting"]) == best.get(p["arm"])}
+    ar = _role_row(rows, "causal", "best")
+    out = []
+    for (arm, seed), p in sorted(point.items()):
+        if p["recipe"] == "base":
+            continue
+        base = point.get((f"{arm.split('/')[0]}/base", seed))
+        out.append({"task": res["task"], "arm": arm, "seed": seed, "setting": best[arm], "accuracy": p["accuracy"],
+                    "tokens_per_step": p["tokens_per_step"], "base_setting": base and best[base["arm"]],
+                    "base_accuracy": base and base["accuracy"],
+                    "vs_base": None if base is None else p["accuracy"] - base["accuracy"],
+                    "ar_best": ar and ar["accuracy"], "vs_ar": None if ar is None else p["accuracy"] - ar["accuracy"]})
+    return out
+
+
 def nll_rows(results: dict) -> list[dict]:
     by: dict = {}
     for r in results["tasks"]:
@@ -148,12 +168,15 @@ def write_assets(results: dict, assets: Path) -> dict:
              "convert_test.csv": flat([p for t in results["tasks"] for p in t["test"]]), "convert_rows.csv": rows,
              "convert_nll.csv": nll_rows(results), "convert_training.csv": flat([p for t in results["tasks"]
                                                                                  for p in t["train"]]),
-             "convert_calibration.csv": cal, "convert_claims.csv": cl, "convert_missing.csv": results["missing"]}
+             "convert_calibration.csv": cal, "convert_claims.csv": cl, "convert_missing.csv": results["missing"],
+             "convert_levers.csv": [x for t in results["tasks"] for x in lever_rows(t, [r for r in rows
+                                                                                       if r["task"] == t["task"]])]}
     for name, data in files.items():
         write_csv(data, assets / name)
     pngs = [plot_frontier([r for r in rows if r["task"] == t["task"]], t["task"], assets / f"frontier_{t['task']}.png")
             for t in results["tasks"] if any(r["task"] == t["task"] for r in rows)]
-    return {"rows": rows, "claims": cl, "nll": files["convert_nll.csv"], "files": [*files, *(p.name for p in pngs)]}
+    return {"rows": rows, "claims": cl, "nll": files["convert_nll.csv"], "levers": files["convert_levers.csv"],
+            "files": [*files, *(p.name for p in pngs)]}
 
 
 def _f(x, nd=3):
@@ -172,7 +195,7 @@ def _missing_lines(missing: list[dict]) -> list[str]:
             for (t, a, p, s), seeds in sorted(by.items())] or ["* none"]
 
 
-def _task_lines(t: dict, rows: list[dict]) -> list[str]:
+def _task_lines(t: dict, rows: list[dict], levers: list[dict]) -> list[str]:
     cal = t["calibration"]
     lines = [f"### {t['task']}: knob {t['knob'] or 'not chosen yet'}", "",
              f"Calibration (AR fine-tune, first seed, dev): {cal.get('why', '')}; tried: "
@@ -184,7 +207,20 @@ def _task_lines(t: dict, rows: list[dict]) -> list[str]:
                     [[r["arm"], r["setting"], r["roles"], r["seeds"], _f(r["accuracy"]), _f(r["sd"]), r["n"],
                       _f(r["tokens_per_step"], 2), _f(r["tokens_per_s"], 1), _f(r["tokens_per_forward"], 2)]
                      for r in rows if r["task"] == t["task"]])
+    levers = [x for x in levers if x["task"] == t["task"]]
+    if levers:
+        lines += ["", "Levers (test, each at its best dev setting; against its method's base recipe on the same "
+                  "seed, and the AR fine-tune's 3-seed mean):", ""]
+        lines += _table(["lever arm", "seed", "setting", "test EM", "tok/step", "base (same seed)", "vs base",
+                         "vs AR best"],
+                        [[x["arm"], x["seed"], x["setting"], _f(x["accuracy"]), _f(x["tokens_per_step"], 2),
+                          f"{_f(x['base_accuracy'])} ({x['base_setting'] or '-'})", _sg(x["vs_base"]),
+                          _sg(x["vs_ar"])] for x in levers])
     return lines + [""]
+
+
+def _sg(x) -> str:
+    return "-" if x is None else f"{x:+.3f}"
 
 
 def report_lines(results: dict, assets: dict, m: dict, rel: str) -> list[str]:
@@ -208,7 +244,7 @@ def report_lines(results: dict, assets: dict, m: dict, rel: str) -> list[str]:
                       _f(c["speed_ratio"], 2), f"**{c['status']}**"] for c in assets["claims"]])
     lines += [""]
     for t in results["tasks"]:
-        lines += _task_lines(t, assets["rows"])
+        lines += _task_lines(t, assets["rows"], assets["levers"])
     lines += ["### Held-out NLL (KJV, L = 256; the diffusion children's values are bounds)", ""]
     lines += _table(["task", "arm", "estimator", "seeds", "NLL / token", "sd", "parent (documented)"],
                     [[r["task"] or "-", r["arm"], r["estimator"], r["seeds"], _f(r["nll_per_token"], 4),
@@ -222,5 +258,5 @@ def write_report(results: dict, assets: dict, command: str, wall_s: float, path:
     return replace_section(path, BEGIN, END, "\n".join(report_lines(results, assets, meta(command, wall_s), rel)))
 
 
-__all__ = ["BEGIN", "END", "PARENT_NLL", "CLAIMS", "test_rows", "claims", "resolvable", "nll_rows", "plot_frontier",
-           "write_assets", "report_lines", "write_report"]
+__all__ = ["BEGIN", "END", "PARENT_NLL", "CLAIMS", "test_rows", "claims", "resolvable", "lever_rows", "nll_rows",
+           "plot_frontier", "write_assets", "report_lines", "write_report"]

@@ -209,7 +209,8 @@ def run_task(ctx: Context, tp: P.TaskPlan, compute: bool, timings: bool) -> dict
         return res
     knob = cal["knob"]
     splits = _lazy_splits(ctx, tp, knob)
-    children = [Child(ctx, a, tp, knob, s, compute and _selected(cc, a, s)) for a in _full_plan(cc) for s in a.seeds]
+    children = [Child(ctx, a, a.task_plan(tp), knob, s, compute and _selected(cc, a, s))
+                for a in _full_plan(cc) if a.runs_on(tp.task) for s in a.seeds]
     for ch in children:
         res["train"].append(ch.train_point())
         for s in P.settings(ch.arm.method, cc.taus, cc.rules):
@@ -238,7 +239,7 @@ def time_arms(ctx: Context, tp: P.TaskPlan, chosen: dict, children: list[Child],
     """Batch-1 timings of each arm's chosen settings on its first seed's model (only models on this machine, or
     trained now when points are being computed)."""
     cc, out = ctx.cc, []
-    for arm in _full_plan(cc):
+    for arm in (a for a in _full_plan(cc) if a.runs_on(tp.task)):
         ch = next(c for c in children if c.arm.name == arm.name)
         if not ch.compute and ch.on_disk() is None:
             ctx.log(f"  not timed: {tp.task} {arm.name} (its model is not on this machine)")

@@ -29,11 +29,35 @@ from setdiff_mega import tasks as T
 def test_arms_are_named_from_the_registry_and_filtered():
     cc = P.ConvertConfig()
     names = [a.name for a in cc.arms()]
-    assert names == ["ar/base", "bd3lm_S4/base", "setdlm_D4/base", "setdlm_D4/ar_weight_1"]
-    assert [a.seeds for a in cc.arms()] == [(0, 1, 2)] * 3 + [(0,)]
-    assert [P.kind(a.method) for a in cc.arms()] == ["causal", "block", "window", "window"]
+    assert names == ["ar/base", "bd3lm_S4/base", "setdlm_D4/base", "setdlm_D4/ar_weight_1", "setdlm_D4/lr_3e-4",
+                     "setdlm_D4/steps_2x", "ar/steps_2x"]
+    assert [a.seeds for a in cc.arms()] == [(0, 1, 2)] * 3 + [(0,)] * 4
+    assert [P.kind(a.method) for a in cc.arms()] == ["causal", "block", "window"] + ["window"] * 3 + ["causal"]
     cc.only_methods, cc.only_seeds = ["setdlm_D4"], [1]
-    assert [(a.name, a.seeds) for a in cc.arms()] == [("setdlm_D4/base", (1,))]   # the lever has no seed 1
+    assert [(a.name, a.seeds) for a in cc.arms()] == [("setdlm_D4/base", (1,))]   # the levers have no seed 1
+
+
+def test_levers_run_on_their_tasks_with_their_steps(tmp_path):
+    cc = P.ConvertConfig(out_dir=str(tmp_path))
+    arms = {a.name: a for a in cc.arms()}
+    arith, add = cc.tasks
+    assert [a.name for a in cc.arms() if a.runs_on("arithmetic")] == ["ar/base", "bd3lm_S4/base", "setdlm_D4/base",
+                                                                       "setdlm_D4/ar_weight_1"]
+    assert all(a.runs_on("addition") for a in cc.arms())
+    longer = arms["setdlm_D4/steps_2x"].task_plan(add)
+    assert longer.steps == 2 * add.steps and arms["setdlm_D4/base"].task_plan(add) is add
+    knob = add.ladder[add.start]
+    # the longer fine-tune is its own run (its steps are in the run id); the AR lever is a causal child, unshifted
+    assert TR.run_id(cc, arms["setdlm_D4/steps_2x"], longer, knob, "s") != TR.run_id(cc, arms["setdlm_D4/base"], add,
+                                                                                     knob, "s")
+    over = TR.overrides(cc, arms["ar/steps_2x"], longer, tmp_path, tmp_path, 0)
+    assert "model.shift_logits=true" not in over
+    lr = TR.overrides(cc, arms["setdlm_D4/lr_3e-4"], add, tmp_path, tmp_path, 0)
+    assert "train.lr=3e-4" in lr and "train.min_lr=3e-5" in lr
+    rows = [r for r in P.budget(cc)["rows"] if r["task"] == "addition"]
+    train = {r["arm"]: r["train_s"] for r in rows}
+    assert train["setdlm_D4/steps_2x"] == pytest.approx(2 * train["setdlm_D4/base"])
+    assert any("2x steps; tasks addition only" in line for line in P.describe(cc))
 
 
 def test_settings_per_method():
@@ -47,9 +71,9 @@ def test_settings_per_method():
 def test_budget_states_every_arm_under_an_hour_and_the_total_near_twelve_hours():
     cc = P.ConvertConfig()
     b = P.budget(cc)
-    assert len(b["rows"]) == 2 * (3 * 3 + 1)
+    assert len(b["rows"]) == 2 * (3 * 3 + 1) + 3         # the base arms and the ar_weight lever; 3 levers on addition
     assert all(r["total_s"] < 3600 for r in b["rows"])
-    assert b["total_worst_s"] < 13 * 3600
+    assert b["total_s"] < 12.5 * 3600 and b["total_worst_s"] < 14 * 3600      # about 12 h, + the calibration
     assert P.positions_ratio({"objective": "setdlm", "D": 4}, 256) == pytest.approx(512 / 255)
     assert P.positions_ratio({"objective": "ar"}, 128) == pytest.approx(127 / 255)
     ar = next(r for r in b["rows"] if r["arm"] == "ar/base" and r["task"] == "arithmetic")
@@ -229,6 +253,25 @@ def test_claims_hold_miss_or_wait_for_their_points():
     assert R.claims(rows, "t")[0]["status"] == "holds (1 seed of 3)"
     rows[0]["accuracy"] = rows[2]["accuracy"] = 0.99                                  # a saturated task
     assert R.claims(rows, "t")[0]["status"].startswith("not applicable (AR test exact match 0.990 outside")
+
+
+def test_levers_are_compared_with_their_base_on_the_same_seed_at_their_best_dev_setting():
+    def pt(arm, kind, recipe, seed, setting, acc):
+        return {"task": "t", "arm": arm, "kind": kind, "recipe": recipe, "seed": seed, "setting": setting,
+                "accuracy": acc, "tokens_per_step": 1.5}
+    w4, w8 = ({"window": w, "tau": 0.9, "commit_rule": "leftmost"} for w in (4, 8))
+    test = [pt("setdlm_D4/base", "window", "base", s, w4, a) for s, a in ((0, 0.60), (1, 0.70), (2, 0.80))]
+    test += [pt("setdlm_D4/base", "window", "base", 0, w8, 0.10),          # another role's setting: not compared
+             pt("setdlm_D4/lr", "window", "lr", 0, w8, 0.66), pt("ar/steps_2x", "causal", "steps_2x", 0, {}, 0.9)]
+    roles = {"setdlm_D4/base": {"best": E.setting_name(w4), "parity_ar": E.setting_name(w8)},
+             "setdlm_D4/lr": {"best": E.setting_name(w8)}, "ar/steps_2x": {"best": "greedy"}}
+    test[-1]["setting"] = {"tau": 1e6, "commit_rule": "confidence"}
+    rows = [_row("ar/base", "causal", "best", 0.75, 0.01, None)]
+    out = {x["arm"]: x for x in R.lever_rows({"task": "t", "test": test, "roles": roles}, rows)}
+    assert set(out) == {"setdlm_D4/lr", "ar/steps_2x"}
+    lr = out["setdlm_D4/lr"]
+    assert lr["base_accuracy"] == 0.60 and lr["vs_base"] == pytest.approx(0.06) and lr["vs_ar"] == pytest.approx(-0.09)
+    assert out["ar/steps_2x"]["base_accuracy"] is None and out["ar/steps_2x"]["vs_ar"] == pytest.approx(0.15)
 
 
 def test_the_report_lists_missing_points_and_keeps_the_rest_of_the_file(tmp_path):
