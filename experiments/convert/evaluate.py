@@ -5,7 +5,10 @@ settings each claim uses, chosen on dev.
   (``ChatRenderer.of``: the parent's template), decoded greedily in batches of ``batch`` (each row decodes as
   alone), the answer (the text up to its first special token) checked by the task's verifier
   (``Task.verify``: the last integer, after '####' when there is one, equals the reference); the fraction correct
-  is the exact match. Tokens per step = commits per sampler step.
+  is the exact match. Tokens per step = delivered tokens (up to and including EOS) per sampler step; commits per
+  step counts the commits past EOS too (the reference's ``parallelism_factor``;
+  :func:`experiments.planning.evaluate.step_rates`): on 5-digit addition SetDLM commits the EOS and the padding
+  after it early while the digits come one per step, 9 or 12 commits for 7 delivered tokens in 6 steps.
 * :func:`nll`: NLL per token of the held-out natural text (``setdiff_mega.eval.heldout``, ``kjv``) at
   L = :data:`NLL_L` (the parent's measurement's length) with the method's own estimator (AR exact; BD3LM the
   NELBO; SetDLM the any-order bound of one sampled order: bounds, >= the exact NLL).
@@ -65,9 +68,8 @@ def accuracy(loaded: tuple, records: list[dict], setting: dict, max_new_tokens: 
     out = _decode(loaded, records, setting, max_new_tokens, batch)
     correct = [bool(T.get(r["task"]).verify(T.Problem.from_dict(r), answer_part(o["text"])))
                for r, o in zip(records, out)]
-    steps = sum(o["steps"] for o in out) or 1
-    return {"accuracy": sum(correct) / max(len(records), 1), "n": len(records),
-            "tokens_per_step": sum(o["committed"] for o in out) / steps, "correct": "".join("01"[c] for c in correct)}
+    return {"accuracy": sum(correct) / max(len(records), 1), "n": len(records), **PE.step_rates(out),
+            "correct": "".join("01"[c] for c in correct)}
 
 
 def nll(run_dir: Path, name: str = "kjv", limit: int | None = None, batch: int = 8) -> dict:

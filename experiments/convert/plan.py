@@ -119,7 +119,7 @@ def default_tasks() -> list[TaskPlan]:
                  start=2, seq_length=256, steps=120, max_new_tokens=64, answer_tokens=32),
         # answer-only addition, not multiplication: the 80-step AR fine-tune of the parent stayed under the band
         # on every multiplication rung it tried (dev exact match 0.004 at 3 x 2 digits, 0.055 at 2 x 2; the points
-        # under docs/results/convert/points say so), and 2 x 2's ~4,000 products leave a test split of 404
+        # committed at 1127622), and 2 x 2's ~4,000 products leave a test split of 404
         TaskPlan("addition", tuple({"digits": d} for d in (3, 4, 5, 6, 8)),
                  start=1, seq_length=128, steps=80, max_new_tokens=12, answer_tokens=6),
     ]

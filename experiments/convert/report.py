@@ -109,6 +109,27 @@ def claims(task_rows: list[dict], task: str, band: tuple = BAND) -> list[dict]:
     return out
 
 
+def _mean_of(ps: list[dict], key: str) -> float | None:
+    xs = [p[key] for p in ps if p.get(key) is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def dev_rows(res: dict) -> list[dict]:
+    """Dev seed means +- sd per (arm, setting) of one task, with the roles chosen on them."""
+    by: dict = {}
+    for p in res["dev"]:
+        by.setdefault((p["arm"], setting_name(p["setting"])), []).append(p)
+    out = []
+    for (arm, name), ps in sorted(by.items()):
+        acc = [p["accuracy"] for p in ps]
+        out.append({"task": res["task"], "arm": arm, "setting": name, "seeds": len(ps),
+                    "accuracy": statistics.fmean(acc), "sd": _sd(acc),
+                    "tokens_per_step": _mean_of(ps, "tokens_per_step"),
+                    "commits_per_step": _mean_of(ps, "commits_per_step"),
+                    "roles": "+".join(r for r, s in res["roles"].get(arm, {}).items() if s == name)})
+    return out
+
+
 def lever_rows(res: dict, rows: list[dict]) -> list[dict]:
     """Each lever arm of one task against its own method's base recipe **on the same seed** (the levers' seed)
     and against the AR fine-tune's best (3-seed mean), every arm at its ``best`` setting chosen on dev (test)."""
@@ -207,6 +228,16 @@ def _task_lines(t: dict, rows: list[dict], levers: list[dict]) -> list[str]:
                     [[r["arm"], r["setting"], r["roles"], r["seeds"], _f(r["accuracy"]), _f(r["sd"]), r["n"],
                       _f(r["tokens_per_step"], 2), _f(r["tokens_per_s"], 1), _f(r["tokens_per_forward"], 2)]
                      for r in rows if r["task"] == t["task"]])
+    dev = dev_rows(t)
+    if dev:
+        lines += ["", f"Dev split (every setting; the roles are chosen on these seed means; n = {t['dev'][0]['n']}; "
+                  "tok/step: the tokens delivered, up to and including EOS, per decoding step; commits/step: every "
+                  "commit per step, also those past EOS that the output drops, the reference's parallelism factor):",
+                  ""]
+        lines += _table(["arm", "setting", "seeds", "dev EM", "sd", "tok/step", "commits/step", "roles"],
+                        [[r["arm"], r["setting"], r["seeds"], _f(r["accuracy"]), _f(r["sd"]),
+                          _f(r["tokens_per_step"], 2), _f(r["commits_per_step"], 2), r["roles"] or "-"]
+                         for r in dev])
     levers = [x for x in levers if x["task"] == t["task"]]
     if levers:
         lines += ["", "Levers (test, each at its best dev setting; against its method's base recipe on the same "
@@ -258,5 +289,5 @@ def write_report(results: dict, assets: dict, command: str, wall_s: float, path:
     return replace_section(path, BEGIN, END, "\n".join(report_lines(results, assets, meta(command, wall_s), rel)))
 
 
-__all__ = ["BEGIN", "END", "PARENT_NLL", "CLAIMS", "test_rows", "claims", "resolvable", "lever_rows", "nll_rows",
-           "plot_frontier", "write_assets", "report_lines", "write_report"]
+__all__ = ["BEGIN", "END", "PARENT_NLL", "CLAIMS", "test_rows", "claims", "resolvable", "dev_rows", "lever_rows",
+           "nll_rows", "plot_frontier", "write_assets", "report_lines", "write_report"]

@@ -4,7 +4,10 @@ which it fills the answer.
 * :func:`accuracy`: every record of a split decoded greedily in batches (each row decodes as alone), the answer
   (the text up to its first special token) checked by the task's verifier (``setdiff_mega.tasks.score``:
   validity, not string equality: any valid Sudoku grid or Countdown expression counts) and by exact match;
-  tokens per step = commits per sampler step. Cached under the model's directory, keyed by the checkpoint's
+  tokens per step (:func:`step_rates`) = the tokens a row delivers (its generated tokens up to and including
+  EOS) per sampler step, and commits per step = every commit per step, also those past EOS that the output drops
+  (the reference's ``parallelism_factor``; a window or block that commits padding after a confident EOS inflates
+  it: 9 commits for a 7-token answer in 6 steps). Cached under the model's directory, keyed by the checkpoint's
   ``state.json``, the options, the records' SHA-256, the batch, the weights format and the code
   (:func:`experiments.provenance.fingerprint` of the decoding code, the tasks package and this module); each
   cached point records the commit and fingerprint it was computed at.
@@ -34,7 +37,7 @@ from setdiff_mega.inference.options import generation_config
 from setdiff_mega.outputs import write_file_atomic
 from setdiff_mega.tasks.score import answer_part
 
-EVAL_VERSION = 1
+EVAL_VERSION = 2                 # 2: tokens per step counts delivered tokens (step_rates)
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,6 +82,13 @@ def _decode(loaded: tuple, records: list[dict], gc: GenerationConfig, batch: int
                     batch_size=batch)
 
 
+def step_rates(out: list[dict]) -> dict:
+    """Tokens per sampler step of decoded rows (module docstring): delivered and every commit."""
+    steps = sum(o["steps"] for o in out) or 1
+    return {"tokens_per_step": sum(o["num_tokens"] for o in out) / steps,
+            "commits_per_step": sum(o["committed"] for o in out) / steps}
+
+
 def accuracy(run_dir: Path, loaded: tuple, records: list[dict], options: dict, batch: int, weights: str) -> dict:
     """Verifier accuracy, exact match and tokens per step of one policy on ``records`` (cached; module docstring)."""
     gc = config(loaded, options)
@@ -88,12 +98,10 @@ def accuracy(run_dir: Path, loaded: tuple, records: list[dict], options: dict, b
     out = _decode(loaded, records, gc, batch)
     answers = [answer_part(o["text"]) for o in out]
     correct = [bool(T.get(r["task"]).verify(T.Problem.from_dict(r), a)) for r, a in zip(records, answers)]
-    steps = sum(o["steps"] for o in out) or 1
     n = max(len(records), 1)
     res = {"accuracy": sum(correct) / n, "n": len(records), "correct": correct,
            "exact_match": sum(a.strip() == r["response"].strip() for r, a in zip(records, answers)) / n,
-           "tokens_per_step": sum(o["committed"] for o in out) / steps,
-           "computed_at": {"commit": git_commit(), "code": code_fingerprint()}}
+           **step_rates(out), "computed_at": {"commit": git_commit(), "code": code_fingerprint()}}
     write_file_atomic(f, json.dumps(res))
     return res
 
@@ -118,4 +126,4 @@ def fill_order(loaded: tuple, record: dict, options: dict) -> list[int]:
     return [int(s) - first for s in steps]
 
 
-__all__ = ["load", "accuracy", "speed", "fill_order", "records_hash", "requests", "EVAL_VERSION"]
+__all__ = ["step_rates", "load", "accuracy", "speed", "fill_order", "records_hash", "requests", "EVAL_VERSION"]

@@ -75,3 +75,14 @@ def test_toy_config_is_small_and_complete():
     assert len(pc.methods) == 4 and pc.seeds == [1234]
     tp = pc.tasks[0]
     assert tp.levels() == [{"givens": 8}, {"givens": 6}]
+
+
+def test_tokens_per_step_counts_delivered_tokens_and_commits_per_step_every_commit():
+    """The measured case (converted SetDLM, 5-digit addition, W = 4): the digits come one per step, EOS and the
+    padding after it are committed early; the output keeps 7 tokens of 9 commits in 6 steps."""
+    from experiments.planning.evaluate import step_rates
+
+    rows = [{"num_tokens": 7, "committed": 9, "steps": 6}, {"num_tokens": 7, "committed": 12, "steps": 6}]
+    r = step_rates(rows)
+    assert r["tokens_per_step"] == pytest.approx(14 / 12) and r["commits_per_step"] == pytest.approx(21 / 12)
+    assert step_rates([]) == {"tokens_per_step": 0.0, "commits_per_step": 0.0}
