@@ -67,6 +67,7 @@ class TaskPlan:
     num_train: int = 4000
     num_dev: int = 256
     num_test: int = 512
+    extra_taus: tuple = ()         # dev taus beyond the study's (cheap tasks: more of the speed-accuracy frontier)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def default_tasks() -> list[TaskPlan]:
         # on every multiplication rung it tried (dev exact match 0.004 at 3 x 2 digits, 0.055 at 2 x 2; the points
         # committed at 1127622), and 2 x 2's ~4,000 products leave a test split of 404
         TaskPlan("addition", tuple({"digits": d} for d in (3, 4, 5, 6, 8)),
-                 start=1, seq_length=128, steps=80, max_new_tokens=12, answer_tokens=6),
+                 start=1, seq_length=128, steps=80, max_new_tokens=12, answer_tokens=6, extra_taus=(0.1, 0.3)),
     ]
 
 
@@ -154,6 +155,10 @@ class ConvertConfig:
     @property
     def nll_split(self) -> str:
         return self.heldout + (f"[:{self.nll_limit}]" if self.nll_limit else "")
+
+    def taus_of(self, tp: TaskPlan) -> tuple:
+        """The dev taus of a task: the study's and the task's extra ones, ascending."""
+        return tuple(sorted({*self.taus, *tp.extra_taus}))
 
     def selected(self) -> list[TaskPlan]:
         return [t for t in self.tasks if not self.only or t.task in self.only]
@@ -238,7 +243,7 @@ def budget(cc: ConvertConfig) -> dict:
     for tp in cc.selected():
         for arm in (a for a in cc.arms() if a.runs_on(tp.task)):
             r = positions_ratio(arm.method, tp.seq_length)
-            every = settings(arm.method, cc.taus, cc.rules)
+            every = settings(arm.method, cc.taus_of(tp), cc.rules)
             dev = sum(decode_s(tp, s, tp.num_dev, cc.eval_batch) for s in every)
             test = ROLES[kind(arm.method)] * max(decode_s(tp, s, tp.num_test, cc.eval_batch) for s in every)
             train, nll = arm.task_plan(tp).steps * AR_STEP_S * r, NLL_S * r
@@ -262,13 +267,14 @@ def describe(cc: ConvertConfig) -> list[str]:
     for tp in cc.selected():
         ladder = ", ".join(("*" if i == tp.start else "") + knob_tag(k) for i, k in enumerate(tp.ladder))
         lines.append(f"task {tp.task}: L={tp.seq_length}, {tp.steps} steps, ladder {ladder} (* = start), "
-                     f"{tp.num_train} train / {tp.num_dev} dev / {tp.num_test} test problems")
+                     f"{tp.num_train} train / {tp.num_dev} dev / {tp.num_test} test problems; dev taus "
+                     f"{', '.join(f'{t:g}' for t in cc.taus_of(tp))}")
     for arm in cc.arms():
         over = " ".join(arm.recipe.overrides) or "-"
         scope = f"; {arm.recipe.steps_scale:g}x steps" if arm.recipe.steps_scale != 1.0 else ""
         scope += f"; tasks {', '.join(arm.recipe.tasks)} only" if arm.recipe.tasks else ""
         lines.append(f"arm {arm.name}: seeds {', '.join(map(str, arm.seeds))}; overrides {over}{scope}; "
-                     f"{len(settings(arm.method, cc.taus, cc.rules))} dev settings")
+                     f"{len(settings(arm.method, cc.taus, cc.rules))} dev settings at the study's taus")
     for r in b["rows"]:
         lines.append(f"  {r['task']:<15} {r['arm']:<24} s{r['seed']}: train {r['train_s'] / 60:5.1f} min, dev "
                      f"{r['dev_s'] / 60:5.1f}, test {r['test_s'] / 60:5.1f}, NLL {r['nll_s'] / 60:4.1f}")

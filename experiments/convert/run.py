@@ -175,7 +175,7 @@ def calibrate(ctx: Context, tp: P.TaskPlan, compute: bool) -> dict:
             return {**step, "rung": step["chosen"], "knob": tp.ladder[step["chosen"]], "tried": tried}
         knob = tp.ladder[step["next"]]
         child = Child(ctx, ar, tp, knob, cc.seeds[0], compute)
-        p = child.accuracy("dev", P.settings(causal, cc.taus, cc.rules)[0], _lazy_splits(ctx, tp, knob))
+        p = child.accuracy("dev", P.settings(causal, cc.taus_of(tp), cc.rules)[0], _lazy_splits(ctx, tp, knob))
         if p is None:
             return {"knob": None, "why": "calibration not run yet", "tried": tried}
         ctx.log(f"calibration {tp.task} {knob_tag(knob)}: AR dev exact match {p['accuracy']:.3f}")
@@ -213,7 +213,7 @@ def run_task(ctx: Context, tp: P.TaskPlan, compute: bool, timings: bool) -> dict
                 for a in _full_plan(cc) if a.runs_on(tp.task) for s in a.seeds]
     for ch in children:
         res["train"].append(ch.train_point())
-        for s in P.settings(ch.arm.method, cc.taus, cc.rules):
+        for s in P.settings(ch.arm.method, cc.taus_of(tp), cc.rules):
             res["dev"].append(ch.accuracy("dev", s, splits))
         res["nll"].append(ch.nll())
     res["dev"] = [p for p in res["dev"] if p]
@@ -224,7 +224,7 @@ def run_task(ctx: Context, tp: P.TaskPlan, compute: bool, timings: bool) -> dict
             res["test"].append(ch.accuracy("test", s, splits))
     parent = Parent(ctx, tp, knob, compute)
     res["nll"].append(parent.nll())
-    res["test"].append(parent.accuracy("test", P.settings(P.METHODS[0], cc.taus, cc.rules)[0], splits))
+    res["test"].append(parent.accuracy("test", P.settings(P.METHODS[0], cc.taus_of(tp), cc.rules)[0], splits))
     for k in ("train", "test", "nll"):
         res[k] = [p for p in res[k] if p]
     if splits.ready():

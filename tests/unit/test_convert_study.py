@@ -58,6 +58,11 @@ def test_levers_run_on_their_tasks_with_their_steps(tmp_path):
     train = {r["arm"]: r["train_s"] for r in rows}
     assert train["setdlm_D4/steps_2x"] == pytest.approx(2 * train["setdlm_D4/base"])
     assert any("2x steps; tasks addition only" in line for line in P.describe(cc))
+    # the cheap task sweeps more of the frontier; the other keeps the study's taus; AR stays greedy
+    assert cc.taus_of(add) == (0.1, 0.3, 0.5, 0.7, 0.9, 1e6) and cc.taus_of(arith) == cc.taus
+    assert len(P.settings({"objective": "setdlm", "D": 4}, cc.taus_of(add), cc.rules)) == 12
+    assert P.settings({"objective": "ar"}, cc.taus_of(add), cc.rules) == P.settings({"objective": "ar"}, cc.taus,
+                                                                                     cc.rules)
 
 
 def test_settings_per_method():
