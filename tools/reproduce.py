@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", nargs="+", default=None, help="--planning / --convert: only these methods (ar, "
                    "mdlm, bd3lm_S4, setdlm_D4)")
     p.add_argument("--convert", action="store_true", help="issue 55's conversion study of SmolLM2-135M instead")
-    p.add_argument("--dry-run", action="store_true", help="--convert: print the arms, steps and budget, run nothing")
+    p.add_argument("--dry-run", action="store_true", help="--convert / --planning: print the arms, steps and budget, "
+                   "run nothing")
     p.add_argument("--timings-only", action="store_true", help="--convert: no training or decoding but the batch-1 "
                    "timings of the models on this machine, then the report (an idle machine)")
     p.add_argument("--points", default=None, help="--convert: the committed point store (default: "
@@ -96,6 +97,7 @@ def main(argv=None) -> int:
                    help="decoding engine (auto: the plain-PyTorch inference model for unsharded checkpoints)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides for every model")
     args = p.parse_args(argv)
+    check_mode_flags(args, p)
     if args.adapt:
         return adapt(args, p, argv)
     if args.planning:
@@ -123,6 +125,20 @@ def main(argv=None) -> int:
     print(f"wrote {args.report} and {assets}/ in {m['wall_s'] / 60:.1f} min "
           f"(from scratch {m['from_scratch_s'] / 60:.1f} min)")
     return 0
+
+
+# the flags that belong to some studies only: elsewhere they would be ignored silently (a --dry-run would run)
+MODE_FLAGS = {"dry_run": ("planning", "convert"), "timings_only": ("convert",), "points": ("convert",),
+              "only": ("planning", "convert"), "seeds": ("planning", "convert"), "methods": ("planning", "convert"),
+              "no_timing": ("adapt", "convert")}
+
+
+def check_mode_flags(args, p) -> None:
+    mode = next((m for m in ("adapt", "planning", "convert") if getattr(args, m)), "paper")
+    for flag, modes in MODE_FLAGS.items():
+        if getattr(args, flag) not in (None, False) and mode not in modes:
+            p.error(f"--{flag.replace('_', '-')} applies to {' / '.join('--' + m for m in modes)} only, not to "
+                    f"{'the paper reproduction' if mode == 'paper' else '--' + mode}")
 
 
 def adapt(args, p, argv) -> int:
@@ -169,6 +185,9 @@ def planning(args, p, argv) -> int:
             p.error(f"--methods {bad[0]!r} is not one of {', '.join(known)}")
         pc.methods = [known[m] for m in args.methods]
     pc.overrides += list(args.overrides)
+    if args.dry_run:
+        print("\n".join(PL.describe(pc)))
+        return 0
     assets = Path(args.assets or Path(args.report).parent / "results" / "planning")
     tool = "reproduce"
     claim_output_dir(args.out, [], flag="--out", tool=tool, continues=True,

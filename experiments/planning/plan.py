@@ -14,6 +14,13 @@ N = L). With the micro-batch fixed, method m trains
 so every method spends the FLOPs that ``reference_steps`` steps of the reference method (AR) spend: the 2L
 methods see about half as many samples. The report states both the parameters and the FLOPs of each run.
 
+**Budget** (:func:`budget`, ``tools/reproduce.py --planning --dry-run``). A training step of ``micro_batch``
+samples costs ``STEP_OVERHEAD_S + S_PER_FLOP * micro_batch * F(m, L)`` seconds, the two constants fitted on AR and
+SetDLM at L = 36 and 168 on this 2-core machine (measured 2026-12-07, within 10 % of all four points). Decoding is
+estimated, not measured: ``FORWARD_S`` per batched forward, an answer of about L / 2 tokens, one token per forward
+(two for k = 2 or a tau < 1e6 policy); dev decodes every policy at every eval level, test the chosen one, the speed
+``speed_limit`` problems at batch 1.
+
 **Difficulty.** One model per (task, method, seed) trains on a mixture of the task's ``train_knobs`` levels (the
 train splits of every level, :mod:`.data`); it is scored at every level of ``eval_knobs`` (each level's own dev
 and test splits), which draws the difficulty curve. Splits are assigned by a hash of each problem's computation
@@ -22,12 +29,18 @@ problem.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from setdiff_mega.config import load_config
 from setdiff_mega.data.tokenizer import Tokenizer
 from setdiff_mega.tasks import knob_tag
 from setdiff_mega.training.flops import flops_per_sample
+
+STEP_OVERHEAD_S = 0.019       # s per training step besides the FLOPs (fitted, module docstring)
+S_PER_FLOP = 1.04e-11         # s per training FLOP (forward + backward) on 2 idle cores (fitted)
+FORWARD_S = 0.05              # assumed s per batched decoding forward of these models (not measured)
+BATCH1_FORWARD_S = 0.01       # assumed s per batch-1 decoding forward (not measured)
 
 METHODS = ({"objective": "ar"}, {"objective": "mdlm"}, {"objective": "bd3lm", "block_size": 4},
            {"objective": "setdlm", "D": 4})
@@ -117,6 +130,54 @@ def equal_flops_steps(pc: PlanningConfig, tp: TaskPlan, tokenizer: Tokenizer, L:
     return {k: (max(1, round(steps * ref / f)), f) for k, f in per.items()}
 
 
+def task_tokenizer() -> Tokenizer:
+    """The character vocabulary every task's grid layout uses (what :mod:`.data` writes), without drawing data."""
+    from setdiff_mega.tasks import CHARACTERS, SEP
+    return Tokenizer.characters(CHARACTERS, (SEP,))
+
+
+def budget(pc: PlanningConfig) -> dict:
+    """Estimated seconds per (task, method, seed) (module docstring) and the total."""
+    from .policies import policies
+    tok, rows = task_tokenizer(), []
+    for tp in pc.selected():
+        cfg = load_config(tp.config)
+        L, mb = cfg.data.seq_length, cfg.train.micro_batch_size
+        answer = max(1, L // 2)
+        for key, (steps, flops) in equal_flops_steps(pc, tp, tok, L).items():
+            m = next(x for x in pc.methods if method_key(x) == key)
+            train = steps * (STEP_OVERHEAD_S + S_PER_FLOP * mb * flops)
+            per = [answer / (1 if p["options"]["tau"] >= 1e6 and p["options"].get("commit_k", 1) == 1 else 2)
+                   for p in policies(m, answer + 1)]
+            levels = len(tp.eval_knobs)
+            dev = levels * math.ceil(tp.num_dev / pc.eval_batch) * sum(per) * FORWARD_S
+            test = levels * math.ceil(tp.num_test / pc.eval_batch) * max(per) * FORWARD_S
+            speed = levels * pc.speed_limit * max(per) * BATCH1_FORWARD_S
+            for seed in pc.seeds:
+                rows.append({"task": tp.task, "method": key, "seed": seed, "steps": steps, "L": L,
+                             "train_s": train, "eval_s": dev + test + speed, "total_s": train + dev + test + speed})
+    return {"rows": rows, "total_s": sum(r["total_s"] for r in rows),
+            "longest_s": max((r["total_s"] for r in rows), default=0.0)}
+
+
+def describe(pc: PlanningConfig) -> list[str]:
+    """The dry run's lines: every task's levels, every (method, seed) with its steps at equal FLOPs, the budget."""
+    b = budget(pc)
+    lines = [f"out: {pc.out_dir}; seeds {', '.join(map(str, pc.seeds))}; equal training FLOPs: "
+             f"{pc.reference} at each task's reference steps"]
+    for tp in pc.selected():
+        lines.append(f"task {tp.task} ({tp.config}): trains on {', '.join(map(level_tag, tp.train_knobs))}; curve "
+                     f"over {tp.curve} at {', '.join(map(level_tag, tp.eval_knobs))}; {tp.num_train} train problems "
+                     f"per level, {tp.num_dev} dev / {tp.num_test} test per level")
+    for r in b["rows"]:
+        lines.append(f"  {r['task']:<15} {r['method']:<10} s{r['seed']:<5} {r['steps']:>5} steps at L={r['L']}: "
+                     f"train {r['train_s'] / 60:5.1f} min, decode {r['eval_s'] / 60:4.1f} min")
+    lines.append(f"budget: {b['total_s'] / 3600:.1f} h on 2 idle cores; the longest (task, method, seed) "
+                 f"{b['longest_s'] / 60:.1f} min (training: {STEP_OVERHEAD_S:g} s + {S_PER_FLOP:.3g} s/FLOP per "
+                 f"step, fitted; decoding {FORWARD_S:g} s per batched forward, assumed)")
+    return lines
+
+
 def method_key(m: dict) -> str:
     """'ar', 'mdlm', 'bd3lm_S4', 'setdlm_D4' (no seed)."""
     extra = "".join(f"_{'S' if k == 'block_size' else k}{v}" for k, v in sorted(m.items())
@@ -125,4 +186,4 @@ def method_key(m: dict) -> str:
 
 
 __all__ = ["METHODS", "TaskPlan", "PlanningConfig", "default_tasks", "toy_config", "equal_flops_steps", "method_key",
-           "level_tag"]
+           "level_tag", "task_tokenizer", "budget", "describe", "STEP_OVERHEAD_S", "S_PER_FLOP", "FORWARD_S"]

@@ -86,3 +86,38 @@ def test_tokens_per_step_counts_delivered_tokens_and_commits_per_step_every_comm
     r = step_rates(rows)
     assert r["tokens_per_step"] == pytest.approx(14 / 12) and r["commits_per_step"] == pytest.approx(21 / 12)
     assert step_rates([]) == {"tokens_per_step": 0.0, "commits_per_step": 0.0}
+
+
+def test_the_budget_gives_every_method_equal_flops_and_sums_to_about_six_hours():
+    pc = PL.PlanningConfig()
+    b = PL.budget(pc)
+    assert len(b["rows"]) == len(pc.tasks) * len(pc.methods) * len(pc.seeds)
+    for tp in pc.tasks:
+        rows = [r for r in b["rows"] if r["task"] == tp.task and r["seed"] == pc.seeds[0]]
+        plan = PL.equal_flops_steps(pc, tp, PL.task_tokenizer(), rows[0]["L"])
+        flops = {k: steps * f for k, (steps, f) in plan.items()}
+        ref = flops["ar"]
+        assert all(abs(v / ref - 1) < 0.01 for v in flops.values())             # equal FLOPs up to rounding
+    assert b["longest_s"] < 20 * 60                                              # one arm and seed in 20 minutes
+    assert b["total_s"] < 7.5 * 3600
+    one = PL.PlanningConfig(only=["sudoku4"], seeds=[7])
+    assert len(PL.budget(one)["rows"]) == len(one.methods) and "budget:" in PL.describe(one)[-1]
+
+
+def test_study_flags_are_refused_where_they_would_be_ignored(capsys, monkeypatch):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    monkeypatch.setattr(sys, "path", [str(tools), *sys.path])
+    spec = importlib.util.spec_from_file_location("reproduce_cli", tools / "reproduce.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    for argv, flag in ((["--dry-run"], "--dry-run"), (["--adapt", "--only", "x"], "--only"),
+                       (["--planning", "--timings-only"], "--timings-only")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2 and f"{flag} applies to" in capsys.readouterr().err
+    assert cli.main(["--planning", "--dry-run", "--only", "sudoku4", "--seeds", "7"]) == 0   # prints, trains nothing
+    assert "budget:" in capsys.readouterr().out
