@@ -3,13 +3,19 @@
 ``run_cli(fn)`` sets the offline environment (no hub downloads, wandb offline unless asked), silences
 library log lines that users cannot act on (:func:`quiet_libraries`), and turns the project's
 user-facing errors (bad config, bad data, bad checkpoint, an output that would destroy something, failed
-training) into one ``error: ...`` line and exit status 2 instead of a stack trace.
+training) into one ``error: ...`` line and exit status 2 instead of a stack trace. SIGTERM (what ``timeout``, a
+scheduler or a supervisor sends) is raised as :class:`Terminated` in the main thread when nothing else handles it,
+so the tool unwinds like on Ctrl-C: a study's ``subprocess.run`` kills its training child instead of leaving it
+running orphaned, ``finally`` blocks run, and the exit status is 143 (128 + SIGTERM). A handler installed later
+(the trainer's save-and-stop, the server's shutdown) replaces this one.
 """
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 
 from setdiff_mega import QUIET_LOGGERS
 from setdiff_mega.errors import USER_ERRORS
@@ -35,9 +41,24 @@ def user_errors() -> tuple:
     return (*USER_ERRORS, FileNotFoundError, KeyError, ValueError)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is (module docstring)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def terminate_as_interrupt() -> None:
+    """SIGTERM -> :class:`Terminated` in the main thread, unless a handler other than the default is set."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def run_cli(fn, argv=None) -> int:
     offline_env()
     quiet_libraries()
+    terminate_as_interrupt()
     errors = user_errors()
     try:
         return int(fn(argv) or 0)
@@ -45,9 +66,12 @@ def run_cli(fn, argv=None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
 
 
-__all__ = ["run_cli", "offline_env", "quiet_libraries"]
+__all__ = ["run_cli", "offline_env", "quiet_libraries", "terminate_as_interrupt", "Terminated"]

@@ -85,3 +85,36 @@ def test_ctrl_c_on_one_rank_saves_on_every_rank_under_zero(tiny_data, tmp_path):
     assert out[0]["checkpoint"] == str(ck) and (ck / "state.json").is_file()
     shards = {p.name for p in (ck / "zero" / "state").iterdir()}       # each rank's ZeRO partition
     assert {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= shards, shards
+
+
+def test_sigterm_to_a_tool_stops_the_child_it_runs(tmp_path):
+    """``timeout`` or a supervisor sends SIGTERM to the tool only: a study waiting in ``subprocess.run`` on its
+    training child used to die at once and leave the child training, orphaned. run_cli raises it as an exception,
+    so subprocess.run kills the child, and the tool exits 143 with one line."""
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    tool = ("import subprocess, sys\nfrom setdiff_mega.cli import run_cli\n"
+            f"sys.exit(run_cli(lambda argv: subprocess.run([sys.executable, '-c', {child!r}])))\n")
+    proc = subprocess.Popen([sys.executable, "-c", tool], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (pid_file.is_file() and pid_file.read_text()):
+            time.sleep(0.1)
+        child_pid = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "terminated (SIGTERM)" in err, err[-2000:]
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child_pid, signal.SIGKILL)
+        pytest.fail("the child outlived the tool")
