@@ -45,14 +45,22 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is (module docstring)."""
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated()
-
-
 def terminate_as_interrupt() -> None:
-    """SIGTERM -> :class:`Terminated` in the main thread, unless a handler other than the default is set."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    """SIGTERM -> :class:`Terminated` in the main thread, unless a handler other than the default is set. A process
+    forked from this one (a multiprocessing pool's worker, which its pool ends with SIGTERM) inherits the handler
+    and dies of the signal as before: unwinding there would hang the pool."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    owner = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated()
+    signal.signal(signal.SIGTERM, handler)
 
 
 def run_cli(fn, argv=None) -> int:

@@ -118,3 +118,15 @@ def test_sigterm_to_a_tool_stops_the_child_it_runs(tmp_path):
     else:
         os.kill(child_pid, signal.SIGKILL)
         pytest.fail("the child outlived the tool")
+
+
+def test_a_forked_worker_still_dies_of_sigterm(tmp_path):
+    """A multiprocessing pool ends its workers with SIGTERM: a worker forked from a tool inherits run_cli's handler
+    and must die of the signal as before (unwinding there hung tools/preprocess_data.py's pool)."""
+    script = ("import multiprocessing as mp, os, signal, sys, time\n"
+              "from setdiff_mega.cli import terminate_as_interrupt\nterminate_as_interrupt()\n"
+              "ctx = mp.get_context('fork')\n"
+              "p = ctx.Process(target=time.sleep, args=(60,)); p.start(); time.sleep(0.5)\n"
+              "os.kill(p.pid, signal.SIGTERM); p.join(10); print(p.exitcode)\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == str(-signal.SIGTERM), r.stdout + r.stderr[-2000:]
