@@ -86,14 +86,13 @@ class Recipe:
 
 BASE = Recipe("base", "the study's recipe (configs/convert/smollm2_finetune.yaml, shifted head)")
 _ADDITION = ("addition",)          # the cheap task: the levers beyond the next-token loss run there only
+_STEPS_2X = Recipe("steps_2x", "twice the fine-tuning steps (the cosine schedule stretched)", lever=True,
+                   steps_scale=2.0, tasks=_ADDITION)
 LEVERS = (Recipe("ar_weight_1", "next-token loss on the clean stream, weight 1", ("objective.ar_weight=1.0",),
                  lever=True),
           Recipe("lr_3e-4", "learning rate 3e-4 cosine to 3e-5 (3x the recipe's)",
                  ("train.lr=3e-4", "train.min_lr=3e-5"), lever=True, tasks=_ADDITION),
-          Recipe("steps_2x", "twice the fine-tuning steps (the cosine schedule stretched)", lever=True, steps_scale=2.0,
-                 tasks=_ADDITION),
-          Recipe("steps_2x", "twice the fine-tuning steps (the cosine schedule stretched)", lever=True, steps_scale=2.0,
-                 tasks=_ADDITION, method=(("objective", "ar"),)))
+          _STEPS_2X, replace(_STEPS_2X, method=(("objective", "ar"),)))       # and AR's: does it gain as much?
 
 
 @dataclass(frozen=True)
