@@ -7,6 +7,9 @@
     # a parent's baseline: NLL on held-out text a pinned package ships, batch-1 greedy tokens/s from its prompts
     python tools/evaluate.py --checkpoint runs/smollm2_ar --heldout kjv --speed 8 --max-new-tokens 64 \
         --no-eos-stop --decode-weights fp32-packed --no-tasks --out runs/smollm2_ar/baseline.json
+    # how far past the true prefix one SetDLM step is right (prompt / response records, e.g. a task's dev split)
+    python tools/evaluate.py --checkpoint runs/my_setdlm --lookahead 4 --records dev.jsonl --limit 128 \
+        --chat --no-tasks --no-likelihood
 
 Likelihood (setdiff_mega/eval/likelihood.py): AR exact NLL; SetDLM the any-order bound for one sampled
 order (``--orders K``: mean over K orders, and the tighter -log-mean-exp); MDLM / BD3LM the NELBO
@@ -20,7 +23,10 @@ variant), with tokens/s and NFE,
 decoded with the shared decoding flags (--tau, --window, --preset, ...: tools/generate.py --help). ``--chat``
 (a model fine-tuned on conversations): the math tasks are asked as the paper's GSM8K user turn (its
 step-by-step instruction + the question) rendered with the checkpoint's chat template, and scored on the
-last \boxed{} (``--preset gsm8k`` stops there).
+last \boxed{} (``--preset gsm8k`` stops there). ``--lookahead K --records FILE`` (setdiff_mega/eval/lookahead.py):
+on the first ``--limit`` prompt / response records (as one chat turn with ``--chat``, as training data lays it out),
+the accuracy of one decoding step's token at each offset k < K past the true prefix, its confidence, and the mean
+run of leading right tokens (the most a confidence rule could commit per step and keep the greedy answer).
 Prints a one-line summary; ``--out`` writes everything as JSON.
 """
 import argparse
@@ -34,7 +40,7 @@ from tqdm import tqdm
 from setdiff_mega import package_files
 from setdiff_mega.checkpoint import load_model
 from setdiff_mega.cli import run_cli
-from setdiff_mega.eval import heldout, likelihood, tasks
+from setdiff_mega.eval import heldout, likelihood, lookahead, tasks
 from setdiff_mega.eval.likelihood import split_nll
 from setdiff_mega.inference.engine import decoding_model, weights_format
 from setdiff_mega.inference.options import (
@@ -101,11 +107,15 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--weights", choices=("ema", "raw"), default=None,
                    help="the EMA of a train.ema_decay run or the raw weights (default: the EMA when present)")
+    p.add_argument("--lookahead", type=int, default=0, metavar="K",
+                   help="teacher-forced window accuracy at offsets 0..K-1 on --records (a windowed or causal model)")
+    p.add_argument("--records", help="with --lookahead: prompt / response JSONL records (the first --limit)")
     add_chat_arguments(p)
     add_generation_arguments(p, max_new_tokens=96)
     args = p.parse_args(argv)
     args.seed = 0 if args.seed is None else args.seed
     texts, task_rows = check_inputs(args)          # before any work: evaluations that would score nothing
+    records = read_records(args.records, args.limit) if args.lookahead else None
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     args.chat_renderer = chat_from_args(tok, args)
@@ -124,6 +134,8 @@ def main(argv=None) -> int:
         gc = config_from_args(args, cfg.objective, L)
         decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
         report.update(run_tasks(decoder, tok, objective, gc, L, args, task_rows))
+    if args.lookahead:
+        report["lookahead"] = run_lookahead(model, cfg, tok, objective, args, records)
     parts = [f"{objective.name}"]
     if "likelihood" in report:
         lk = report["likelihood"]
@@ -143,6 +155,10 @@ def main(argv=None) -> int:
         if "quest_infill" in report:
             q, ql = report["quest_infill"], report["quest_infill_left_only"]
             parts.append(f"quest infill EM {q['exact_match']:.3f} (left-only {ql['exact_match']:.3f})")
+    if "lookahead" in report:
+        la = report["lookahead"]
+        parts.append("lookahead acc " + " ".join(f"{a:.3f}" for a in la["acc"]) + f", mean run {la['mean_run']:.2f}"
+                     f" ({la['records']} records, {la['steps']} prefixes)")
     print(" | ".join(parts))
     if args.out:
         write_file_atomic(args.out, json.dumps(report, indent=2))
@@ -151,8 +167,10 @@ def main(argv=None) -> int:
 
 def check_inputs(args) -> tuple:
     """(texts or None, task rows or None), refusing evaluations that would evaluate nothing."""
-    if args.no_tasks and args.no_likelihood and not args.speed:
+    if args.no_tasks and args.no_likelihood and not args.speed and not args.lookahead:
         raise ValueError("--no-tasks together with --no-likelihood leaves nothing to evaluate; drop one of them")
+    if args.lookahead < 0 or bool(args.lookahead) != bool(args.records):
+        raise ValueError("--lookahead K (K >= 1) and --records FILE go together: give both or neither")
     for name in ("max_sequences", "orders", "limit", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
@@ -163,7 +181,7 @@ def check_inputs(args) -> tuple:
     if args.speed < 0:
         raise ValueError(f"--speed must be >= 0 (got {args.speed})")
     if args.out:
-        check_output_file(args.out, [args.checkpoint, args.text, args.data, args.tasks], flag="--out",
+        check_output_file(args.out, [args.checkpoint, args.text, args.data, args.tasks, args.records], flag="--out",
                           overwrite=args.overwrite)
     if args.heldout:
         if args.speed:
@@ -205,6 +223,43 @@ def run_tasks(model, tok, objective, gc, L, args, rows: dict) -> dict:
                                                         progress=bar.update, task=task)
     bar.close()
     return report
+
+
+def read_records(path: str, limit: int) -> list[dict]:
+    """The first ``limit`` prompt / response records of a JSONL file (one clear message for a bad line)."""
+    p = package_files.resolve(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"records file '{p}' does not exist")
+    out = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            ok = isinstance(r, dict) and isinstance(r.get("prompt"), str) and isinstance(r.get("response"), str)
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{p}:{i}: expected a JSON object with string 'prompt' and 'response' fields")
+        out.append(r)
+        if len(out) == limit:
+            break
+    if not out:
+        raise ValueError(f"records file '{p}' holds no records: the lookahead would score nothing")
+    return out
+
+
+def run_lookahead(model, cfg, tok, objective, args, records: list[dict]) -> dict:
+    """--lookahead K on --records, decoded with the flags' engine and weights (greedy, one step per prefix)."""
+    lookahead.window_of(objective.name, args.lookahead)         # a block method: refused before decoding
+    decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
+    renderer = args.chat_renderer
+    bar = tqdm(desc="lookahead", unit="prefix", file=sys.stderr)
+    res = lookahead.measure(decoder, tok, objective, cfg, records, args.lookahead, args.batch_size, renderer,
+                            progress=bar.update)
+    bar.close()
+    return {**res.as_dict(), "records_file": args.records, "chat_template": renderer is not None,
+            "decode_weights": weights_format(decoder)}
 
 
 def valid_split_nll(model, objective, tok, cfg, args) -> dict:

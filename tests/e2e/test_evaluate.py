@@ -171,3 +171,23 @@ def test_evaluate_cli_tasks_and_likelihood(trained_run, data_dir, tmp_path):
     assert r.returncode == 2 and "'/nonexistent.txt' does not exist" in r.stderr
     r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--no-likelihood", "--tasks", str(tmp_path / "none")])
     assert r.returncode == 2 and "run tools/prepare_data.py --embedded first" in r.stderr
+
+
+def test_evaluate_cli_lookahead(trained_run, tmp_path):
+    save, _ = trained_run
+    recs = tmp_path / "dev.jsonl"
+    recs.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in
+                            [("Once upon a time", " there was"), ("The cat", " sat"), ("A", " b c")]))
+    out = tmp_path / "la.json"
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--lookahead", "2", "--records", str(recs),
+                  "--limit", "2", "--no-tasks", "--no-likelihood", "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    la = json.loads(out.read_text())["lookahead"]
+    assert la["K"] == 2 and la["records"] == 2 and la["count"][0] == la["steps"] and la["count"][1] == la["steps"] - 2
+    assert all(0 <= a <= 1 for a in la["acc"]) and 0 <= la["mean_run"] <= 2 and "lookahead acc" in r.stdout
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--lookahead", "2", "--no-tasks"])
+    assert r.returncode == 2 and "--records FILE go together" in r.stderr and r.stderr.strip().count("\n") == 0
+    recs.write_text('{"prompt": "a", "response": "b"}\n{"prompt": 3}\n')
+    r = run_here(["tools/evaluate.py", "--checkpoint", str(save), "--lookahead", "2", "--records", str(recs),
+                  "--no-tasks", "--no-likelihood"])
+    assert r.returncode == 2 and f"{recs}:2: expected a JSON object" in r.stderr
