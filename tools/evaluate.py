@@ -136,7 +136,15 @@ def main(argv=None) -> int:
         report.update(run_tasks(decoder, tok, objective, gc, L, args, task_rows))
     if args.lookahead:
         report["lookahead"] = run_lookahead(model, cfg, tok, objective, args, records)
-    parts = [f"{objective.name}"]
+    print(summary(report))
+    if args.out:
+        write_file_atomic(args.out, json.dumps(report, indent=2))
+    return 0
+
+
+def summary(report: dict) -> str:
+    """The one-line summary of a report."""
+    parts = [report["objective"]]
     if "likelihood" in report:
         lk = report["likelihood"]
         parts.append(f"NLL {lk['nll_per_token']:.4f}/token (ppl {lk['ppl']:.2f}, {lk['tokens']} tokens)")
@@ -159,10 +167,7 @@ def main(argv=None) -> int:
         la = report["lookahead"]
         parts.append("lookahead acc " + " ".join(f"{a:.3f}" for a in la["acc"]) + f", mean run {la['mean_run']:.2f}"
                      f" ({la['records']} records, {la['steps']} prefixes)")
-    print(" | ".join(parts))
-    if args.out:
-        write_file_atomic(args.out, json.dumps(report, indent=2))
-    return 0
+    return " | ".join(parts)
 
 
 def check_inputs(args) -> tuple:
