@@ -26,7 +26,7 @@ step-by-step instruction + the question) rendered with the checkpoint's chat tem
 last \boxed{} (``--preset gsm8k`` stops there). ``--lookahead K --records FILE`` (setdiff_mega/eval/lookahead.py):
 on the first ``--limit`` prompt / response records (as one chat turn with ``--chat``, as training data lays it out),
 the accuracy of one decoding step's token at each offset k < K past the true prefix, its confidence, and the mean
-run of leading right tokens (the most a confidence rule could commit per step and keep the greedy answer).
+run of leading right tokens (about what a rule that commits exactly the right ones would deliver per step).
 Prints a one-line summary; ``--out`` writes everything as JSON.
 """
 import argparse

@@ -15,9 +15,11 @@ stopping the row: the step's argmax at each position, exactly what the sampler w
     acc_k      = mean over (record, j) with j + k < A of [x_{j,k} = t_{j+k}]
     conf_k     = the mean of c_{j,k} over the same pairs (acc_k far below conf_k: over-confident there)
     run(j)     = the number of leading offsets right, min(K, A - j) at most
-    mean run   = mean over (record, j) of run(j): the tokens a step starting at j could commit and keep
-                 the greedy answer, if a threshold knew which were right (an upper bound on the delivered
-                 tokens per step of any confidence rule; 1 + the lookahead a commit of more buys)
+    mean run   = mean over (record, j) of run(j): how many tokens a step at j commits and keeps the
+                 reference answer when a rule commits exactly the right leading ones; over the prefixes
+                 a decode on the reference path visits, its steps deliver max(1, run) tokens each while
+                 they are right, so a mean run near 1 says no confidence rule decodes this answer in
+                 fewer steps (a per-prefix mean, not per visited prefix: an estimate, not a bound)
 
 Offset 0 is the leftmost position: with the AR head shift (method.md 13) it reads the AR row of ``t_{j-1}``,
 so ``acc_0`` is teacher-forced next-token accuracy; offsets >= 1 read MASK rows only. A causal method (AR)
