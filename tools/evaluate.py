@@ -263,7 +263,7 @@ def run_lookahead(model, cfg, tok, objective, args, records: list[dict]) -> dict
     res = lookahead.measure(decoder, tok, objective, cfg, records, args.lookahead, args.batch_size, renderer,
                             progress=bar.update)
     bar.close()
-    return {**res.as_dict(), "records_file": args.records, "chat_template": renderer is not None,
+    return {**asdict(res), "records_file": args.records, "chat_template": renderer is not None,
             "decode_weights": weights_format(decoder)}
 
 

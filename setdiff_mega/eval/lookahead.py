@@ -53,10 +53,6 @@ class Lookahead:
     records: int
     steps: int           # one-step decodes (sum of A over records)
 
-    def as_dict(self) -> dict:
-        return {"K": self.K, "acc": self.acc, "conf": self.conf, "count": self.count, "mean_run": self.mean_run,
-                "records": self.records, "steps": self.steps}
-
 
 def targets(renderer, tok, record: dict) -> tuple[list[int], list[int]]:
     """(prompt ids, target ids) of one record laid out as its training data (module docstring)."""
