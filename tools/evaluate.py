@@ -230,12 +230,13 @@ def run_tasks(model, tok, objective, gc, L, args, rows: dict) -> dict:
     return report
 
 
-def read_records(path: str, limit: int) -> list[dict]:
-    """The first ``limit`` prompt / response records of a JSONL file (one clear message for a bad line)."""
+def read_records(path: str, limit: int) -> tuple[list[dict], list[str]]:
+    """The first ``limit`` prompt / response records of a JSONL file and their ``file:line`` (one clear message
+    for a bad line)."""
     p = package_files.resolve(path)
     if not p.is_file():
         raise FileNotFoundError(f"records file '{p}' does not exist")
-    out = []
+    out, wheres = [], []
     for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -247,21 +248,22 @@ def read_records(path: str, limit: int) -> list[dict]:
         if not ok:
             raise ValueError(f"{p}:{i}: expected a JSON object with string 'prompt' and 'response' fields")
         out.append(r)
+        wheres.append(f"{p}:{i}")
         if len(out) == limit:
             break
     if not out:
         raise ValueError(f"records file '{p}' holds no records: the lookahead would score nothing")
-    return out
+    return out, wheres
 
 
-def run_lookahead(model, cfg, tok, objective, args, records: list[dict]) -> dict:
+def run_lookahead(model, cfg, tok, objective, args, records: tuple[list[dict], list[str]]) -> dict:
     """--lookahead K on --records, decoded with the flags' engine and weights (greedy, one step per prefix)."""
     lookahead.window_of(objective.name, args.lookahead)         # a block method: refused before decoding
     decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
     renderer = args.chat_renderer
     bar = tqdm(desc="lookahead", unit="prefix", file=sys.stderr)
-    res = lookahead.measure(decoder, tok, objective, cfg, records, args.lookahead, args.batch_size, renderer,
-                            progress=bar.update)
+    res = lookahead.measure(decoder, tok, objective, cfg, records[0], args.lookahead, args.batch_size, renderer,
+                            progress=bar.update, wheres=records[1])
     bar.close()
     return {**asdict(res), "records_file": args.records, "chat_template": renderer is not None,
             "decode_weights": weights_format(decoder)}

@@ -54,16 +54,17 @@ class Lookahead:
     steps: int           # one-step decodes (sum of A over records)
 
 
-def targets(renderer, tok, record: dict) -> tuple[list[int], list[int]]:
-    """(prompt ids, target ids) of one record laid out as its training data (module docstring)."""
+def targets(renderer, tok, record: dict, where: str = "lookahead record") -> tuple[list[int], list[int]]:
+    """(prompt ids, target ids) of one record laid out as its training data (module docstring); ``where``
+    names the record in an error (``file:line``)."""
     if renderer is None:
         return [tok.bos] + tok.encode(record["prompt"]), tok.encode(record["response"]) + [tok.eos]
-    ids, mask = renderer.encode(record, lambda: "lookahead record")
+    ids, mask = renderer.encode(record, lambda: where)
     ids, mask = ids.tolist(), mask.tolist()
     first = mask.index(1)
     if not all(mask[first:]):
-        raise LookaheadError("lookahead scores one response after its prompt: give prompt / response records "
-                             "(a single assistant turn)")
+        raise LookaheadError(f"{where}: lookahead scores one response after its prompt: give prompt / response "
+                             "records (a single assistant turn)")
     tgt = ids[first:]
     return ids[:first], tgt[:tgt.index(tok.eos) + 1] if tok.eos in tgt else tgt
 
@@ -87,10 +88,12 @@ def _steps(record_targets: list) -> list[tuple[int, int, list[int]]]:
 
 
 def measure(model, tok, objective, cfg, records: list[dict], K: int = 4, batch_size: int = 16,
-            renderer=None, progress=None) -> Lookahead:
+            renderer=None, progress=None, wheres: list[str] | None = None) -> Lookahead:
     """:class:`Lookahead` of ``records`` (module docstring); ``cfg`` the checkpoint's config (its length L),
-    ``renderer`` the chat template's :class:`~setdiff_mega.data.chat.ChatRenderer` (None: plain layout)."""
-    per = [targets(renderer, tok, r) for r in records]
+    ``renderer`` the chat template's :class:`~setdiff_mega.data.chat.ChatRenderer` (None: plain layout),
+    ``wheres`` each record's name for errors (``file:line``; default its index)."""
+    wheres = wheres or [f"lookahead record {i}" for i in range(len(records))]
+    per = [targets(renderer, tok, r, w) for r, w in zip(records, wheres)]
     return measure_ids(model, tok, objective, cfg, per, K, batch_size, progress)
 
 

@@ -59,5 +59,9 @@ def test_targets_end_at_the_first_eos_and_one_turn_only():
     fake = lambda ids, mask: SimpleNamespace(encode=lambda r, where: (np.array(ids), np.array(mask)))
     assert LA.targets(fake([BOS, 1, 2, 3, EOS, 9, EOS], [0, 0, 1, 1, 1, 1, 1]), tok, {}) == ([BOS, 1], [2, 3, EOS])
     assert LA.targets(None, tok, {"prompt": "ab", "response": "c"}) == ([BOS, 1, 2], [3, EOS])
-    with pytest.raises(LA.LookaheadError, match="a single assistant turn"):
-        LA.targets(fake([BOS, 1, 2, 3, 4], [0, 1, 0, 1, 1]), tok, {})
+    with pytest.raises(LA.LookaheadError, match="dev.jsonl:7: .*a single assistant turn"):
+        LA.targets(fake([BOS, 1, 2, 3, 4], [0, 1, 0, 1, 1]), tok, {}, "dev.jsonl:7")
+    seen = []                                   # the renderer's own errors name the record's place too
+    spy = SimpleNamespace(encode=lambda r, where: seen.append(where()) or (np.array([BOS, 1]), np.array([0, 1])))
+    LA.targets(spy, tok, {}, "dev.jsonl:9")
+    assert seen == ["dev.jsonl:9"]
