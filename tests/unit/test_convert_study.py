@@ -260,6 +260,22 @@ def test_claims_hold_miss_or_wait_for_their_points():
     assert R.claims(rows, "t")[0]["status"].startswith("not applicable (AR test exact match 0.990 outside")
 
 
+def test_a_claim_no_dev_setting_reached_is_missed_on_the_best_row_not_left_waiting():
+    rows = [_row("ar/base", "causal", "best", 0.78, 0.01, None),
+            _row("bd3lm_S4/base", "block", "best", 0.43, 0.05, None),
+            _row("setdlm_D4/base", "window", "best", 0.62, 0.07, None),
+            _row("setdlm_D4/base", "window", "parity_bd3lm", 0.61, 0.08, None)]
+    roles = {"ar/base": {"best": "best"}, "bd3lm_S4/base": {"best": "best"},
+             "setdlm_D4/base": {"best": "best", "parity_bd3lm": "parity_bd3lm"}}
+    parity, speed = R.claims(rows, "t", roles=roles)
+    assert parity["status"].startswith("missed (no setting within 3 points on dev")          # before any timing
+    assert parity["setdlm"] == 0.62 and parity["difference"] == pytest.approx(-0.16)
+    assert speed["status"] == "not run yet (timings)"
+    roles["setdlm_D4/base"]["parity_ar"] = "parity_ar"          # chosen on dev, its test point not decoded yet
+    assert R.claims(rows, "t", roles=roles)[0]["status"] == "not run yet"
+    assert R.claims(rows, "t")[0]["status"] == "not run yet"    # without the roles nothing is concluded
+
+
 def test_levers_are_compared_with_their_base_on_the_same_seed_at_their_best_dev_setting():
     def pt(arm, kind, recipe, seed, setting, acc):
         return {"task": "t", "arm": arm, "kind": kind, "recipe": recipe, "seed": seed, "setting": setting,
