@@ -61,6 +61,7 @@ from experiments.paper import reproduce as R
 from experiments.planning import plan as PL
 from experiments.planning import report as PR
 from experiments.planning import run as PRUN
+from experiments.provenance import git_commit
 from setdiff_mega.cli import run_cli
 from setdiff_mega.config import load_config
 from setdiff_mega.data.blend import parse_blend
@@ -197,12 +198,12 @@ def planning(args, p, argv) -> int:
                      owned=either(marked_by(tool), holds_only(".csv", ".png", ".json")))
     check_output_file(args.report, [args.out, str(assets)], flag="--report", overwrite=True)
     given = argv if argv is not None else sys.argv[1:]
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), git_commit()          # the code that runs (before the outputs dirty it)
     results = PRUN.run(pc)
     files = PR.write_assets(results, assets)
     (Path(out) / "planning.json").write_text(json.dumps(results, indent=1, default=str))
     command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
-    meta = PR.meta(command, time.perf_counter() - t0)
+    meta = PR.meta(command, time.perf_counter() - t0, commit)
     rel = os.path.relpath(assets, Path(args.report).parent)
     PR.write_report(results, files, meta, Path(args.report), rel)
     for v in files["verdicts"]:
@@ -236,14 +237,14 @@ def convert(args, p, argv) -> int:
     claim_output_dir(str(assets), [], flag="--assets", tool=tool, continues=True,
                      owned=either(marked_by(tool), holds_only(".csv", ".png", ".json")))
     check_output_file(args.report, [args.out, str(assets)], flag="--report", overwrite=True)
-    t0 = time.perf_counter()
+    t0, commit = time.perf_counter(), git_commit()          # the code that runs (before the outputs dirty it)
     results = CRUN.run(cc, compute=not args.timings_only, timings=not args.no_timing)
     CRUN.save(results, Path(out))
     files = CR.write_assets(results, assets)
     given = argv if argv is not None else sys.argv[1:]
     command = "python tools/reproduce.py " + " ".join(shlex.quote(a) for a in given)
     CR.write_report(results, files, command, time.perf_counter() - t0, Path(args.report),
-                    os.path.relpath(assets, Path(args.report).parent))
+                    os.path.relpath(assets, Path(args.report).parent), commit)
     for c in files["claims"]:
         print(f"[{c['status']}] {c['task']}: {c['claim']}")
     print(f"wrote {args.report} and {assets}/ ({len(results['missing'])} points not run yet)")

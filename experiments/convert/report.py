@@ -298,8 +298,10 @@ def report_lines(results: dict, assets: dict, m: dict, rel: str) -> list[str]:
     return lines
 
 
-def write_report(results: dict, assets: dict, command: str, wall_s: float, path: Path, rel: str) -> Path:
-    return replace_section(path, BEGIN, END, "\n".join(report_lines(results, assets, meta(command, wall_s), rel)))
+def write_report(results: dict, assets: dict, command: str, wall_s: float, path: Path, rel: str,
+                 commit: str | None = None) -> Path:
+    return replace_section(path, BEGIN, END,
+                           "\n".join(report_lines(results, assets, meta(command, wall_s, commit), rel)))
 
 
 __all__ = ["BEGIN", "END", "PARENT_NLL", "CLAIMS", "test_rows", "claims", "resolvable", "dev_rows", "lever_rows",

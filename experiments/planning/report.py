@@ -161,11 +161,12 @@ def report_lines(results: list[dict], assets: dict, meta: dict, rel: str) -> lis
     return lines
 
 
-def meta(command: str, wall_s: float) -> dict:
-    """The command, the code's commit and the machine of a report."""
+def meta(command: str, wall_s: float, commit: str | None = None) -> dict:
+    """The command, the code's commit and the machine of a report; ``commit`` as taken before the run (None: now;
+    taken after, the study's own freshly written CSVs would make every report ``+dirty``)."""
     machine = (f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}, Python "
                f"{platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    return {"command": command.strip(), "commit": git_commit(), "machine": machine, "wall_s": wall_s}
+    return {"command": command.strip(), "commit": commit or git_commit(), "machine": machine, "wall_s": wall_s}
 
 
 def write_report(results: list[dict], assets: dict, meta: dict, path: Path, rel: str) -> Path:
