@@ -102,8 +102,8 @@ def claims(task_rows: list[dict], task: str, band: tuple = BAND, roles: dict | N
     for role, against, their, ratio, text in CLAIMS:
         mine, ref = _role_row(task_rows, "window", role), _role_row(task_rows, against, their)
         best = _role_row(task_rows, "window", "best")
-        short = mine is None and ref is not None and best is not None and role not in (roles or {}).get(
-            best["arm"], {role: None})
+        chosen = (roles or {}).get(best["arm"]) if best is not None else None     # that arm's roles on dev
+        short = mine is None and ref is not None and chosen is not None and role not in chosen
         mine = best if short else mine
         c = {"task": task, "claim": text, "status": "not run yet", "setdlm": None, "baseline": None,
              "difference": None, "speed_ratio": None, "resolvable": None}
