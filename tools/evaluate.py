@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.seed = 0 if args.seed is None else args.seed
     texts, task_rows = check_inputs(args)          # before any work: evaluations that would score nothing
-    records = read_records(args.records, args.limit) if args.lookahead else None
+    records, wheres = read_records(args.records, args.limit) if args.lookahead else (None, None)
 
     model, objective, tok, cfg = load_model(args.checkpoint, weights=args.weights)
     args.chat_renderer = chat_from_args(tok, args)
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
         decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
         report.update(run_tasks(decoder, tok, objective, gc, L, args, task_rows))
     if args.lookahead:
-        report["lookahead"] = run_lookahead(model, cfg, tok, objective, args, records)
+        report["lookahead"] = run_lookahead(model, cfg, tok, objective, args, records, wheres)
     print(summary(report))
     if args.out:
         write_file_atomic(args.out, json.dumps(report, indent=2))
@@ -256,14 +256,15 @@ def read_records(path: str, limit: int) -> tuple[list[dict], list[str]]:
     return out, wheres
 
 
-def run_lookahead(model, cfg, tok, objective, args, records: tuple[list[dict], list[str]]) -> dict:
-    """--lookahead K on --records, decoded with the flags' engine and weights (greedy, one step per prefix)."""
+def run_lookahead(model, cfg, tok, objective, args, records: list[dict], wheres: list[str]) -> dict:
+    """--lookahead K on --records (``wheres``: each record's ``file:line``), decoded with the flags' engine and
+    weights (greedy, one step per prefix)."""
     lookahead.window_of(objective.name, args.lookahead)         # a block method: refused before decoding
     decoder = decoding_model(model, cfg, tok, args.engine, args.decode_weights)
     renderer = args.chat_renderer
     bar = tqdm(desc="lookahead", unit="prefix", file=sys.stderr)
-    res = lookahead.measure(decoder, tok, objective, cfg, records[0], args.lookahead, args.batch_size, renderer,
-                            progress=bar.update, wheres=records[1])
+    res = lookahead.measure(decoder, tok, objective, cfg, records, args.lookahead, args.batch_size, renderer,
+                            progress=bar.update, wheres=wheres)
     bar.close()
     return {**asdict(res), "records_file": args.records, "chat_template": renderer is not None,
             "decode_weights": weights_format(decoder)}
